@@ -1,0 +1,343 @@
+"""load_config: model defaults ← embedded default ← YAML file ← command-line overrides.
+
+Every assignment is checked against the schema as it is read and remembered with the layer that
+made it, so each error names the key, the layer, the bad value and what is expected."""
+
+import copy
+import difflib
+import functools
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .schema import PPOFlowConfig, all_keys
+from .schema_checks import DERIVED, get_key
+from .schema_common import ConfigError, is_open_mapping, section_type
+
+EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
+"""Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+KeyPath = tuple[str, ...]
+
+
+class Assignment(NamedTuple):
+    """One key set by one layer."""
+
+    path: KeyPath
+    value: Any
+    origin: str
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but reading 1e-6 as a float as YAML 1.2 (and verl's OmegaConf) do."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_config(
+    config_path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    base: Literal["embedded", "verl"] = "embedded",
+    check_paths: bool = True,
+) -> PPOFlowConfig:
+    """Build the effective config. The embedded default applies only with base="embedded" and no
+    config file; overrides are verl/Hydra style `a.b.c=value` (a leading + or ++ is accepted)."""
+    if isinstance(overrides, str):  # a lone string would be read character by character
+        raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
+    if base not in ("embedded", "verl"):
+        raise ConfigError(f"base={base!r}: expected 'embedded' or 'verl'")
+    assignments: list[Assignment] = []
+    if base == "embedded" and config_path is None:
+        assignments += _file_assignments(EMBEDDED_DEFAULT, "embedded default")
+    if config_path is not None:
+        assignments += _file_assignments(Path(config_path), "file")
+    for number, text in enumerate(overrides, start=1):
+        assignments += _override_assignments(number, text)
+    tree, origins = _merge(assignments)
+    config = _validate(tree, origins)
+    if check_paths:
+        _check_paths(config, origins)
+    return config
+
+
+def _file_assignments(path: Path, kind: str) -> list[Assignment]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file '{path}': {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_YamlLoader)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse YAML file '{path}': {exc}") from None
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        raise ConfigError(f"YAML file '{path}' must map keys to values, but holds a {type(data).__name__}")
+    return list(_assignments((), data, f"{kind} '{path}'"))
+
+
+def _override_assignments(number: int, text: str) -> list[Assignment]:
+    origin = f"command-line override #{number} '{text}'"
+    key, sep, raw = text.partition("=")
+    key = key.strip().removeprefix("++").removeprefix("+")  # Hydra's add / force-add: plain sets here
+    if not sep or not key:
+        raise ConfigError(f"{origin} is not of the form key=value (e.g. trainer.total_epochs=15)")
+    try:
+        value = yaml.load(raw, Loader=_YamlLoader)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or exc
+        raise ConfigError(f"cannot parse the value {raw!r} of {origin}: {problem}") from None
+    return list(_assignments(tuple(key.split(".")), value, origin))
+
+
+def _assignments(raw: KeyPath, value: Any, origin: str) -> Iterator[Assignment]:
+    """Split a (possibly nested, possibly dotted) setting into checked leaf assignments."""
+    path, kind = _resolve(raw, origin)
+    if kind == "section":
+        if value is None:  # `critic:` with every child commented out
+            return
+        if not isinstance(value, dict):
+            example = ".".join((*path, next(iter(_section_at(path).model_fields))))
+            raise ConfigError(
+                f"'{'.'.join(path) or '<root>'}' is a section, not a value ({origin}): got {value!r}; "
+                f"set its keys instead, e.g. {example}=…"
+            )
+        for key, sub in value.items():
+            yield from _assignments((*path, *str(key).split(".")), sub, origin)
+    elif kind == "mapping" and isinstance(value, dict):
+        # Free-form entries merge key by key across layers, as in Hydra; their keys are not split.
+        for key, sub in value.items():
+            yield from _assignments((*path, str(key)), sub, origin)
+    else:
+        yield Assignment(path, value, origin)
+
+
+def _resolve(raw: KeyPath, origin: str) -> tuple[KeyPath, str]:
+    """The canonical path of a key and its kind: section, value, or mapping (inside a dict field)."""
+    model: type[BaseModel] = PPOFlowConfig
+    path: list[str] = []
+    for index, part in enumerate(raw):
+        name = getattr(model, "key_aliases", {}).get(part, part)
+        field = model.model_fields.get(name)
+        if field is None:
+            raise _unknown_key(raw, origin, path, model)
+        path.append(name)
+        sub = section_type(field)
+        if sub is not None:
+            model = sub
+            continue
+        rest = raw[index + 1 :]
+        if is_open_mapping(field):
+            return (*path, *rest), "mapping"
+        if rest:
+            raise ConfigError(
+                f"unknown key '{'.'.join(raw)}' ({origin}): '{'.'.join(path)}' is a value, not a section"
+            )
+        return tuple(path), "value"
+    return tuple(path), "section"
+
+
+def _section_at(path: KeyPath) -> type[BaseModel]:
+    model: type[BaseModel] = PPOFlowConfig
+    for name in path:
+        model = section_type(model.model_fields[name]) or model
+    return model
+
+
+def _unknown_key(raw: KeyPath, origin: str, prefix: list[str], model: type[BaseModel]) -> ConfigError:
+    typed = ".".join(raw)
+    suggestion = suggest_key(typed)
+    if suggestion is not None:
+        hint = f"did you mean '{suggestion}'?"
+    else:
+        where = f"under '{'.'.join(prefix)}'" if prefix else "at the top level"
+        hint = f"valid keys {where}: {', '.join(model.model_fields)}"
+    return ConfigError(f"unknown key '{typed}' ({origin}); {hint}")
+
+
+@functools.cache
+def _known_keys() -> tuple[str, ...]:
+    return tuple(all_keys())
+
+
+def suggest_key(typed: str) -> str | None:
+    """The valid dotted key closest to a mistyped one, judged on the full path and on the last
+    segment (so `critic.lr` finds `critic.optim.lr`), or None when nothing is close."""
+    last = typed.rsplit(".", 1)[-1]
+
+    def score(candidate: str) -> float:
+        full = difflib.SequenceMatcher(None, typed, candidate).ratio()
+        tail = difflib.SequenceMatcher(None, last, candidate.rsplit(".", 1)[-1]).ratio()
+        return (full + tail) / 2
+
+    best = max(_known_keys(), key=score)
+    return best if score(best) >= 0.6 else None
+
+
+def _merge(assignments: list[Assignment]) -> tuple[dict[str, Any], dict[KeyPath, str]]:
+    """Apply assignments in order (later layers win); remember who set each key."""
+    tree = _mapping_defaults(PPOFlowConfig)
+    origins: dict[KeyPath, str] = {}
+    for path, value, origin in assignments:
+        node = tree
+        for name in path[:-1]:
+            if not isinstance(node.get(name), dict):
+                node[name] = {}
+            node = node[name]
+        node[path[-1]] = value
+        origins = {key: who for key, who in origins.items() if key[: len(path)] != path}
+        origins[path] = origin
+    return tree, origins
+
+
+def _mapping_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    # Free-form dict fields start from their defaults, so that setting one entry keeps the others.
+    tree: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        sub = section_type(field)
+        if sub is not None and (child := _mapping_defaults(sub)):
+            tree[name] = child
+        elif is_open_mapping(field):
+            tree[name] = copy.deepcopy(field.get_default(call_default_factory=True))
+    return tree
+
+
+def _validate(tree: dict[str, Any], origins: dict[KeyPath, str]) -> PPOFlowConfig:
+    try:
+        return PPOFlowConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, origins)) from None
+
+
+def _describe(exc: ValidationError, origins: dict[KeyPath, str]) -> str:
+    """One line per bad key (a union type reports several expectations for one key)."""
+    lines: dict[str, str] = {}
+    expected: dict[str, list[str]] = {}
+    for error in exc.errors():
+        original = (error.get("ctx") or {}).get("error")
+        if isinstance(original, ConfigError):
+            lines[str(original)] = f"{original}{_where(original.keys, origins)}"
+            continue
+        key = _loc_key(error["loc"])
+        expected.setdefault(key, []).append(_expectation(error))
+        origin = _origin_of(key, origins)
+        wanted = " or ".join(text.removeprefix("expected ") for text in expected[key])
+        lines[key] = f"invalid value {error['input']!r} for '{key}' ({origin}): expected {wanted}"
+    return "\n".join(lines.values())
+
+
+def _expectation(error: Any) -> str:
+    if error["type"] == "literal_error":
+        return f"expected one of {error['ctx']['expected']}"
+    return error["msg"].removeprefix("Value error, ").replace("Input should be", "expected", 1)
+
+
+def _loc_key(loc: tuple[int | str, ...]) -> str:
+    """The dotted key a pydantic error location points at (dropping union tags and list indexes)."""
+    model: type[BaseModel] | None = PPOFlowConfig
+    parts: list[str] = []
+    for index, item in enumerate(loc):
+        field = model.model_fields.get(item) if model and isinstance(item, str) else None
+        if field is None:
+            break
+        parts.append(str(item))
+        model = section_type(field)
+        if model is None:
+            if is_open_mapping(field) and index + 1 < len(loc):
+                parts.append(str(loc[index + 1]))
+            break
+    return ".".join(parts)
+
+
+def _origin_of(key: str, origins: dict[KeyPath, str]) -> str:
+    path = tuple(key.split("."))
+    for end in range(len(path), 0, -1):
+        if path[:end] in origins:
+            return origins[path[:end]]
+    if key in DERIVED:
+        source, *fallbacks = DERIVED[key]
+        otherwise = "".join(f" (else {fallback})" for fallback in fallbacks)
+        return f"unset, so it follows {source}{otherwise} from {_origin_of(source, origins)}"
+    return "the model default"
+
+
+def _where(keys: Sequence[str], origins: dict[KeyPath, str]) -> str:
+    """Where the keys of a cross-key error were set; keys left at their defaults are not listed."""
+    set_by = [(key, _origin_of(key, origins)) for key in keys]
+    listed = [f"{key}: {origin}" for key, origin in set_by if origin != "the model default"]
+    return f" [{'; '.join(listed)}]" if listed else ""
+
+
+def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
+    model = config.actor_rollout_ref.model
+    _check_model(model.path, model.tokenizer_path, "actor_rollout_ref.model", origins)
+    if config.use_critic:
+        critic = config.critic.model
+        _check_model(critic.path, critic.tokenizer_path, "critic.model", origins)
+    for key in ("data.train_files", "data.val_files"):
+        files = get_key(config, key)
+        for name in [files] if isinstance(files, str) else files:
+            _require(name, key, "data file", origins)
+    _require(
+        config.custom_reward_function.path, "custom_reward_function.path", "reward function file", origins
+    )
+
+
+def _is_local(path: str | None) -> bool:
+    # builtin: names ppoflow's embedded assets; URLs (s3://, hdfs://) cannot be checked cheaply.
+    return path is not None and not path.startswith("builtin:") and "://" not in path
+
+
+def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str]) -> None:
+    if _is_local(path) and not Path(str(path)).exists():
+        raise ConfigError(f"{what} '{path}' ({key}) does not exist{_where([key], origins)}")
+
+
+def _check_model(
+    path: str | None, tokenizer_path: str | None, section: str, origins: dict[KeyPath, str]
+) -> None:
+    key = f"{section}.path"
+    _require(path, key, "model path", origins)
+    _require(tokenizer_path, f"{section}.tokenizer_path", "tokenizer path", origins)
+    if not _is_local(path):
+        return
+    where, location = _where([key], origins), Path(str(path))
+    if str(path).endswith(".gguf"):
+        if not location.is_file():
+            raise ConfigError(f"model path '{path}' ({key}) ends in .gguf but is not a file{where}")
+        return
+    if not location.is_dir():
+        raise ConfigError(f"model path '{path}' ({key}) is neither a model directory nor a .gguf file{where}")
+    if not (location / "config.json").is_file():
+        raise ConfigError(
+            f"model directory '{path}' ({key}) has no config.json: point {key} at a Hugging Face model "
+            f"directory or a .gguf file{where}"
+        )
+    if tokenizer_path is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model directory '{path}' has no tokenizer (tokenizer.json / tokenizer_config.json); "
+            f"set {section}.tokenizer_path{where}"
+        )

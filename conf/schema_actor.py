@@ -1,0 +1,210 @@
+"""The `actor_rollout_ref` section: the policy model, its update, its frozen reference copy and the
+rollout engine that samples from it (verl's names and meanings)."""
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .schema_common import (
+    CheckpointConfig,
+    DeepSpeedConfig,
+    FsdpConfig,
+    KLType,
+    LossAggMode,
+    OptimConfig,
+    Section,
+    Strategy,
+)
+
+
+class ModelSource(Section):
+    """Where a model and its tokenizer come from, and how they are loaded."""
+
+    path: str | None
+    """Hugging Face model directory, a .gguf file, or 'builtin:tiny-addition'."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory or file; None reads the tokenizer from path."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory to run."""
+    use_remove_padding: bool = False
+    """Pack sequences without padding tokens; changes speed, not results."""
+    enable_gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    override_config: dict[str, Any] = {}
+    """Entries that replace those of the model's config.json (e.g. attention_dropout: 0.0)."""
+
+
+class ActorModelConfig(ModelSource):
+    """The policy model; the reference policy and the rollout engine load the same weights."""
+
+    path: str = "builtin:tiny-addition"
+    """Hugging Face model directory, a .gguf file, or 'builtin:tiny-addition' (ppoflow's tiny model)."""
+    external_lib: str | None = None
+    """Python module imported before loading, to register a custom architecture."""
+    use_shm: bool = False
+    """Copy the model to /dev/shm before loading it."""
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapter rank; 0 trains all weights."""
+
+
+class ActorConfig(Section):
+    """The clipped-surrogate policy update (PPO loss, optional KL loss and entropy bonus)."""
+
+    strategy: Strategy = "torch"
+    """Training backend: torch is one process or DDP; fsdp/fsdp2/deepspeed shard across GPUs."""
+    ppo_mini_batch_size: int = Field(32, gt=0)
+    """Prompts per optimizer step, over all GPUs; each brings rollout.n responses."""
+    ppo_micro_batch_size: int | None = Field(None, gt=0)
+    """Deprecated global micro-batch in responses, split over GPUs; use ppo_micro_batch_size_per_gpu."""
+    ppo_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    """Responses per forward/backward pass on one GPU; gradients accumulate over a mini-batch."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token count (ppo_max_token_len_per_gpu) instead of response count."""
+    ppo_max_token_len_per_gpu: int = Field(16384, gt=0)
+    """Token budget of one micro-batch when use_dynamic_bsz is on."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Maximum global gradient norm."""
+    clip_ratio: float = Field(0.2, gt=0)
+    """PPO clip range ε: the ratio is kept within [1-ε, 1+ε]."""
+    clip_ratio_low: float | None = Field(None, gt=0)
+    """Lower clip range; None uses clip_ratio (see effective_clip_ratio_low)."""
+    clip_ratio_high: float | None = Field(None, gt=0)
+    """Upper clip range (DAPO's clip-higher); None uses clip_ratio."""
+    clip_ratio_c: float = Field(3.0, gt=1)
+    """Dual-clip bound c for negative advantages; must exceed 1."""
+    loss_agg_mode: LossAggMode = "token-mean"
+    """How per-token losses are averaged into one number."""
+    entropy_coeff: float = 0.0
+    """Weight of the entropy bonus."""
+    use_kl_loss: bool = False
+    """Add a KL(actor ‖ reference) term to the loss (GRPO style) instead of to the reward."""
+    kl_loss_coef: float = Field(0.001, ge=0)
+    """Weight of the KL loss term."""
+    kl_loss_type: KLType = "low_var_kl"
+    """KL estimator of the loss term: kl/k1, abs, mse/k2, low_var_kl/k3."""
+    ppo_epochs: int = Field(1, gt=0)
+    """Passes over each iteration's rollouts."""
+    shuffle: bool = False
+    """Shuffle rollouts between PPO epochs."""
+    use_torch_compile: bool = False
+    """Compile the loss computation with torch.compile."""
+    ulysses_sequence_parallel_size: Literal[1] = 1
+    """Sequence parallelism is not implemented; only 1 is accepted (verl compatibility)."""
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """Actor optimizer and learning-rate schedule."""
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    """What actor checkpoints hold."""
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
+    """FSDP settings (ignored by the torch strategy)."""
+    deepspeed_config: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig)
+    """DeepSpeed settings (used only by strategy=deepspeed)."""
+
+    @property
+    def effective_clip_ratio_low(self) -> float:
+        """The lower clip range in use: clip_ratio_low, else clip_ratio."""
+        return self.clip_ratio if self.clip_ratio_low is None else self.clip_ratio_low
+
+    @property
+    def effective_clip_ratio_high(self) -> float:
+        """The upper clip range in use: clip_ratio_high, else clip_ratio."""
+        return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
+
+
+class RefConfig(Section):
+    """The frozen reference policy, used when a KL term is on."""
+
+    log_prob_micro_batch_size: int | None = Field(None, gt=0)
+    """Deprecated global micro-batch in responses; use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    """Responses per reference forward pass on one GPU."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Form forward batches by token count instead of response count."""
+    log_prob_max_token_len_per_gpu: int = Field(16384, gt=0)
+    """Token budget of one forward batch when log_prob_use_dynamic_bsz is on."""
+    ulysses_sequence_parallel_size: Literal[1] = 1
+    """Sequence parallelism is not implemented; only 1 is accepted (verl compatibility)."""
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
+    """FSDP settings (ignored by the torch strategy)."""
+
+
+class ValKwargs(Section):
+    """Sampling used for validation (greedy by default)."""
+
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 means all."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    temperature: float = Field(0.0, ge=0)
+    """Softmax temperature; 0 with do_sample false is greedy."""
+    n: int = Field(1, gt=0)
+    """Responses per validation prompt."""
+    do_sample: bool = False
+    """Sample (true) or decode greedily (false)."""
+
+
+class RolloutConfig(Section):
+    """Response generation. Keys marked vLLM are used only by name=vllm."""
+
+    name: Literal["hf", "vllm"] = "hf"
+    """Engine: hf is transformers' generate (CPU or GPU); vllm needs a GPU and the vllm extra."""
+    mode: Literal["sync"] = "sync"
+    """Only synchronous rollout is implemented."""
+    temperature: float = Field(1.0, ge=0)
+    """Softmax temperature while sampling training rollouts."""
+    top_k: int = -1
+    """Sample among the k most likely tokens; -1 means all."""
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling mass."""
+    do_sample: bool = True
+    """Sample (true) or decode greedily (false)."""
+    n: int = Field(1, gt=0)
+    """Responses sampled per prompt (the group size of GRPO and RLOO)."""
+    prompt_length: int | None = Field(None, gt=0)
+    """Prompt token budget; None follows data.max_prompt_length."""
+    response_length: int | None = Field(None, gt=0)
+    """Maximum new tokens; None follows data.max_response_length."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    """Weight dtype of the engine on GPU."""
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    """vLLM: fraction of GPU memory for weights and KV cache."""
+    tensor_model_parallel_size: int = Field(1, gt=0)
+    """vLLM: GPUs one model is split over."""
+    max_num_batched_tokens: int = Field(8192, gt=0)
+    """vLLM: tokens scheduled per engine step."""
+    max_num_seqs: int = Field(1024, gt=0)
+    """vLLM: sequences in flight at once."""
+    enforce_eager: bool = True
+    """vLLM: run without CUDA graphs."""
+    free_cache_engine: bool = True
+    """vLLM: release the KV cache after generating, for the update's memory."""
+    enable_chunked_prefill: bool = True
+    """vLLM: split long prefills into chunks."""
+    log_prob_micro_batch_size: int | None = Field(None, gt=0)
+    """Deprecated global micro-batch in responses; use log_prob_micro_batch_size_per_gpu."""
+    log_prob_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    """Responses per forward pass when recomputing old log-probs on one GPU."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Form forward batches by token count instead of response count."""
+    log_prob_max_token_len_per_gpu: int = Field(16384, gt=0)
+    """Token budget of one forward batch when log_prob_use_dynamic_bsz is on."""
+    calculate_log_probs: bool = False
+    """Also return the engine's own log-probs of the sampled tokens (rollout_log_probs)."""
+    seed: int = 0
+    """Sampling seed; each iteration derives its own from it."""
+    val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
+    """Sampling used for validation."""
+
+
+class ActorRolloutRefConfig(Section):
+    """Policy, reference policy and rollout, which share one model (verl's hybrid engine)."""
+
+    hybrid_engine: Literal[True] = True
+    """Actor and rollout share weights; verl and ppoflow support only true."""
+    model: ActorModelConfig = Field(default_factory=ActorModelConfig)
+    """The policy model."""
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    """The policy update."""
+    ref: RefConfig = Field(default_factory=RefConfig)
+    """The reference policy."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """Response generation."""

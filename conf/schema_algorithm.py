@@ -1,0 +1,86 @@
+"""The `algorithm` section (advantage estimator, KL control) and the reward sections: verl's
+`reward_model` and `custom_reward_function`, and ppoflow's composite `reward`."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from .schema_common import KLType, Section
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+
+
+class KLControlConfig(Section):
+    """Coefficient of the KL penalty in the reward (used when algorithm.use_kl_in_reward)."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    """fixed keeps kl_coef; adaptive steers it towards target_kl (Ziegler et al. 2019)."""
+    kl_coef: float = Field(0.001, ge=0)
+    """Initial KL coefficient β."""
+    horizon: int = Field(10000, gt=0)
+    """Adaptive controller horizon in responses."""
+    target_kl: float = Field(0.1, gt=0)
+    """KL the adaptive controller aims for."""
+
+
+class PFPPOConfig(Section):
+    """Preference-feedback PPO resampling (used when algorithm.use_pf_ppo)."""
+
+    reweight_method: Literal["pow", "max_min", "max_random"] = "pow"
+    """How rollouts are reweighted by score before resampling."""
+    weight_pow: float = 2.0
+    """Exponent of the pow reweighting."""
+
+
+class AlgorithmConfig(Section):
+    """Advantage estimation and the KL penalty in the reward (verl's `algorithm`)."""
+
+    gamma: float = Field(1.0, ge=0, le=1)
+    """Discount factor."""
+    lam: float = Field(1.0, ge=0, le=1)
+    """GAE λ."""
+    adv_estimator: AdvEstimator = "gae"
+    """Advantage estimator; gae trains a critic, the others are critic-free."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide group-centred scores by the group's standard deviation (false is Dr. GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract β·KL(actor ‖ reference) from the token-level reward."""
+    kl_penalty: KLType = "kl"
+    """KL estimator of the in-reward penalty."""
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig)
+    """KL coefficient control."""
+    use_pf_ppo: bool = False
+    """Resample rollouts by score before the update (PF-PPO)."""
+    pf_ppo: PFPPOConfig = Field(default_factory=PFPPOConfig)
+    """PF-PPO settings."""
+
+
+class RewardModelConfig(Section):
+    """verl's reward-model switch; ppoflow scores with reward functions."""
+
+    enable: bool = False
+    """Score with a learned reward model (accepted for verl compatibility)."""
+    reward_manager: str = "naive"
+    """How reward functions are applied to a batch (verl's naive manager scores one response at a time)."""
+    launch_reward_fn_async: bool = False
+    """Score rewards concurrently with the next stage."""
+
+
+class CustomRewardFunctionConfig(Section):
+    """A user reward function `name(data_source, solution_str, ground_truth, extra_info) -> score`."""
+
+    path: str | None = None
+    """Python file defining the function; None uses the built-in scorer of each data_source."""
+    name: str = "compute_score"
+    """Function name inside that file."""
+
+
+class RewardConfig(Section):
+    """ppoflow's composite reward: a weighted sum of named components, each in [0, 1]."""
+
+    weights: dict[str, float] = {"correctness": 0.9, "format": 0.1}
+    """Component name → weight in the score."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Longest one reward call may take, in seconds."""
+    on_error: Literal["fail", "zero"] = "fail"
+    """A reward function that raises or times out fails the stage, or scores the response 0."""

@@ -1,0 +1,181 @@
+"""Cross-section rules, applied once when a PPOFlowConfig is built: keys that follow other keys are
+filled in (so that each section stands alone as a task's input and cache key), verl's deprecated
+global micro-batch sizes become per-GPU sizes, and verl's batch-size arithmetic is checked."""
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from .schema_common import ConfigError
+
+if TYPE_CHECKING:
+    from .schema import PPOFlowConfig
+
+DERIVED: dict[str, tuple[str, ...]] = {
+    "critic.rollout_n": ("actor_rollout_ref.rollout.n",),
+    "critic.model.path": ("actor_rollout_ref.model.path",),
+    # verl reads the critic's tokenizer from the actor: it must tokenise the actor's responses.
+    "critic.model.tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
+    "critic.ppo_mini_batch_size": ("actor_rollout_ref.actor.ppo_mini_batch_size",),
+    "critic.ppo_epochs": ("actor_rollout_ref.actor.ppo_epochs",),
+    "actor_rollout_ref.rollout.prompt_length": ("data.max_prompt_length",),
+    "actor_rollout_ref.rollout.response_length": ("data.max_response_length",),
+}
+"""A key left at None → the keys it follows; the first that is not None gives its value."""
+
+ACTOR_MICRO_PAIRS = (
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.use_dynamic_bsz"),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"),
+    (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    ),
+)
+CRITIC_MICRO_PAIRS = (
+    ("critic.ppo_micro_batch_size", "critic.use_dynamic_bsz"),
+    ("critic.forward_micro_batch_size", "critic.use_dynamic_bsz"),
+)
+"""(deprecated global micro-batch key, dynamic-batch switch); the per-GPU key adds `_per_gpu`."""
+
+WORLD = "world_size={world} (trainer.nnodes={nnodes} × trainer.n_gpus_per_node={gpus})"
+
+
+def get_key(cfg: BaseModel, key: str) -> Any:
+    """The value at a dotted key."""
+    value: Any = cfg
+    for name in key.split("."):
+        value = getattr(value, name)
+    return value
+
+
+def _set_key(cfg: BaseModel, key: str, value: Any) -> None:
+    # Sections are replaced by updated copies, never mutated: an instance passed in by a caller
+    # may be shared with another config.
+    head, *rest = key.split(".")
+    setattr(cfg, head, _replaced(getattr(cfg, head), rest, value) if rest else value)
+
+
+def _replaced(model: BaseModel, parts: list[str], value: Any) -> BaseModel:
+    head, *rest = parts
+    return model.model_copy(update={head: _replaced(getattr(model, head), rest, value) if rest else value})
+
+
+def _set_explicitly(cfg: BaseModel, key: str) -> bool:
+    parent, _, name = key.rpartition(".")
+    return name in get_key(cfg, parent).model_fields_set
+
+
+def resolve_and_check(cfg: "PPOFlowConfig") -> None:
+    """Fill derived keys, convert deprecated micro-batch sizes, and check the batch arithmetic."""
+    for key, sources in DERIVED.items():
+        if get_key(cfg, key) is None:
+            _set_key(cfg, key, next((v for s in sources if (v := get_key(cfg, s)) is not None), None))
+    _check_same_n(cfg)
+    _check_resume(cfg)
+    pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
+    for global_key, dynamic_key in pairs:
+        _resolve_micro(cfg, global_key, dynamic_key)
+    _check_update(cfg, "actor_rollout_ref.actor")
+    if cfg.use_critic:
+        _check_update(cfg, "critic")
+
+
+def _check_same_n(cfg: "PPOFlowConfig") -> None:
+    n, critic_n = cfg.actor_rollout_ref.rollout.n, cfg.critic.rollout_n
+    if critic_n != n:
+        raise ConfigError(
+            f"critic.rollout_n={critic_n} differs from actor_rollout_ref.rollout.n={n}: remove "
+            "critic.rollout_n (it always follows actor_rollout_ref.rollout.n)",
+            keys=("critic.rollout_n", "actor_rollout_ref.rollout.n"),
+        )
+
+
+def _check_resume(cfg: "PPOFlowConfig") -> None:
+    trainer = cfg.trainer
+    if trainer.resume_mode == "resume_path" and trainer.resume_from_path is None:
+        raise ConfigError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path: set it to a checkpoint "
+            "directory, or use trainer.resume_mode=auto",
+            keys=("trainer.resume_mode",),
+        )
+
+
+def _resolve_micro(cfg: "PPOFlowConfig", global_key: str, dynamic_key: str) -> None:
+    # verl divides the deprecated global size by the world size inside its workers; doing it here
+    # leaves one per-GPU size in the effective config.
+    per_gpu_key = global_key + "_per_gpu"
+    global_size, per_gpu = get_key(cfg, global_key), get_key(cfg, per_gpu_key)
+    keys = (global_key, per_gpu_key)
+    if global_size is not None and per_gpu is not None and _set_explicitly(cfg, per_gpu_key):
+        raise ConfigError(
+            f"{global_key}={global_size} and {per_gpu_key}={per_gpu} are both set: remove {global_key} "
+            f"(verl's deprecated global size) and keep {per_gpu_key}",
+            keys=keys,
+        )
+    if global_size is not None:
+        world = cfg.world_size
+        if global_size % world:
+            raise ConfigError(
+                f"{global_key}={global_size} cannot be split evenly over {_world(cfg)}: set {per_gpu_key} "
+                f"instead, or make {global_key} a multiple of {world}",
+                keys=(*keys, "trainer.nnodes", "trainer.n_gpus_per_node"),
+            )
+        _set_key(cfg, per_gpu_key, global_size // world)
+        _set_key(cfg, global_key, None)
+    elif per_gpu is None and not get_key(cfg, dynamic_key):
+        raise ConfigError(
+            f"{per_gpu_key} is not set: set it (e.g. {per_gpu_key}=8) or turn on {dynamic_key}",
+            keys=keys,
+        )
+
+
+def _check_update(cfg: "PPOFlowConfig", section: str) -> None:
+    """verl's rules for one model update: prompts → mini-batches → per-GPU share → micro-batches."""
+    train, n, world = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.world_size
+    mini_key, micro_key = f"{section}.ppo_mini_batch_size", f"{section}.ppo_micro_batch_size_per_gpu"
+    mini, dynamic = get_key(cfg, mini_key), get_key(cfg, f"{section}.use_dynamic_bsz")
+    if train % mini:
+        raise ConfigError(
+            f"{mini_key}={mini} does not divide data.train_batch_size={train}: choose a mini-batch size "
+            f"that divides {train} (e.g. {_near_divisors(train, mini)}) or change data.train_batch_size",
+            keys=(mini_key, "data.train_batch_size"),
+        )
+    responses = mini * n
+    shape = f"{mini_key}={mini} × actor_rollout_ref.rollout.n={n}"
+    world_keys = ("trainer.nnodes", "trainer.n_gpus_per_node")
+    if responses % world:
+        raise ConfigError(
+            f"the mini-batch of {responses} responses ({shape}) does not split evenly over {_world(cfg)}: "
+            f"make {mini_key} × actor_rollout_ref.rollout.n a multiple of {world}",
+            keys=(mini_key, "actor_rollout_ref.rollout.n", *world_keys),
+        )
+    if dynamic:
+        return
+    micro, per_gpu = get_key(cfg, micro_key), responses // world
+    share = f"the per-GPU mini-batch of {per_gpu} responses ({shape} / world_size={world})"
+    keys = (micro_key, mini_key, "actor_rollout_ref.rollout.n", *world_keys)
+    if micro > per_gpu:
+        raise ConfigError(
+            f"{micro_key}={micro} is larger than {share}: set {micro_key} to at most {per_gpu} "
+            f"(e.g. {_near_divisors(per_gpu, micro)}) or raise {mini_key}",
+            keys=keys,
+        )
+    if per_gpu % micro:
+        raise ConfigError(
+            f"{micro_key}={micro} does not divide {share}: choose a micro-batch size that divides "
+            f"{per_gpu} (e.g. {_near_divisors(per_gpu, micro)}) or change {mini_key}",
+            keys=keys,
+        )
+
+
+def _world(cfg: "PPOFlowConfig") -> str:
+    trainer = cfg.trainer
+    return WORLD.format(world=trainer.world_size, nnodes=trainer.nnodes, gpus=trainer.n_gpus_per_node)
+
+
+def _near_divisors(total: int, wanted: int) -> str:
+    """Up to four divisors of total closest to the size the user asked for, in increasing order
+    (on a tie the larger one: bigger batches run faster)."""
+    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    closest = sorted(sorted(divisors, key=lambda d: (abs(d - wanted), -d))[:4])
+    return ", ".join(map(str, closest))

@@ -1,0 +1,121 @@
+"""Building blocks shared by the config sections: the base model, the error type, shared choices and
+the sub-sections that several sections embed (optimizer, FSDP, DeepSpeed, checkpoint contents)."""
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run. The message names the key, the layer that set it, the bad
+    value and what is expected; `keys` lists the dotted keys involved (for provenance)."""
+
+    def __init__(self, message: str, *, keys: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.keys = tuple(keys)
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, field docstrings are the docs."""
+
+    # Numbers are accepted for strings because `trainer.experiment_name=2024` parses as an int.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, coerce_numbers_to_str=True)
+
+    key_aliases: ClassVar[dict[str, str]] = {}
+    """Other accepted spellings of a key (e.g. a newer verl name) → the field they set."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rename_aliases(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls.key_aliases:
+            return data
+        data = dict(data)
+        for alias, name in cls.key_aliases.items():
+            if alias not in data:
+                continue
+            value = data.pop(alias)
+            if name in data and data[name] != value:
+                raise ValueError(f"'{alias}' and '{name}' are the same setting; set only one of them")
+            data[name] = value
+        return data
+
+
+def section_type(field: FieldInfo) -> type[Section] | None:
+    """The sub-section class a field holds, or None for a value (leaf) field."""
+    annotation = field.annotation
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation
+    return None
+
+
+def is_open_mapping(field: FieldInfo) -> bool:
+    """A dict-valued leaf whose entries are free-form (override_config, reward.weights, …)."""
+    return get_origin(field.annotation) is dict
+
+
+Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
+
+
+class OptimConfig(Section):
+    """AdamW with a warm-up and a constant or cosine schedule (verl's `optim`)."""
+
+    key_aliases: ClassVar[dict[str, str]] = {"lr_scheduler_type": "warmup_style"}
+
+    lr: float = Field(1e-6, gt=0)
+    """Peak learning rate."""
+    lr_warmup_steps: int = -1
+    """Linear warm-up steps; negative means use lr_warmup_steps_ratio."""
+    lr_warmup_steps_ratio: float = Field(0.0, ge=0, le=1)
+    """Warm-up length as a fraction of total_training_steps (used when lr_warmup_steps < 0)."""
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+    """Floor of the cosine schedule as a fraction of lr."""
+    warmup_style: Literal["constant", "cosine"] = "constant"
+    """Schedule after warm-up; verl's newer name lr_scheduler_type is accepted for it."""
+    weight_decay: float = Field(0.01, ge=0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW moment coefficients."""
+    total_training_steps: int = -1
+    """Steps the schedule spans; -1 is filled in at run time from the trainer's step count."""
+
+
+class FsdpConfig(Section):
+    """verl's FSDP settings, accepted for compatibility; the torch strategy ignores them."""
+
+    param_offload: bool = False
+    """Keep parameters on CPU between uses (fsdp/fsdp2 only)."""
+    optimizer_offload: bool = False
+    """Keep optimizer state on CPU between steps (fsdp/fsdp2 only)."""
+    fsdp_size: int = -1
+    """Ranks per FSDP shard group; -1 shards over all ranks (fsdp/fsdp2 only)."""
+    wrap_policy: dict[str, Any] = {}
+    """Module wrapping policy, e.g. min_num_params (fsdp/fsdp2 only)."""
+
+
+class DeepSpeedConfig(Section):
+    """DeepSpeed ZeRO settings, used only by strategy=deepspeed."""
+
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    """ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also parameters."""
+    offload_optimizer: bool = False
+    """Keep optimizer state and its step on CPU."""
+
+
+class CheckpointConfig(Section):
+    """What a checkpoint holds (verl's `checkpoint`)."""
+
+    save_contents: list[CheckpointContent] = ["model", "optimizer", "extra"]
+    """Parts written at each save: model weights, optimizer state, extra (RNG, scheduler), hf_model."""
+    load_contents: list[CheckpointContent] | None = None
+    """Parts read on resume; None means the same as save_contents."""
+
+    @model_validator(mode="after")
+    def _load_what_was_saved(self) -> "CheckpointConfig":
+        if self.load_contents is None:
+            self.load_contents = list(self.save_contents)
+        return self

@@ -1,0 +1,44 @@
+"""The `data` section: which prompts to train and validate on and how they are batched."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from .schema_common import Section
+
+
+class DataConfig(Section):
+    """Datasets, prompt lengths and the iteration batch (verl's `data`)."""
+
+    tokenizer: str | None = None
+    """Tokenizer used to measure prompts; None uses the actor's."""
+    train_files: str | list[str] = "builtin:addition"
+    """JSON/JSONL/parquet file(s) of training prompts, or 'builtin:addition' (single-digit sums)."""
+    val_files: str | list[str] = "builtin:addition"
+    """JSON/JSONL/parquet file(s) of validation prompts, or 'builtin:addition'."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (a chat message list or a string)."""
+    reward_fn_key: str = "data_source"
+    """Column that selects the reward function and groups validation scores."""
+    max_prompt_length: int = Field(16, gt=0)
+    """Longest prompt in tokens (verl's default is 512; 16 fits the built-in task)."""
+    max_response_length: int = Field(4, gt=0)
+    """Longest response in tokens (verl's default is 512; 4 fits the built-in task)."""
+    train_batch_size: int = Field(64, gt=0)
+    """Prompts per iteration; each is sampled actor_rollout_ref.rollout.n times."""
+    val_batch_size: int | None = Field(None, gt=0)
+    """Prompts per validation batch; None validates the whole set at once."""
+    return_raw_chat: bool = False
+    """Keep the unformatted chat messages beside the token ids."""
+    shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
+    seed: int = 1
+    """Seed of the training-prompt shuffle."""
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than max_prompt_length at ingest (they go to the rejects table)."""
+    truncation: Literal["error", "left", "right", "middle"] = "error"
+    """What to do with a prompt longer than max_prompt_length that was not filtered."""
+    dataloader_num_workers: int = Field(0, ge=0)
+    """Worker processes reading prompts; 0 reads in the main process."""
+    max_reject_fraction: float = Field(0.1, ge=0, le=1)
+    """Ingest fails when more than this fraction of rows is rejected (malformed or overlong)."""

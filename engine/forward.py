@@ -1,0 +1,98 @@
+"""Forward passes over (prompt, response) batches: per-token log-probs, entropy and values.
+
+A batch is the left-padded prompt (N, P) followed by the right-padded response (N, T). The logits
+at position P−1+t predict response token t, and the critic's output there is V(s_t), the value of
+the state *before* token t (ALGORITHMS.md). Work is split into micro-batches so that at most one
+(micro-batch, T, V) logits tensor exists at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .logits import entropy_from_logits, logprobs_from_logits
+
+
+@dataclass
+class SequenceBatch:
+    """Token tensors of N (prompt, response) pairs.
+
+    prompt_ids (N, P) left-padded, prompt_mask (N, P); response_ids (N, T) right-padded,
+    response_mask (N, T) float, 1 on response tokens up to and including EOS.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    def select(self, rows: torch.Tensor | slice) -> SequenceBatch:
+        return SequenceBatch(
+            self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows]
+        )
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """input_ids, attention_mask and position_ids of the concatenated sequences."""
+        input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
+        attention_mask = torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+
+def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: float) -> torch.Tensor:
+    """(N, T, V) float logits / temperature at the positions that predict each response token."""
+    prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    logits = model(**batch.model_inputs(), use_cache=False).logits
+    return logits[:, prompt_len - 1 : prompt_len - 1 + response_len].float() / temperature
+
+
+def policy_forward(
+    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_probs (N, T) of the response tokens and, if asked, entropy (N, T). Keeps the graph."""
+    logits = response_logits(model, batch, temperature)
+    log_probs = logprobs_from_logits(logits, batch.response_ids)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """values (N, T): V(s_t) for every response position. Keeps the graph."""
+    prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    out = critic(**batch.model_inputs(), use_cache=False).logits[..., 0]
+    return out[:, prompt_len - 1 : prompt_len - 1 + response_len].float()
+
+
+@torch.no_grad()
+def compute_log_probs(
+    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, micro_batch_size: int
+) -> torch.Tensor:
+    """log_probs (N, T) without gradient, in micro-batches; 0 at masked positions."""
+    was_training = model.training
+    model.eval()
+    parts = [
+        policy_forward(
+            model, batch.select(slice(i, i + micro_batch_size)), temperature=temperature, with_entropy=False
+        )[0]
+        for i in range(0, len(batch), micro_batch_size)
+    ]
+    model.train(was_training)
+    return torch.cat(parts) * batch.response_mask
+
+
+@torch.no_grad()
+def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
+    """values (N, T) without gradient, in micro-batches; 0 at masked positions."""
+    was_training = critic.training
+    critic.eval()
+    parts = [
+        value_forward(critic, batch.select(slice(i, i + micro_batch_size)))
+        for i in range(0, len(batch), micro_batch_size)
+    ]
+    critic.train(was_training)
+    return torch.cat(parts) * batch.response_mask

@@ -1,0 +1,106 @@
+"""Actor, frozen reference and critic models, loaded from a local path only.
+
+The actor and reference are any Hugging Face causal LM directory. The critic is the same kind of
+backbone with a scalar head on every position (`AutoModelForTokenClassification`, num_labels=1),
+initialised from the actor's weights (head fresh) or from its own path; its dropout is forced to 0,
+since a stochastic value head would make `values` and `vpreds` disagree on identical inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer path that cannot be used, with the reason."""
+
+
+def check_model_dir(path: str | Path, *, what: str = "model") -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"{what} path '{path}' does not exist")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise ModelLoadError(f"{what} path '{path}' is not a Hugging Face model directory (no config.json)")
+    return path
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved at `path`, with a pad token (EOS when the model has none)."""
+    path = Path(path)
+    if not any((path / name).exists() for name in TOKENIZER_FILES):
+        raise ModelLoadError(f"model directory '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)})")
+    tokenizer = _tokenizer_class(path).from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _tokenizer_class(path: Path):
+    """A tokenizer saved from a bare `tokenizers` object (the tiny model's character tokenizer) must
+    be reloaded as PreTrainedTokenizerFast: AutoTokenizer would pick the model type's tokenizer
+    class (Qwen2Tokenizer), which swaps in its own pre-tokenizer and silently changes the ids."""
+    config_file = path / "tokenizer_config.json"
+    if config_file.is_file():
+        saved_class = json.loads(config_file.read_text()).get("tokenizer_class")
+        if saved_class in GENERIC_TOKENIZER_CLASSES:
+            return PreTrainedTokenizerFast
+    return AutoTokenizer
+
+
+def load_actor(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A causal LM from a local directory, in train mode with dropout off (PPO's ratio ρ must be 1
+    on the first mini-batch, which dropout would break)."""
+    path = check_model_dir(path, what="actor model")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    _disable_dropout(config)
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, local_files_only=True)
+    return model
+
+
+def load_reference(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A frozen copy of the initial policy: eval mode, no gradients."""
+    model = load_actor(path, dtype=dtype)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_critic(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """LM backbone + scalar value head per position. From a saved critic directory the head is
+    restored; from an actor directory it is new and zero-initialised, so the first values are 0
+    everywhere and GAE starts from plain reward-to-go (deterministic, whatever the seed)."""
+    path = check_model_dir(path, what="critic model")
+    config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
+    _disable_dropout(config)
+    config.classifier_dropout = 0.0
+    config.hidden_dropout = 0.0
+    critic, info = AutoModelForTokenClassification.from_pretrained(
+        path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
+    )
+    head = critic.score
+    if any(key.startswith("score.") for key in info["missing_keys"]):
+        torch.nn.init.zeros_(head.weight)
+        if head.bias is not None:
+            torch.nn.init.zeros_(head.bias)
+    return critic
+
+
+def _disable_dropout(config) -> None:
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)

@@ -1,0 +1,53 @@
+"""AdamW with verl's learning-rate schedules (constant or cosine, both with linear warmup).
+
+The schedule steps once per training iteration (verl's convention), not once per mini-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+WarmupStyle = Literal["constant", "cosine"]
+
+
+@dataclass(frozen=True)
+class OptimSettings:
+    lr: float
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    total_steps: int = 1
+    warmup_style: WarmupStyle = "constant"
+    min_lr_ratio: float = 0.0
+
+
+def resolve_warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
+    """verl's rule: an explicit positive `lr_warmup_steps` wins, else ratio × total steps."""
+    return lr_warmup_steps if lr_warmup_steps > 0 else int(lr_warmup_steps_ratio * total_steps)
+
+
+def lr_multiplier(step: int, settings: OptimSettings) -> float:
+    """Factor applied to the base lr after `step` scheduler steps."""
+    if step < settings.warmup_steps:
+        return (step + 1) / settings.warmup_steps
+    if settings.warmup_style == "constant":
+        return 1.0
+    decay_steps = max(1, settings.total_steps - settings.warmup_steps)
+    progress = min(1.0, (step - settings.warmup_steps) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine
+
+
+def build_optimizer(
+    model: torch.nn.Module, settings: OptimSettings
+) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, settings))
+    return optimizer, scheduler

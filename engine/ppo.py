@@ -1,0 +1,161 @@
+"""The PPO stages as engine calls: what each pipeline task computes, without any file IO.
+
+Each function takes plain lists (as read from parquet) or tensors and returns the same, so a task
+is: read parquet → one call here → write parquet. An in-process loop calling these in order is a
+whole PPO iteration (the tests do exactly that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import AdvEstimator, compute_advantages
+from .forward import SequenceBatch, compute_log_probs
+from .kl import KLPenalty, apply_kl_penalty
+from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad
+
+
+def build_sequence_batch(
+    prompt_ids: Sequence[Sequence[int]],
+    response_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    response_width: int | None = None,
+) -> SequenceBatch:
+    """Left-pad the prompts, right-pad the responses (to `response_width` if given)."""
+    prompts, prompt_mask = left_pad(prompt_ids, pad_token_id)
+    responses, response_mask = right_pad(response_ids, pad_token_id, width=response_width)
+    return SequenceBatch(prompts, prompt_mask, responses, response_mask)
+
+
+def unpad(values: torch.Tensor, response_mask: torch.Tensor) -> list[list[float]]:
+    """(N, T) → per-row lists of the valid positions (the parquet list-column form)."""
+    lengths = response_mask.sum(-1).long().tolist()
+    return [values[i, :n].tolist() for i, n in enumerate(lengths)]
+
+
+def pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    """Per-row lists → (N, width) float tensor, 0 past each row's end."""
+    return right_pad(rows, 0.0, width=width, dtype=torch.float32)[0]
+
+
+@dataclass
+class Rollouts:
+    """N = len(prompt_ids)·n responses, ordered prompt by prompt, `sample_index` 0..n−1 within one."""
+
+    prompt_index: list[int]
+    sample_index: list[int]
+    response_ids: list[list[int]]
+    finish_reasons: list[str]
+    rollout_log_probs: list[list[float]]
+    old_log_probs: list[list[float]]
+    ref_log_probs: list[list[float]] | None
+
+
+def generate_rollouts(
+    engine: RolloutEngine,
+    actor: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    n: int,
+    params: SamplingParams,
+    seed: int,
+    pad_token_id: int,
+    micro_batch_size: int,
+    on_batch: Callable[[int], None] | None = None,
+) -> Rollouts:
+    """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
+    trainer's forward pass at the sampling temperature."""
+    repeated = [list(p) for p in prompt_ids for _ in range(n)]
+    out = engine.generate(repeated, params, seed=seed, on_batch=on_batch)
+    batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
+    temperature = params.logit_temperature
+    old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
+    ref = None
+    if reference is not None:
+        ref = unpad(
+            compute_log_probs(reference, batch, temperature=temperature, micro_batch_size=micro_batch_size),
+            batch.response_mask,
+        )
+    return Rollouts(
+        prompt_index=[i for i in range(len(prompt_ids)) for _ in range(n)],
+        sample_index=[j for _ in range(len(prompt_ids)) for j in range(n)],
+        response_ids=out.response_ids,
+        finish_reasons=list(out.finish_reasons),
+        rollout_log_probs=out.rollout_log_probs,
+        old_log_probs=unpad(old, batch.response_mask),
+        ref_log_probs=ref,
+    )
+
+
+def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """token_level_scores (N, T): each sequence's scalar score at its last valid token, 0 elsewhere."""
+    token_level = torch.zeros_like(response_mask, dtype=torch.float32)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
+    has_tokens = response_mask.sum(-1) > 0
+    rows = torch.arange(len(scores))[has_tokens]
+    token_level[rows, last[has_tokens]] = scores[has_tokens].float()
+    return token_level
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    adv_estimator: AdvEstimator = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: KLPenalty = "kl"
+
+
+@dataclass
+class AdvantageResult:
+    token_level_rewards: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    current_kl: float | None
+
+
+def compute_advantage_stage(
+    scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    settings: AdvantageSettings,
+    kl_coef: float,
+    old_log_probs: torch.Tensor | None = None,
+    ref_log_probs: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+    group_id: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
+) -> AdvantageResult:
+    """Scores → token-level rewards (minus β·KL when use_kl_in_reward) → advantages and returns."""
+    token_level_scores = place_scores(scores, response_mask)
+    current_kl = None
+    rewards = token_level_scores
+    if settings.use_kl_in_reward:
+        if old_log_probs is None or ref_log_probs is None:
+            raise ValueError("use_kl_in_reward needs old_log_probs and ref_log_probs")
+        rewards, current_kl = apply_kl_penalty(
+            token_level_scores,
+            old_log_probs,
+            ref_log_probs,
+            response_mask,
+            kl_coef=kl_coef,
+            kind=settings.kl_penalty,
+        )
+    advantages, returns = compute_advantages(
+        settings.adv_estimator,
+        token_level_rewards=rewards,
+        response_mask=response_mask,
+        values=values,
+        group_id=group_id,
+        gamma=settings.gamma,
+        lam=settings.lam,
+        norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
+        reward_baselines=reward_baselines,
+    )
+    return AdvantageResult(rewards, advantages, returns, current_kl)

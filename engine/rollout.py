@@ -1,0 +1,204 @@
+"""Rollout engines: generate responses and the log-probs of the sampled tokens.
+
+`RolloutEngine` is the seam: the `transformers` implementation below runs anywhere (CPU or GPU);
+a vLLM implementation of the same interface lives in `vllm_rollout.py` and is imported lazily.
+
+Conventions (ALGORITHMS.md): prompts are left-padded; a response stops at the first EOS, which is
+part of the response (its mask is 1); `rollout_log_probs[t]` is log softmax(logits / temperature) at
+the sampled token, *before* top-k / top-p filtering, which is what the trainer recomputes as
+`old_log_probs`, so the two differ only by numerics (KV cache vs full forward).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. `top_k <= 0` and `top_p >= 1` disable those filters (unlike
+    `transformers.generate`, which silently applies top_k=50 when sampling)."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+
+    @classmethod
+    def greedy(cls, max_new_tokens: int) -> SamplingParams:
+        return cls(max_new_tokens=max_new_tokens, temperature=1.0, do_sample=False)
+
+    @property
+    def logit_temperature(self) -> float:
+        """The temperature log-probs are computed with (1.0 for greedy decoding)."""
+        return self.temperature if self.do_sample and self.temperature > 0 else 1.0
+
+
+@dataclass
+class RolloutOutput:
+    """Per response, unpadded: `response_ids[i]` ends with EOS when `finish_reasons[i] == "stop"`."""
+
+    response_ids: list[list[int]] = field(default_factory=list)
+    rollout_log_probs: list[list[float]] = field(default_factory=list)
+    finish_reasons: list[FinishReason] = field(default_factory=list)
+
+    def extend(self, other: RolloutOutput) -> None:
+        self.response_ids += other.response_ids
+        self.rollout_log_probs += other.rollout_log_probs
+        self.finish_reasons += other.finish_reasons
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        seed: int,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> RolloutOutput:
+        """Generate one response per prompt (repeat a prompt n times for n samples)."""
+        ...
+
+
+def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus top-p set to −inf. logits: (B, V)."""
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The KV-cache argument name of `model.forward`: transformers 5 renamed `past_key_values` to
+    `cache`; accept either so a pinned older release keeps working."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+class HFRolloutEngine:
+    """Batched sampling with a `transformers` causal LM and its KV cache.
+
+    Deterministic for a given seed and prompt list: sampling uses its own `torch.Generator`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        batch_size: int = 256,
+    ):
+        self.model = model
+        self.eos_token_ids = torch.tensor(sorted(set(eos_token_ids)))
+        self.pad_token_id = pad_token_id
+        self.batch_size = batch_size
+        self._cache_kw = cache_keyword(model)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids, params, *, seed, on_batch=None) -> RolloutOutput:
+        was_training = self.model.training
+        self.model.eval()
+        generator = torch.Generator().manual_seed(seed)
+        out = RolloutOutput()
+        try:
+            for start in range(0, len(prompt_ids), self.batch_size):
+                chunk = prompt_ids[start : start + self.batch_size]
+                out.extend(self._generate_batch(chunk, params, generator))
+                if on_batch is not None:
+                    on_batch(len(chunk))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _generate_batch(self, prompts, params: SamplingParams, generator) -> RolloutOutput:
+        device = next(self.model.parameters()).device
+        input_ids, attention_mask = left_pad(prompts, self.pad_token_id)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        batch = input_ids.shape[0]
+        eos = self.eos_token_ids.to(device)
+        tokens, log_probs = [], []
+        done = torch.zeros(batch, dtype=torch.bool, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        cache, step_ids = None, input_ids
+        for _ in range(params.max_new_tokens):
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            result = self.model(
+                input_ids=step_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            cache = getattr(result, self._cache_kw)
+            logits = result.logits[:, -1, :].float() / params.logit_temperature
+            next_ids = self._pick(logits, params, generator)
+            next_ids = torch.where(done, torch.full_like(next_ids, self.pad_token_id), next_ids)
+            token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, next_ids[:, None])[:, 0]
+            tokens.append(next_ids)
+            log_probs.append(token_log_probs)
+            alive = ~done
+            lengths += alive.long()
+            done |= torch.isin(next_ids, eos)
+            if bool(done.all()):
+                break
+            step_ids = next_ids[:, None]
+            attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=-1)
+        return _collect(torch.stack(tokens, 1), torch.stack(log_probs, 1), lengths, done)
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator) -> torch.Tensor:
+        if not params.do_sample or params.temperature <= 0:
+            return logits.argmax(dim=-1)
+        filtered = filter_logits(logits, top_k=params.top_k, top_p=params.top_p)
+        probs = torch.softmax(filtered, dim=-1)
+        return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) ids and attention mask, padded on the left."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if row:
+            ids[i, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
+            mask[i, width - len(row) :] = 1
+    return ids, mask
+
+
+def right_pad(rows: Sequence[Sequence[float]], pad_value, *, width: int | None = None, dtype=torch.long):
+    """(B, T) values and mask, padded on the right to `width` (default: the longest row)."""
+    width = width if width is not None else max((len(r) for r in rows), default=0)
+    values = torch.full((len(rows), width), pad_value, dtype=dtype)
+    mask = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        if row:
+            values[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
+            mask[i, : len(row)] = 1.0
+    return values, mask
+
+
+def _collect(tokens, log_probs, lengths, done) -> RolloutOutput:
+    out = RolloutOutput()
+    for i in range(tokens.shape[0]):
+        n = int(lengths[i])
+        out.response_ids.append(tokens[i, :n].tolist())
+        out.rollout_log_probs.append(log_probs[i, :n].tolist())
+        out.finish_reasons.append("stop" if bool(done[i]) else "length")
+    return out

@@ -1,0 +1,170 @@
+"""Actor and critic update loops: PPO epochs × mini-batches (one optimizer step each) ×
+micro-batches (gradient accumulation).
+
+Each micro-batch loss is normalised by the aggregation denominator of its whole mini-batch
+(`agg_denominator`), so splitting a mini-batch into micro-batches never changes the gradient.
+Metrics use verl's names; per-mini-batch values are averaged over the update.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+
+from .forward import SequenceBatch, policy_forward, value_forward
+from .kl import KLPenalty, kl_penalty
+from .losses import compute_policy_loss, compute_value_loss
+from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
+
+
+@dataclass(frozen=True)
+class ActorUpdateSettings:
+    ppo_epochs: int
+    mini_batch_size: int
+    micro_batch_size: int
+    temperature: float = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: LossAggMode = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: KLPenalty = "low_var_kl"
+    grad_clip: float = 1.0
+    shuffle: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CriticUpdateSettings:
+    ppo_epochs: int
+    mini_batch_size: int
+    micro_batch_size: int
+    cliprange_value: float = 0.5
+    loss_agg_mode: LossAggMode = "token-mean"
+    grad_clip: float = 1.0
+    shuffle: bool = False
+    seed: int = 0
+
+
+def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: int):
+    """Row-index tensors, one per optimizer step: `epochs` passes over the rows in chunks of `size`."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(n_rows, generator=generator) if shuffle else torch.arange(n_rows)
+        yield from order.split(size)
+
+
+def clip_and_step(model, optimizer, grad_clip: float) -> float:
+    """Clip gradients to `grad_clip`, step unless the norm is not finite; the pre-clip norm."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if torch.isfinite(grad_norm):
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm)
+
+
+def update_actor(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: SequenceBatch,
+    *,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    ref_log_probs: torch.Tensor | None,
+    settings: ActorUpdateSettings,
+) -> dict[str, float]:
+    """PPO policy update over `batch` (N rows). Returns the mean of each `actor/*` metric."""
+    if settings.use_kl_loss and ref_log_probs is None:
+        raise ValueError("use_kl_loss needs ref_log_probs")
+    model.train()
+    history: dict[str, list[float]] = defaultdict(list)
+    s = settings
+    for rows in mini_batches(
+        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
+    ):
+        mask = batch.response_mask[rows]
+        denominator = agg_denominator(mask, s.loss_agg_mode)
+        step: dict[str, float] = defaultdict(float)
+        for micro in rows.split(s.micro_batch_size):
+            part = batch.select(micro)
+            log_probs, entropy = policy_forward(model, part, temperature=s.temperature, with_entropy=True)
+            pg_loss, pg_metrics = compute_policy_loss(
+                old_log_probs[micro],
+                log_probs,
+                advantages[micro],
+                part.response_mask,
+                clip_ratio_low=s.clip_ratio_low,
+                clip_ratio_high=s.clip_ratio_high,
+                clip_ratio_c=s.clip_ratio_c,
+                loss_agg_mode=s.loss_agg_mode,
+                denominator=denominator,
+            )
+            entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
+            loss = pg_loss - s.entropy_coeff * entropy_loss
+            if s.use_kl_loss:
+                kl = kl_penalty(log_probs, ref_log_probs[micro], s.kl_loss_type)
+                kl_loss = agg_loss(kl, part.response_mask, s.loss_agg_mode, denominator)
+                loss = loss + s.kl_loss_coef * kl_loss
+                step["actor/kl_loss"] += kl_loss.item()
+                step["actor/kl_coef"] = s.kl_loss_coef
+            loss.backward()
+            step["actor/pg_loss"] += pg_loss.item()
+            step["actor/entropy"] += entropy_loss.item()
+            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
+            for name, value in pg_metrics.items():
+                step[name] += value * share
+        step["actor/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
+        for name, value in step.items():
+            history[name].append(value)
+    metrics = {name: sum(values) / len(values) for name, values in history.items()}
+    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics
+
+
+def update_critic(
+    critic: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: SequenceBatch,
+    *,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    settings: CriticUpdateSettings,
+) -> dict[str, float]:
+    """Clipped value-loss regression of V(s_t) onto `returns`. Returns the mean `critic/*` metrics."""
+    critic.train()
+    history: dict[str, list[float]] = defaultdict(list)
+    s = settings
+    for rows in mini_batches(
+        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
+    ):
+        mask = batch.response_mask[rows]
+        denominator = agg_denominator(mask, s.loss_agg_mode)
+        step: dict[str, float] = defaultdict(float)
+        for micro in rows.split(s.micro_batch_size):
+            part = batch.select(micro)
+            vpreds = value_forward(critic, part)
+            vf_loss, vf_metrics = compute_value_loss(
+                vpreds,
+                values[micro],
+                returns[micro],
+                part.response_mask,
+                cliprange_value=s.cliprange_value,
+                loss_agg_mode=s.loss_agg_mode,
+                denominator=denominator,
+            )
+            vf_loss.backward()
+            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
+            step["critic/vf_loss"] += vf_loss.item()
+            step["critic/vpred_mean"] += masked_mean(vpreds.detach(), part.response_mask).item() * share
+            for name, value in vf_metrics.items():
+                step[name] += value * share
+        step["critic/grad_norm"] = clip_and_step(critic, optimizer, s.grad_clip)
+        for name, value in step.items():
+            history[name].append(value)
+    metrics = {name: sum(values) / len(values) for name, values in history.items()}
+    metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
+    return metrics

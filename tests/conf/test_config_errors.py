@@ -1,0 +1,205 @@
+"""Each bad config gets one clear message naming the key, the layer, the value and the fix."""
+
+import pytest
+
+from ppoflow.conf import ConfigError, load_config
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    (path / "tokenizer.json").write_text("{}")
+    return path
+
+
+def error_of(*overrides: str, path=None, base="embedded") -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides, base=base)
+    return str(info.value)
+
+
+def test_mini_batch_must_divide_train_batch():
+    message = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=48")
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=48 does not divide data.train_batch_size=64: "
+        "choose a mini-batch size that divides 64 (e.g. 8, 16, 32, 64) or change data.train_batch_size"
+    )
+    # ... and says which layer set each number.
+    assert "command-line override #1 'actor_rollout_ref.actor.ppo_mini_batch_size=48'" in message
+    assert "data.train_batch_size: embedded default" in message
+
+
+def test_mini_batch_responses_must_split_over_gpus():
+    message = error_of("trainer.n_gpus_per_node=3")
+    assert message.startswith(
+        "the mini-batch of 16 responses (actor_rollout_ref.actor.ppo_mini_batch_size=16 × "
+        "actor_rollout_ref.rollout.n=1) does not split evenly over world_size=3 "
+        "(trainer.nnodes=1 × trainer.n_gpus_per_node=3)"
+    )
+
+
+def test_micro_batch_must_divide_per_gpu_mini_batch():
+    message = error_of(
+        "actor_rollout_ref.rollout.n=3",
+        "trainer.n_gpus_per_node=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",
+    )
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5 does not divide the per-GPU mini-batch of "
+        "24 responses (actor_rollout_ref.actor.ppo_mini_batch_size=16 × actor_rollout_ref.rollout.n=3 / "
+        "world_size=2): choose a micro-batch size that divides 24 (e.g. 3, 4, 6, 8)"
+    )
+
+
+def test_micro_batch_larger_than_mini_batch():
+    message = error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32")
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 is larger than the per-GPU mini-batch of 16 "
+        "responses"
+    )
+    assert "set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu to at most 16" in message
+
+
+def test_critic_batch_sizes_are_checked_with_their_defaults():
+    message = error_of("critic.ppo_micro_batch_size_per_gpu=12")
+    assert message.startswith(
+        "critic.ppo_micro_batch_size_per_gpu=12 does not divide the per-GPU mini-batch of 16 responses "
+        "(critic.ppo_mini_batch_size=16 × actor_rollout_ref.rollout.n=1 / world_size=1)"
+    )
+    assert (
+        "critic.ppo_mini_batch_size: unset, so it follows actor_rollout_ref.actor.ppo_mini_batch_size"
+        in message
+    )
+    assert error_of("critic.ppo_mini_batch_size=48").startswith(
+        "critic.ppo_mini_batch_size=48 does not divide data.train_batch_size=64"
+    )
+
+
+def test_both_micro_batch_settings():
+    message = error_of(
+        "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    )
+    assert message.startswith(
+        "actor_rollout_ref.actor.ppo_micro_batch_size=8 and "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 are both set: "
+        "remove actor_rollout_ref.actor.ppo_micro_batch_size (verl's deprecated global size)"
+    )
+
+
+def test_unknown_key_in_override_suggests_the_closest():
+    assert error_of("trainer.total_epochs=2", "actor_rollout_ref.actor.optim.lrr=1e-3") == (
+        "unknown key 'actor_rollout_ref.actor.optim.lrr' (command-line override #2 "
+        "'actor_rollout_ref.actor.optim.lrr=1e-3'); did you mean 'actor_rollout_ref.actor.optim.lr'?"
+    )
+    assert error_of("critic.lr=1e-5").endswith("did you mean 'critic.optim.lr'?")
+
+
+def test_unknown_key_in_yaml_file_suggests_the_closest(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  total_epoch: 3\n")
+    assert error_of(path=path) == (
+        f"unknown key 'trainer.total_epoch' (file '{path}'); did you mean 'trainer.total_epochs'?"
+    )
+
+
+def test_unknown_key_without_a_close_match_lists_valid_keys():
+    assert "valid keys at the top level: data, actor_rollout_ref, critic" in error_of("zzz=1")
+
+
+def test_unknown_estimator_lists_the_valid_ones():
+    assert error_of("algorithm.adv_estimator=ppo") == (
+        "invalid value 'ppo' for 'algorithm.adv_estimator' (command-line override #1 "
+        "'algorithm.adv_estimator=ppo'): expected one of 'gae', 'grpo', 'rloo', 'reinforce_plus_plus', "
+        "'reinforce_plus_plus_baseline' or 'remax'"
+    )
+
+
+def test_bad_type():
+    assert error_of("trainer.total_epochs=two") == (
+        "invalid value 'two' for 'trainer.total_epochs' "
+        "(command-line override #1 'trainer.total_epochs=two'): "
+        "expected a valid integer, unable to parse string as an integer"
+    )
+
+
+def test_bad_value_in_yaml_file_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("actor_rollout_ref:\n  actor:\n    clip_ratio_c: 0.5\n")
+    assert error_of(path=path) == (
+        f"invalid value 0.5 for 'actor_rollout_ref.actor.clip_ratio_c' (file '{path}'): "
+        "expected greater than 1"
+    )
+
+
+def test_override_without_equals_sign():
+    assert error_of("trainer.total_epochs") == (
+        "command-line override #1 'trainer.total_epochs' is not of the form key=value "
+        "(e.g. trainer.total_epochs=15)"
+    )
+
+
+def test_section_set_to_a_value():
+    assert error_of("trainer=1").startswith("'trainer' is a section, not a value (command-line override #1")
+
+
+def test_model_path_that_does_not_exist(tmp_path):
+    missing = tmp_path / "nope"
+    assert error_of(f"actor_rollout_ref.model.path={missing}").startswith(
+        f"model path '{missing}' (actor_rollout_ref.model.path) does not exist"
+    )
+
+
+def test_model_directory_without_tokenizer(tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    assert error_of(f"actor_rollout_ref.model.path={bare}").startswith(
+        f"model directory '{bare}' has no tokenizer (tokenizer.json / tokenizer_config.json); "
+        "set actor_rollout_ref.model.tokenizer_path"
+    )
+    # A separate tokenizer makes it loadable.
+    load_config(
+        None, [f"actor_rollout_ref.model.path={bare}", f"actor_rollout_ref.model.tokenizer_path={bare}"]
+    )
+
+
+def test_model_directory_without_config_json(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert error_of(f"actor_rollout_ref.model.path={tmp_path}").startswith(
+        f"model directory '{tmp_path}' (actor_rollout_ref.model.path) has no config.json"
+    )
+
+
+def test_gguf_must_be_a_file(tmp_path, model_dir):
+    gguf = tmp_path / "m.gguf"
+    gguf.mkdir()
+    assert "ends in .gguf but is not a file" in error_of(f"actor_rollout_ref.model.path={gguf}")
+    gguf.rmdir()
+    gguf.write_bytes(b"GGUF")
+    assert load_config(None, [f"actor_rollout_ref.model.path={gguf}"]).actor_rollout_ref.model.path == str(
+        gguf
+    )
+
+
+def test_critic_model_path_is_checked(tmp_path):
+    assert error_of(f"critic.model.path={tmp_path / 'nope'}").startswith("model path")
+
+
+def test_data_files_must_exist(tmp_path):
+    missing = tmp_path / "train.parquet"
+    assert error_of(f"data.train_files=[{missing}]").startswith(
+        f"data file '{missing}' (data.train_files) does not exist"
+    )
+    assert load_config(None, [f"data.train_files={missing}"], check_paths=False).data.train_files == str(
+        missing
+    )
+
+
+def test_unreadable_config_file(tmp_path):
+    assert error_of(path=tmp_path / "missing.yaml").startswith("cannot read config file")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [\n")
+    assert error_of(path=bad).startswith(f"cannot parse YAML file '{bad}'")

@@ -1,0 +1,280 @@
+import statistics
+
+import pytest
+import torch
+
+from ppoflow.engine.advantages import (
+    compute_advantages,
+    compute_gae,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+    compute_remax_advantage,
+    compute_rloo_outcome_advantage,
+    group_score_spread_zero_fraction,
+)
+
+
+def reference_gae(rewards, values, mask, gamma, lam):
+    """Plain-python backward scan of ALGORITHMS.md, one row at a time."""
+    advantages = []
+    for r_row, v_row, m_row in zip(rewards, values, mask, strict=True):
+        next_value, next_adv, row = 0.0, 0.0, [0.0] * len(r_row)
+        for t in reversed(range(len(r_row))):
+            delta = r_row[t] + gamma * next_value - v_row[t]
+            adv = delta + gamma * lam * next_adv
+            if m_row[t]:
+                next_value, next_adv = v_row[t], adv
+            row[t] = next_adv
+        advantages.append(row)
+    return advantages
+
+
+def reference_grpo(scores, group_id, norm_by_std, epsilon=1e-6):
+    """Plain-python GRPO: per-group mean and unbiased std, a group of one has mean 0 and std 1."""
+    groups = {}
+    for score, gid in zip(scores, group_id, strict=True):
+        groups.setdefault(gid, []).append(score)
+    out = []
+    for score, gid in zip(scores, group_id, strict=True):
+        members = groups[gid]
+        mean, std = (0.0, 1.0) if len(members) == 1 else (statistics.mean(members), statistics.stdev(members))
+        out.append((score - mean) / (std + epsilon) if norm_by_std else score - mean)
+    return out
+
+
+def random_batch(seed, n=6, t=9):
+    """Random rewards, values and right-padded masks (lengths 1..t), with score at the last valid token."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (n,), generator=gen)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).long()
+    rewards = torch.randn(n, t, generator=gen, dtype=torch.float64) * mask
+    values = torch.randn(n, t, generator=gen, dtype=torch.float64)
+    return rewards, values, mask
+
+
+def test_gae_vector_gamma_lam_one():
+    rewards, values = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.5, 0.5]])
+    advantages, returns = compute_gae(rewards, values, torch.ones(1, 3), gamma=1.0, lam=1.0)
+    torch.testing.assert_close(advantages, torch.tensor([[0.5, 0.5, 0.5]]))
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 1.0]]))
+
+
+def test_gae_vector_gamma_half():
+    rewards, values = torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.5, 0.5]])
+    advantages, _ = compute_gae(rewards, values, torch.ones(1, 3), gamma=0.5, lam=1.0)
+    torch.testing.assert_close(advantages, torch.tensor([[-0.25, 0.0, 0.5]]))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gae_gamma_lam_one_is_reward_to_go_minus_value(seed):
+    rewards, values, mask = random_batch(seed)
+    advantages, returns = compute_gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    reward_to_go = rewards.flip(-1).cumsum(-1).flip(-1)
+    valid = mask.bool()
+    torch.testing.assert_close(advantages[valid], (reward_to_go - values)[valid])
+    torch.testing.assert_close(returns[valid], reward_to_go[valid])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_reference_loop_with_random_masks(seed):
+    rewards, values, _ = random_batch(seed)
+    mask = (torch.rand(rewards.shape, generator=torch.Generator().manual_seed(seed)) > 0.3).long()
+    advantages, returns = compute_gae(rewards, values, mask, gamma=0.9, lam=0.95)
+    expected = torch.tensor(reference_gae(rewards.tolist(), values.tolist(), mask.tolist(), 0.9, 0.95))
+    torch.testing.assert_close(advantages, expected.to(advantages.dtype))
+    torch.testing.assert_close(returns, advantages + values)
+
+
+def test_gae_ignores_values_and_rewards_at_masked_positions():
+    rewards, values, _ = random_batch(7)
+    mask = (torch.rand(rewards.shape, generator=torch.Generator().manual_seed(1)) > 0.4).long()
+    masked = ~mask.bool()
+    garbage = torch.full_like(rewards, 1e6)
+    rewards2, values2 = torch.where(masked, garbage, rewards), torch.where(masked, float("nan"), values)
+    for gamma, lam in [(1.0, 1.0), (0.9, 0.8)]:
+        adv1, ret1 = compute_gae(rewards, values, mask, gamma=gamma, lam=lam)
+        adv2, ret2 = compute_gae(rewards2, values2, mask, gamma=gamma, lam=lam)
+        torch.testing.assert_close(adv1[mask.bool()], adv2[mask.bool()])
+        torch.testing.assert_close(ret1[mask.bool()], ret2[mask.bool()])
+        out1 = compute_advantages(
+            "gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=gamma
+        )
+        out2 = compute_advantages(
+            "gae", token_level_rewards=rewards2, response_mask=mask, values=values2, gamma=gamma
+        )
+        torch.testing.assert_close(out1, out2)
+
+
+def test_compute_advantages_gae_whitens_and_zeroes_padding():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
+    values = torch.tensor([[0.5, 0.5, 0.5, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    advantages, returns = compute_advantages(
+        "gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=0.5, lam=1.0
+    )
+    raw = [-0.25, 0.0, 0.5]
+    mu, sigma = statistics.mean(raw), statistics.stdev(raw)  # stdev is the unbiased one
+    torch.testing.assert_close(advantages, torch.tensor([[(a - mu) / sigma for a in raw] + [0.0]]))
+    torch.testing.assert_close(returns, torch.tensor([[0.25, 0.5, 1.0, 0.0]]))
+
+
+def test_grpo_one_group_vector():
+    rewards = torch.tensor([[1.0], [0.0], [0.0], [1.0]])
+    advantages, returns = compute_grpo_outcome_advantage(
+        rewards, torch.ones(4, 1), torch.zeros(4, dtype=torch.long)
+    )
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.866025, -0.866025, -0.866025, 0.866025]))
+    torch.testing.assert_close(returns, advantages)
+
+
+TWO_GROUPS_REWARDS = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]])
+TWO_GROUPS_MASK = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1], [1, 1], [1, 1]])
+TWO_GROUPS_ID = torch.tensor([7, 7, 7, 3, 3, 3])
+
+
+def test_grpo_two_groups_vector_and_mask():
+    advantages, _ = compute_grpo_outcome_advantage(TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, TWO_GROUPS_ID)
+    expected = torch.tensor([0.57735, -1.154700, 0.57735, 1.154700, -0.57735, -0.57735])
+    torch.testing.assert_close(advantages, expected[:, None] * TWO_GROUPS_MASK, atol=1e-5, rtol=0)
+
+
+def test_dr_grpo_two_groups_vector():
+    advantages, _ = compute_grpo_outcome_advantage(
+        TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, TWO_GROUPS_ID, norm_adv_by_std=False
+    )
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([1, -2, 1, 2, -1, -1]) / 3.0)
+
+
+def test_rloo_two_groups_vector():
+    advantages, _ = compute_rloo_outcome_advantage(TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, TWO_GROUPS_ID)
+    torch.testing.assert_close(advantages[:, 0], torch.tensor([0.5, -1.0, 0.5, 1.0, -0.5, -0.5]))
+
+
+def test_group_of_one_keeps_its_score():
+    rewards, mask, group_id = (
+        torch.tensor([[0.0, 3.0], [2.0, 0.0]]),
+        torch.tensor([[1, 1], [1, 0]]),
+        torch.tensor([0, 1]),
+    )
+    rloo, _ = compute_rloo_outcome_advantage(rewards, mask, group_id)
+    torch.testing.assert_close(rloo, torch.tensor([[3.0, 3.0], [2.0, 0.0]]))
+    grpo, _ = compute_grpo_outcome_advantage(rewards, mask, group_id)
+    torch.testing.assert_close(grpo, rloo / (1.0 + 1e-6))
+
+
+def test_grpo_equal_scores_give_zero_advantage():
+    advantages, _ = compute_grpo_outcome_advantage(
+        torch.ones(3, 2), torch.ones(3, 2), torch.zeros(3, dtype=torch.long)
+    )
+    assert advantages.abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_grpo_matches_reference_loop(seed, norm_by_std):
+    rewards, _, mask = random_batch(seed, n=12)
+    group_id = torch.randint(0, 4, (12,), generator=torch.Generator().manual_seed(seed))
+    advantages, _ = compute_grpo_outcome_advantage(rewards, mask, group_id, norm_adv_by_std=norm_by_std)
+    scores = (rewards * mask).sum(-1).tolist()
+    expected = torch.tensor(reference_grpo(scores, group_id.tolist(), norm_by_std), dtype=rewards.dtype)
+    torch.testing.assert_close(advantages, expected[:, None] * mask)
+
+
+def test_reinforce_plus_plus_reward_to_go_resets_after_eos():
+    rewards = torch.tensor([[0.0, 1.0, 5.0, 7.0], [0.0, 0.0, 0.0, 2.0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    advantages, returns = compute_reinforce_plus_plus_advantage(rewards, mask, gamma=0.5)
+    torch.testing.assert_close(returns, torch.tensor([[0.5, 1.0, 0.0, 0.0], [0.25, 0.5, 1.0, 2.0]]))
+    valid = [0.5, 1.0, 0.25, 0.5, 1.0, 2.0]
+    mu, sigma = statistics.mean(valid), statistics.stdev(valid)
+    expected = torch.tensor(
+        [[(0.5 - mu) / sigma, (1.0 - mu) / sigma, 0.0, 0.0], [(g - mu) / sigma for g in valid[2:]]]
+    )
+    torch.testing.assert_close(advantages, expected)
+
+
+def test_reinforce_plus_plus_baseline_hand_case():
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 0], [1, 1]])
+    advantages, returns = compute_reinforce_plus_plus_baseline_advantage(
+        rewards, mask, torch.tensor([0, 0, 1, 1])
+    )
+    tokens = [0.5, 0.5, -0.5, 0.0, 0.0, 0.0]  # s − mean_g per valid token: groups [1, 0] and [1, 1]
+    mu, sigma = statistics.mean(tokens), statistics.stdev(tokens)
+    w = [(x - mu) / sigma for x in tokens]
+    torch.testing.assert_close(
+        advantages, torch.tensor([[w[0], w[1]], [w[2], 0.0], [w[3], 0.0], [w[4], w[5]]])
+    )
+    torch.testing.assert_close(returns, advantages)
+
+
+def test_remax_hand_case():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 4.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    advantages, returns = compute_remax_advantage(rewards, torch.tensor([0.3, 0.5]), mask)
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
+    torch.testing.assert_close(advantages, torch.tensor([[0.7, 0.7, 0.7], [1.5, 1.5, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    "estimator", ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+)
+def test_every_estimator_is_zero_at_masked_positions(estimator):
+    rewards, values, mask = random_batch(11, n=8)
+    advantages, returns = compute_advantages(
+        estimator,
+        token_level_rewards=rewards,
+        response_mask=mask,
+        values=values,
+        group_id=torch.arange(8) // 4,
+        gamma=0.9,
+        lam=0.95,
+        reward_baselines=torch.randn(8, dtype=rewards.dtype),
+    )
+    masked = ~mask.bool()
+    assert advantages[masked].abs().sum().item() == 0.0
+    assert returns[masked].abs().sum().item() == 0.0
+    assert advantages[~masked].abs().sum().item() > 0.0
+
+
+def test_compute_advantages_dispatch_matches_direct_calls():
+    group_id = torch.tensor([7, 7, 7, 3, 3, 3])
+    kwargs = {
+        "token_level_rewards": TWO_GROUPS_REWARDS,
+        "response_mask": TWO_GROUPS_MASK,
+        "group_id": group_id,
+    }
+    direct = compute_grpo_outcome_advantage(
+        TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, group_id, norm_adv_by_std=False
+    )
+    torch.testing.assert_close(compute_advantages("grpo", norm_adv_by_std_in_grpo=False, **kwargs), direct)
+    direct = compute_rloo_outcome_advantage(TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, group_id)
+    torch.testing.assert_close(compute_advantages("rloo", **kwargs), direct)
+
+
+@pytest.mark.parametrize(
+    ("estimator", "missing"),
+    [
+        ("gae", "values"),
+        ("grpo", "group_id"),
+        ("rloo", "group_id"),
+        ("reinforce_plus_plus_baseline", "group_id"),
+        ("remax", "reward_baselines"),
+    ],
+)
+def test_missing_input_raises(estimator, missing):
+    with pytest.raises(ValueError, match=missing):
+        compute_advantages(estimator, token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
+
+
+def test_unknown_estimator_names_the_valid_choices():
+    with pytest.raises(ValueError, match="gae.*grpo.*remax"):
+        compute_advantages("ppo", token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
+
+
+def test_group_score_spread_zero_fraction():
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 2.0])
+    group_id = torch.tensor([0, 0, 1, 1, 2, 2, 3])  # groups 0 and 2 are flat, 3 is alone (flat), 1 is spread
+    assert group_score_spread_zero_fraction(scores, group_id) == pytest.approx(0.75)
+    assert group_score_spread_zero_fraction(torch.tensor([]), torch.tensor([], dtype=torch.long)) == 0.0
