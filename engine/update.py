@@ -50,12 +50,25 @@ class CriticUpdateSettings:
     seed: int = 0
 
 
+@dataclass
+class UpdateResult:
+    """One row per optimizer step (epoch, mini_batch and the metrics of that step)."""
+
+    steps: list[dict[str, float]]
+
+    def mean_metrics(self) -> dict[str, float]:
+        """verl's reduction: each metric averaged over the optimizer steps of the update."""
+        names = [k for k in self.steps[0] if "/" in k] if self.steps else []
+        return {name: sum(step[name] for step in self.steps) / len(self.steps) for name in names}
+
+
 def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: int):
-    """Row-index tensors, one per optimizer step: `epochs` passes over the rows in chunks of `size`."""
+    """(epoch, mini_batch, row ids), one per optimizer step: `epochs` passes in chunks of `size`."""
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
+    for epoch in range(epochs):
         order = torch.randperm(n_rows, generator=generator) if shuffle else torch.arange(n_rows)
-        yield from order.split(size)
+        for index, rows in enumerate(order.split(size)):
+            yield epoch, index, rows
 
 
 def clip_and_step(model, optimizer, grad_clip: float) -> float:
@@ -76,19 +89,19 @@ def update_actor(
     advantages: torch.Tensor,
     ref_log_probs: torch.Tensor | None,
     settings: ActorUpdateSettings,
-) -> dict[str, float]:
-    """PPO policy update over `batch` (N rows). Returns the mean of each `actor/*` metric."""
+) -> UpdateResult:
+    """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step."""
     if settings.use_kl_loss and ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref_log_probs")
     model.train()
-    history: dict[str, list[float]] = defaultdict(list)
+    steps: list[dict[str, float]] = []
     s = settings
-    for rows in mini_batches(
+    for epoch, index, rows in mini_batches(
         len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
     ):
         mask = batch.response_mask[rows]
         denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float)
+        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
         for micro in rows.split(s.micro_batch_size):
             part = batch.select(micro)
             log_probs, entropy = policy_forward(model, part, temperature=s.temperature, with_entropy=True)
@@ -118,11 +131,9 @@ def update_actor(
             for name, value in pg_metrics.items():
                 step[name] += value * share
         step["actor/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
-        for name, value in step.items():
-            history[name].append(value)
-    metrics = {name: sum(values) / len(values) for name, values in history.items()}
-    metrics["actor/lr"] = optimizer.param_groups[0]["lr"]
-    return metrics
+        step["actor/lr"] = optimizer.param_groups[0]["lr"]
+        steps.append(dict(step))
+    return UpdateResult(steps)
 
 
 def update_critic(
@@ -133,17 +144,17 @@ def update_critic(
     values: torch.Tensor,
     returns: torch.Tensor,
     settings: CriticUpdateSettings,
-) -> dict[str, float]:
-    """Clipped value-loss regression of V(s_t) onto `returns`. Returns the mean `critic/*` metrics."""
+) -> UpdateResult:
+    """Clipped value-loss regression of V(s_t) onto `returns`: one `critic/*` row per optimizer step."""
     critic.train()
-    history: dict[str, list[float]] = defaultdict(list)
+    steps: list[dict[str, float]] = []
     s = settings
-    for rows in mini_batches(
+    for epoch, index, rows in mini_batches(
         len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
     ):
         mask = batch.response_mask[rows]
         denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float)
+        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
         for micro in rows.split(s.micro_batch_size):
             part = batch.select(micro)
             vpreds = value_forward(critic, part)
@@ -163,8 +174,6 @@ def update_critic(
             for name, value in vf_metrics.items():
                 step[name] += value * share
         step["critic/grad_norm"] = clip_and_step(critic, optimizer, s.grad_clip)
-        for name, value in step.items():
-            history[name].append(value)
-    metrics = {name: sum(values) / len(values) for name, values in history.items()}
-    metrics["critic/lr"] = optimizer.param_groups[0]["lr"]
-    return metrics
+        step["critic/lr"] = optimizer.param_groups[0]["lr"]
+        steps.append(dict(step))
+    return UpdateResult(steps)

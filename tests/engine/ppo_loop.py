@@ -35,6 +35,8 @@ def run_ppo(
     actor_lr: float = 2e-3,
     critic_lr: float = 2e-3,
     ppo_epochs: int = 1,
+    warmup_steps: int = 0,
+    betas: tuple[float, float] = (0.9, 0.999),
 ) -> list[float]:
     """Greedy validation accuracy before training and after each iteration."""
     torch.manual_seed(seed)
@@ -42,7 +44,9 @@ def run_ppo(
     actor, reference = load_actor(model_dir), load_reference(model_dir)
     use_critic = estimator == "gae"
     critic = load_critic(model_dir) if use_critic else None
-    actor_opt, actor_sched = build_optimizer(actor, OptimSettings(lr=actor_lr, total_steps=iterations))
+    actor_opt, actor_sched = build_optimizer(
+        actor, OptimSettings(lr=actor_lr, total_steps=iterations, warmup_steps=warmup_steps, betas=betas)
+    )
     if use_critic:
         critic_opt, critic_sched = build_optimizer(
             critic, OptimSettings(lr=critic_lr, total_steps=iterations)

@@ -1,0 +1,202 @@
+"""run_dir/catalog.duckdb: DuckDB views over every table of a run, all iterations at once.
+
+The catalog holds views only; the data stays in the parquet files. It is rebuilt in a temp database
+and renamed into place, so it is never held open read-write: readers (`duckdb catalog.duckdb`,
+`connect_readonly`, other processes) are never locked out, and never see a half-made catalog.
+Readers that were open before a refresh keep the previous catalog until they reconnect.
+
+Iteration views glob `iter=*/<stage>/*.parquet`, so a new iteration's rows appear without a refresh
+once the view exists. `iter` comes from the file name, not from DuckDB's hive partitioning: hive
+parsing reads every `key=value` folder of the absolute path, so a run under `runs/seed=3/` would
+overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARCHAR. Filters on
+`iter` still prune files.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from .schemas import DATA_FILES, INVARIANTS, ITERATION_TABLES, STAGES, TABLES, empty_table
+
+__all__ = [
+    "CATALOG_NAME",
+    "VIEWS",
+    "check_invariants",
+    "connect_readonly",
+    "query",
+    "refresh_catalog",
+    "table_violations",
+]
+
+CATALOG_NAME = "catalog.duckdb"
+VIEWS: tuple[str, ...] = (*TABLES, "updates")
+_ALIAS = "catalog"
+_ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
+_UPDATES = (
+    "SELECT 'actor' AS role, * FROM actor_update UNION ALL BY NAME SELECT 'critic' AS role, * FROM critic_update"
+)
+
+
+def refresh_catalog(run_dir: str | Path) -> Path:
+    """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}")
+    if any(c in str(run_dir) for c in "*?[]{}"):
+        raise ValueError(f"run directory {run_dir} contains glob characters; DuckDB cannot read it by glob")
+    final = run_dir / CATALOG_NAME
+    tmp = run_dir / f".{CATALOG_NAME}.{secrets.token_hex(6)}.tmp"
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            for name in TABLES:
+                con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
+            con.execute(f"CREATE VIEW updates AS {_UPDATES}")
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        # A WAL left by someone who opened the old catalog read-write would be replayed onto the new one.
+        Path(f"{final}.wal").unlink(missing_ok=True)
+        os.replace(tmp, final)
+        fd = os.open(run_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return final
+
+
+def connect_readonly(
+    run_dir: str | Path, retries: int = 50, wait_s: float = 0.1
+) -> duckdb.DuckDBPyConnection:
+    """A read-only connection whose default database is the run's catalog. Retries while another
+    process holds the file read-write. Close it when done (or use it as a context manager)."""
+    path = Path(run_dir).resolve() / CATALOG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no catalog at {path}; has this run finished an iteration?")
+    # ATTACH into a fresh in-memory database rather than duckdb.connect(path): connect() reuses an
+    # open in-process instance of the same path, which would serve the catalog as it was before a refresh.
+    for attempt in range(retries + 1):
+        con = duckdb.connect(":memory:")
+        try:
+            con.execute(f"ATTACH {_literal(str(path))} AS {_ALIAS} (READ_ONLY)")
+            con.execute(f"USE {_ALIAS}")
+            return con
+        except duckdb.IOException as exc:
+            con.close()
+            if "lock" not in str(exc).lower():
+                raise
+            if attempt == retries:
+                raise TimeoutError(
+                    f"catalog {path} stayed locked for {retries * wait_s:.1f} s; another process holds "
+                    f"it read-write (close that client, or open it read-only): {exc}"
+                ) from exc
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
+def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run `sql` over the run's catalog; returns (column names, rows). A SQL error is a ValueError
+    carrying DuckDB's message and the available views."""
+    con = connect_readonly(run_dir)
+    try:
+        try:
+            con.execute(sql)
+            if con.description is None:  # a statement without a result (SET, PRAGMA …)
+                return [], []
+            return [d[0] for d in con.description], con.fetchall()
+        except duckdb.Error as exc:
+            raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
+    finally:
+        con.close()
+
+
+def check_invariants(run_dir: str | Path) -> dict[str, list[str]]:
+    """Run every INVARIANTS query over the catalog's non-empty views; returns table -> failing SQL
+    (an empty dict when all hold)."""
+    con = connect_readonly(run_dir)
+    try:
+        return _violations(con, TABLES)
+    finally:
+        con.close()
+
+
+def table_violations(name: str, table: pa.Table) -> list[str]:
+    """The INVARIANTS queries of `name` that fail on an in-memory table (an iteration table without
+    an `iter` column is treated as one iteration): for tests of the stages that write them."""
+    if name in ITERATION_TABLES and "iter" not in table.column_names:
+        table = table.append_column("iter", pa.array([0] * table.num_rows, pa.int32()))
+    con = duckdb.connect(":memory:")
+    try:
+        con.register(name, table)
+        return _violations(con, [name]).get(name, [])
+    finally:
+        con.close()
+
+
+def _violations(con: duckdb.DuckDBPyConnection, names) -> dict[str, list[str]]:
+    failures: dict[str, list[str]] = {}
+    for name in names:
+        if not INVARIANTS[name] or not con.execute(f"SELECT EXISTS (FROM {_ident(name)})").fetchall()[0][0]:
+            continue
+        failing = [sql for sql in INVARIANTS[name] if con.execute(f"SELECT EXISTS ({sql})").fetchall()[0][0]]
+        if failing:
+            failures[name] = failing
+    return failures
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
+    if name in DATA_FILES:
+        files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
+        if not files:
+            return _empty_sql(con, name, with_iter=False)
+        paths = ", ".join(_literal(str(f)) for f in files)
+        return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
+    pattern = f"iter=*/{STAGES[name]}/*.parquet"
+    if not any(run_dir.glob(pattern)):  # read_parquet errors on a glob that matches nothing
+        return _empty_sql(con, name, with_iter=True)
+    source = _literal(f"{run_dir}/{pattern}")
+    return (
+        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet({source}, "
+        "hive_partitioning=false, union_by_name=true, filename=true)"
+    )
+
+
+def _empty_sql(con: duckdb.DuckDBPyConnection, name: str, *, with_iter: bool) -> str:
+    """A zero-row SELECT with the declared columns, typed as DuckDB reads the parquet."""
+    probe = empty_table(name)
+    con.register("_schema_probe", probe)
+    try:
+        described = con.execute("DESCRIBE SELECT * FROM _schema_probe").fetchall()
+    finally:
+        con.unregister("_schema_probe")
+    columns = ["CAST(NULL AS INTEGER) AS iter"] if with_iter else []
+    columns += [f"CAST(NULL AS {type_}) AS {_ident(column)}" for column, type_, *_ in described]
+    return f"SELECT {', '.join(columns)} LIMIT 0"
+
+
+def _view_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = ? ORDER BY view_name",
+        [_ALIAS],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

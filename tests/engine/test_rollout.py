@@ -1,0 +1,84 @@
+"""The transformers rollout engine: determinism, log-probs, filters, stopping."""
+
+import pytest
+import torch
+
+from ppoflow.engine.forward import compute_log_probs
+from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.engine.ppo import build_sequence_batch, pad_rows
+from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams, filter_logits
+from ppoflow.engine.tiny import all_addition_problems
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir):
+    tokenizer, model = load_tokenizer(tiny_model_dir), load_actor(tiny_model_dir)
+    engine = HFRolloutEngine(
+        model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id, batch_size=16
+    )
+    prompts = [tokenizer(p.prompt)["input_ids"] for p in all_addition_problems()[::3]]
+    prompts[0] = tokenizer("12 + 3 = ")["input_ids"]  # a longer prompt forces left padding
+    return tokenizer, model, engine, prompts
+
+
+def test_same_seed_same_samples_different_seed_different(setup):
+    _, _, engine, prompts = setup
+    params = SamplingParams(max_new_tokens=4, temperature=1.5)
+    a = engine.generate(prompts, params, seed=7)
+    b = engine.generate(prompts, params, seed=7)
+    c = engine.generate(prompts, params, seed=8)
+    assert a.response_ids == b.response_ids and a.rollout_log_probs == b.rollout_log_probs
+    assert a.response_ids != c.response_ids
+
+
+def test_rollout_log_probs_match_the_trainer_forward(setup):
+    tokenizer, model, engine, prompts = setup
+    params = SamplingParams(max_new_tokens=4, temperature=1.3)
+    out = engine.generate(prompts, params, seed=3)
+    batch = build_sequence_batch(prompts, out.response_ids, pad_token_id=tokenizer.pad_token_id)
+    old = compute_log_probs(model, batch, temperature=1.3, micro_batch_size=7)
+    rollout = pad_rows(out.rollout_log_probs, batch.response_ids.shape[1])
+    assert torch.allclose(old, rollout, atol=1e-4)
+    assert (old * batch.response_mask).abs().sum() > 0
+
+
+def test_responses_stop_at_eos_and_report_finish_reason(setup):
+    tokenizer, _, engine, prompts = setup
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=2, temperature=2.0), seed=1)
+    eos = tokenizer.eos_token_id
+    for ids, reason in zip(out.response_ids, out.finish_reasons, strict=True):
+        assert 1 <= len(ids) <= 2
+        assert eos not in ids[:-1]
+        assert reason == ("stop" if ids[-1] == eos else "length")
+    assert {"stop", "length"} == set(out.finish_reasons)
+
+
+def test_greedy_is_argmax_and_batch_size_independent(setup):
+    tokenizer, model, engine, prompts = setup
+    greedy = SamplingParams.greedy(4)
+    one_batch = HFRolloutEngine(
+        model,
+        eos_token_ids=[tokenizer.eos_token_id],
+        pad_token_id=tokenizer.pad_token_id,
+        batch_size=len(prompts),
+    )
+    assert (
+        engine.generate(prompts, greedy, seed=0).response_ids
+        == one_batch.generate(prompts, greedy, seed=99).response_ids
+    )
+
+
+def test_top_k_and_top_p_filters():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2, top_p=1.0)).tolist() == [[False, False, True, True]]
+    # probabilities ≈ [0.644, 0.237, 0.087, 0.032]: top_p=0.8 keeps the first two tokens
+    assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.8)).tolist() == [[False, False, True, True]]
+    assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.5)).tolist() == [[False, True, True, True]]
+    assert not torch.isinf(filter_logits(logits, top_k=0, top_p=1.0)).any()
+
+
+def test_top_k_one_sampling_equals_greedy(setup):
+    _, _, engine, prompts = setup
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=4, top_k=1), seed=5)
+    greedy = engine.generate(prompts, SamplingParams.greedy(4), seed=5)
+    assert sampled.response_ids == greedy.response_ids

@@ -1,0 +1,45 @@
+"""The built-in tiny model: tokenizer round trip, size, warm start."""
+
+from transformers import PreTrainedTokenizerFast
+
+from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.engine.tiny import (
+    all_addition_problems,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    greedy_accuracy,
+    sample_addition_problems,
+)
+
+
+def test_character_tokenizer_round_trips_through_save_pretrained(tmp_path):
+    tokenizer = build_tiny_tokenizer()
+    ids = tokenizer("7 + 8 = ")["input_ids"]
+    assert len(ids) == len("7 + 8 = ")  # one token per character, spaces included
+    assert tokenizer.decode(ids) == "7 + 8 = "
+    build_tiny_model(tokenizer, seed=0).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    for reloaded in (load_tokenizer(tmp_path), PreTrainedTokenizerFast.from_pretrained(tmp_path)):
+        assert reloaded("7 + 8 = ")["input_ids"] == ids
+        assert reloaded.eos_token_id == tokenizer.eos_token_id
+        assert reloaded.pad_token_id == tokenizer.pad_token_id
+        assert reloaded.padding_side == "left"
+
+
+def test_tiny_model_is_qwen2_style_and_about_half_a_million_parameters():
+    model = build_tiny_model(build_tiny_tokenizer(), seed=0)
+    assert model.config.model_type == "qwen2"
+    assert 300_000 < sum(p.numel() for p in model.parameters()) < 700_000
+
+
+def test_addition_problems():
+    problems = all_addition_problems()
+    assert len({p.prompt for p in problems}) == 100
+    assert problems[37].prompt == "3 + 7 = " and problems[37].answer == "10"
+    assert sample_addition_problems(5, seed=3) == sample_addition_problems(5, seed=3)
+
+
+def test_warm_start_reaches_a_plausible_base(tiny_model_dir):
+    tokenizer, model = load_tokenizer(tiny_model_dir), load_actor(tiny_model_dir)
+    accuracy = greedy_accuracy(model, tokenizer, all_addition_problems())
+    assert 0.5 <= accuracy <= 0.75

@@ -1,0 +1,138 @@
+"""Update loops on the real tiny model: micro-batching never changes the update; metric names."""
+
+import copy
+
+import pytest
+import torch
+
+from ppoflow.engine.forward import compute_log_probs, compute_values
+from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
+from ppoflow.engine.ppo import build_sequence_batch
+from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings, update_actor, update_critic
+
+MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model_dir):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    prompts = [tokenizer(f"{a} + {b} = ")["input_ids"] for a, b in [(1, 2), (3, 4), (9, 9), (0, 5)] * 2]
+    responses = [[6, 1], [12, 1], [4, 11, 1], [8], [4, 4, 4, 1], [10, 1], [5, 1], [8, 1]]
+    return build_sequence_batch(prompts, responses, pad_token_id=tokenizer.pad_token_id)
+
+
+def _sgd_actor_step(model, batch, micro, mode, advantages):
+    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    settings = ActorUpdateSettings(
+        ppo_epochs=1,
+        mini_batch_size=8,
+        micro_batch_size=micro,
+        loss_agg_mode=mode,
+        entropy_coeff=0.01,
+        grad_clip=1e9,
+    )
+    metrics = update_actor(
+        model,
+        optimizer,
+        batch,
+        old_log_probs=old,
+        advantages=advantages,
+        ref_log_probs=None,
+        settings=settings,
+    )
+    return metrics.mean_metrics()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_actor_update_1x8_equals_4x2_micro_batches(tiny_model_dir, batch, mode):
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0))
+    base = load_actor(tiny_model_dir)
+    one, four = copy.deepcopy(base), copy.deepcopy(base)
+    m1 = _sgd_actor_step(one, batch, 8, mode, advantages)
+    m4 = _sgd_actor_step(four, batch, 2, mode, advantages)
+    for (name, p1), p4 in zip(one.named_parameters(), four.parameters(), strict=True):
+        assert torch.allclose(p1, p4, atol=1e-6), name
+    assert not torch.equal(next(one.parameters()), next(base.parameters()))
+    for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"):
+        assert m1[key] == pytest.approx(m4[key], abs=1e-5), key
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_critic_update_1x8_equals_4x2_micro_batches(tiny_model_dir, batch, mode):
+    base = load_critic(tiny_model_dir)
+    values = compute_values(base, batch, micro_batch_size=8)
+    returns = torch.randn(values.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
+    results = []
+    for micro in (8, 2):
+        critic = copy.deepcopy(base)
+        optimizer = torch.optim.SGD(critic.parameters(), lr=0.1)
+        settings = CriticUpdateSettings(
+            ppo_epochs=1, mini_batch_size=8, micro_batch_size=micro, loss_agg_mode=mode, grad_clip=1e9
+        )
+        metrics = update_critic(
+            critic, optimizer, batch, values=values, returns=returns, settings=settings
+        ).mean_metrics()
+        results.append((critic, metrics))
+    (c1, m1), (c4, m4) = results
+    for p1, p4 in zip(c1.parameters(), c4.parameters(), strict=True):
+        assert torch.allclose(p1, p4, atol=1e-6)
+    assert m1["critic/vf_loss"] == pytest.approx(m4["critic/vf_loss"], abs=1e-6)
+
+
+def test_first_mini_batch_has_unit_ratio_and_metric_names(tiny_model_dir, batch):
+    model = load_actor(tiny_model_dir)
+    advantages = torch.ones(batch.response_mask.shape)
+    metrics = _sgd_actor_step(model, batch, 4, "token-mean", advantages)
+    assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["actor/pg_loss"] == pytest.approx(-1.0, abs=1e-5)  # −A·ρ with ρ = 1, A = 1
+    assert set(metrics) == {
+        "actor/pg_loss",
+        "actor/entropy",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/pg_clipfrac_lower",
+        "actor/grad_norm",
+        "actor/lr",
+    }
+
+
+def test_several_mini_batches_and_epochs_each_take_one_step(tiny_model_dir, batch):
+    model = load_actor(tiny_model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    settings = ActorUpdateSettings(ppo_epochs=2, mini_batch_size=4, micro_batch_size=2, use_kl_loss=True)
+    metrics = update_actor(
+        model,
+        optimizer,
+        batch,
+        old_log_probs=old,
+        advantages=torch.ones_like(old),
+        ref_log_probs=old,
+        settings=settings,
+    )
+    assert [(r["epoch"], r["mini_batch"]) for r in metrics.steps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    metrics = metrics.mean_metrics()
+    assert optimizer.state[next(model.parameters())]["step"].item() == 4  # 2 epochs × 2 mini-batches
+    assert metrics["actor/ppo_kl"] != 0.0 and metrics["actor/kl_loss"] > 0.0
+
+
+def test_non_finite_gradient_skips_the_step(tiny_model_dir, batch):
+    model = load_actor(tiny_model_dir)
+    before = copy.deepcopy(model.state_dict())
+    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    advantages = torch.full_like(old, float("nan"))
+    metrics = update_actor(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        batch,
+        old_log_probs=old,
+        advantages=advantages,
+        ref_log_probs=None,
+        settings=ActorUpdateSettings(ppo_epochs=1, mini_batch_size=8, micro_batch_size=8),
+    )
+    metrics = metrics.mean_metrics()
+    assert metrics["actor/grad_norm"] != metrics["actor/grad_norm"]  # NaN
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name])
