@@ -56,6 +56,13 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
+def _uses_builtin_model(assignments: list[Assignment]) -> bool:
+    """The embedded default tunes the built-in tiny model; a command line that points the actor at
+    another model gets verl's defaults instead of silently inheriting the tiny model's settings."""
+    paths = [a.value for a in assignments if a.path == ("actor_rollout_ref", "model", "path")]
+    return not paths or str(paths[-1]).startswith("builtin:")
+
+
 def load_config(
     config_path: str | Path | None = None,
     overrides: Sequence[str] = (),
@@ -63,19 +70,20 @@ def load_config(
     base: Literal["embedded", "verl"] = "embedded",
     check_paths: bool = True,
 ) -> PPOFlowConfig:
-    """Build the effective config. The embedded default applies only with base="embedded" and no
-    config file; overrides are verl/Hydra style `a.b.c=value` (a leading + or ++ is accepted)."""
+    """Build the effective config. The embedded default applies only with base="embedded", no
+    config file and the built-in model; overrides are verl/Hydra style `a.b.c=value` (a leading
+    + or ++ is accepted)."""
     if isinstance(overrides, str):  # a lone string would be read character by character
         raise TypeError("overrides must be a sequence of 'key=value' strings, not one string")
     if base not in ("embedded", "verl"):
         raise ConfigError(f"base={base!r}: expected 'embedded' or 'verl'")
     assignments: list[Assignment] = []
-    if base == "embedded" and config_path is None:
-        assignments += _file_assignments(EMBEDDED_DEFAULT, "embedded default")
     if config_path is not None:
         assignments += _file_assignments(Path(config_path), "file")
     for number, text in enumerate(overrides, start=1):
         assignments += _override_assignments(number, text)
+    if base == "embedded" and config_path is None and _uses_builtin_model(assignments):
+        assignments = _file_assignments(EMBEDDED_DEFAULT, "embedded default") + assignments
     tree, origins = _merge(assignments)
     config = _validate(tree, origins)
     if check_paths:

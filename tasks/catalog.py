@@ -4,6 +4,7 @@ The catalog holds views only; the data stays in the parquet files. It is rebuilt
 and renamed into place, so it is never held open read-write: readers (`duckdb catalog.duckdb`,
 `connect_readonly`, other processes) are never locked out, and never see a half-made catalog.
 Readers that were open before a refresh keep the previous catalog until they reconnect.
+Views name absolute paths: after moving a run directory, call refresh_catalog again.
 
 Iteration views glob `iter=*/<stage>/*.parquet`, so a new iteration's rows appear without a refresh
 once the view exists. `iter` comes from the file name, not from DuckDB's hive partitioning: hive
@@ -39,7 +40,8 @@ VIEWS: tuple[str, ...] = (*TABLES, "updates")
 _ALIAS = "catalog"
 _ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
 _UPDATES = (
-    "SELECT 'actor' AS role, * FROM actor_update UNION ALL BY NAME SELECT 'critic' AS role, * FROM critic_update"
+    "SELECT 'actor' AS role, * FROM actor_update "
+    "UNION ALL BY NAME SELECT 'critic' AS role, * FROM critic_update"
 )
 
 

@@ -51,7 +51,7 @@ def _scored() -> list[pa.Field]:
         _f("ground_truth", pa.string(), "Reference answer the reward function compares against."),
         _f("score", pa.float64(), "Total reward of the response (what the advantage estimator sees)."),
         _f("components", _COMPONENTS, "Each named reward component (e.g. correct, format)."),
-        _f("error", pa.string(), "Why scoring failed (score is then 0); null when it worked.", nullable=True),
+        _f("error", pa.string(), "Why scoring failed; null when it worked.", nullable=True),
     ]
 
 
@@ -65,27 +65,32 @@ def _step() -> list[pa.Field]:
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": _schema(
         "prompts",
-        _f("prompt_id", pa.string(), "Stable unique id: the dataset version's hash, split and row."),
+        _f("prompt_id", pa.string(), "Stable id of the prompt, unique across splits (set by ingest)."),
         _f("split", pa.string(), "'train' or 'val'."),
         _f("row_index", pa.int64(), "Row of the prompt in its source file (0-based)."),
         _f("data_source", pa.string(), "Dataset name; selects the reward function and groups metrics."),
         _f("ability", pa.string(), "Task category, as in verl's data format (e.g. 'math')."),
         _f("prompt_text", pa.string(), "Raw text prompt; null when prompt_messages is set.", nullable=True),
-        _f("prompt_messages", _MESSAGES, "Chat prompt (role, content); null for a text prompt.", nullable=True),
+        _f(
+            "prompt_messages",
+            _MESSAGES,
+            "Chat prompt (role, content); null for a text prompt.",
+            nullable=True,
+        ),
         _f("ground_truth", pa.string(), "Reference answer for the reward function."),
         _f("extra_info", pa.string(), "Any other fields of the source row, as JSON text."),
     ),
     "rejects": _schema(
         "rejects",
         _f("source", pa.string(), "File the rejected record came from."),
-        _f("line", pa.int64(), "Line (JSONL, 1-based) or row (parquet, 0-based) of the record."),
+        _f("line", pa.int64(), "Line (JSONL) or row (parquet) of the record in its source."),
         _f("reason", pa.string(), "Why the record was not turned into a prompt."),
-        _f("raw", pa.string(), "The record as read (truncated), to fix the source."),
+        _f("raw", pa.string(), "The record as read, to help fix the source."),
     ),
     "rollouts": _schema(
         "rollouts",
         *_key(),
-        _f("group_id", pa.int32(), "Group of samples sharing a prompt in this batch (GRPO's baseline group)."),
+        _f("group_id", pa.int32(), "Samples of one prompt in this batch share it (GRPO's baseline group)."),
         _f("data_source", pa.string(), "Dataset name of the prompt."),
         _f("prompt_text", pa.string(), "The prompt as rendered for the tokenizer (chat template applied)."),
         _f("response_text", pa.string(), "Decoded response (special tokens removed)."),
@@ -93,10 +98,19 @@ SCHEMAS: dict[str, pa.Schema] = {
         _f("response_ids", _I32, "Token ids of the response, unpadded (EOS included when generated)."),
         _f("rollout_log_probs", _F32, "Per-token log-probs reported by the rollout engine."),
         _f("old_log_probs", _F32, "Per-token log-probs of the actor before this iteration's update."),
-        _f("ref_log_probs", _F32, "Per-token log-probs of the reference model; null without one.", nullable=True),
+        _f(
+            "ref_log_probs",
+            _F32,
+            "Per-token log-probs of the reference model; null without one.",
+            nullable=True,
+        ),
         _f("prompt_length", pa.int32(), "len(prompt_ids)."),
-        _f("response_length", pa.int32(), "len(response_ids); the response mask is its first this-many tokens."),
-        _f("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (hit max response length)."),
+        _f(
+            "response_length",
+            pa.int32(),
+            "len(response_ids); lists are unpadded (the response mask is all ones).",
+        ),
+        _f("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (max length hit)."),
         _f("policy_version", pa.int32(), "Iteration of the actor state that generated the response."),
         _f("seed", pa.int64(), "Sampling seed of this response."),
     ),
@@ -109,12 +123,21 @@ SCHEMAS: dict[str, pa.Schema] = {
     "advantages": _schema(
         "advantages",
         *_key(),
-        _f("values", _F32, "Critic values V(s_t) per response token; null for critic-free estimators.", nullable=True),
-        _f("token_level_rewards", _F32, "Score on the last response token, minus the KL penalty per token when in-reward."),
+        _f(
+            "values",
+            _F32,
+            "Critic values V(s_t) per response token; null for critic-free estimators.",
+            nullable=True,
+        ),
+        _f(
+            "token_level_rewards",
+            _F32,
+            "Score on the last token, minus the per-token KL penalty if in reward.",
+        ),
         _f("advantages", _F32, "Per-token advantages as the actor loss uses them."),
         _f("returns", _F32, "Per-token returns (the critic's regression targets)."),
         _f("kl", _F32, "Per-token KL estimate of old vs ref policy, when computed.", nullable=True),
-        _f("train_weight", pa.int32(), "Times this row enters the update: 1, or PF-PPO's resample count (≥ 0)."),
+        _f("train_weight", pa.int32(), "Times the row enters the update: 1, or PF-PPO's count (>= 0)."),
     ),
     "actor_update": _schema(
         "actor_update",
@@ -161,7 +184,7 @@ TABLE_DOCS: dict[str, str] = {
     "rejects": "Source records that could not be ingested, with the reason (`data/rejects.parquet`).",
     "rollouts": "One row per generated response, with its tokens and log-probs (`iter=N/rollout/`).",
     "rewards": "One row per response: its score and reward components (`iter=N/reward/`).",
-    "advantages": "One row per response: per-token values, rewards, advantages, returns (`iter=N/advantage/`).",
+    "advantages": "One row per response: per-token values, advantages, returns (`iter=N/advantage/`).",
     "actor_update": "One row per actor optimizer step (`iter=N/actor_update/`).",
     "critic_update": "One row per critic optimizer step (`iter=N/critic_update/`).",
     "validation": "One row per validation response with its score (`iter=N/validation/`).",
@@ -226,7 +249,8 @@ INVARIANTS: dict[str, list[str]] = {
             "rollout_log_probs",
             nullable=("ref_log_probs",),
         ),
-        "SELECT iter, prompt_id, sample_idx FROM rollouts WHERE len(prompt_ids) IS DISTINCT FROM prompt_length",
+        "SELECT iter, prompt_id, sample_idx FROM rollouts "
+        "WHERE len(prompt_ids) IS DISTINCT FROM prompt_length",
         _finish_reason("rollouts"),
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id HAVING count(DISTINCT group_id) > 1",
     ],
@@ -237,9 +261,7 @@ INVARIANTS: dict[str, list[str]] = {
     "advantages": [
         _unique("advantages", "iter", "prompt_id", "sample_idx"),
         "SELECT iter, prompt_id, sample_idx FROM advantages WHERE "
-        + _lengths_differ(
-            "len(token_level_rewards)", "advantages", "returns", nullable=('"values"', "kl")
-        ),
+        + _lengths_differ("len(token_level_rewards)", "advantages", "returns", nullable=('"values"', "kl")),
         "SELECT iter, prompt_id, sample_idx FROM advantages WHERE train_weight IS NULL OR train_weight < 0",
     ],
     "actor_update": [_unique("actor_update", "iter", "epoch", "mini_batch")],
@@ -302,4 +324,3 @@ def _known(name: str) -> str:
 def _schema_of(name: str) -> pa.Schema:
     _known(name)
     return SCHEMAS[name]
-

@@ -104,7 +104,9 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
         try:
             column = column.cast(field.type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
-            raise ValueError(f"column {field.name!r}: cannot cast {column.type} to {field.type}: {exc}") from exc
+            raise ValueError(
+                f"column {field.name!r}: cannot cast {column.type} to {field.type}: {exc}"
+            ) from exc
         if not field.nullable and column.null_count:
             raise ValueError(f"column {field.name!r} is required by the {name} schema but has nulls")
         columns.append(column)
@@ -137,7 +139,8 @@ def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) ->
         if actual != ref.digest:
             raise ArtifactCorrupt(path, ref.digest, actual)
     # A file, not a dataset: no partition columns are inferred from the iter= folder.
-    return pq.ParquetFile(path).read()
+    with pq.ParquetFile(path) as parquet:
+        return parquet.read()
 
 
 def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from ppoflow.conf import (
     EMBEDDED_DEFAULT,
@@ -23,6 +24,24 @@ def model_dir(tmp_path):
     (path / "config.json").write_text("{}")
     (path / "tokenizer.json").write_text("{}")
     return path
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """A nested YAML mapping as {dotted key: value}."""
+    flat = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        flat.update(flatten(value, f"{dotted}.") if isinstance(value, dict) else {dotted: value})
+    return flat
+
+
+EMBEDDED = flatten(yaml.safe_load(EMBEDDED_DEFAULT.read_text()) or {})
+"""What conf/embedded_default.yaml sets, by dotted key: tests read it rather than copy its numbers."""
+
+
+def embedded_or_default(key: str):
+    """The value load_config() gives a key that no other layer sets."""
+    return EMBEDDED[key] if key in EMBEDDED else get_key(PPOFlowConfig(), key)
 
 
 def quickstart(tmp_path, model_dir) -> list[str]:
@@ -54,9 +73,10 @@ def test_model_defaults_load_and_are_verls():
 
 def test_embedded_default_applies_only_without_a_config_file(tmp_path):
     embedded = load_config()
-    assert embedded.actor_rollout_ref.actor.optim.lr == 0.002
-    assert embedded.trainer.total_training_steps == 20
-    assert embedded.algorithm.kl_ctrl.kl_coef == 0.0
+    defaults = PPOFlowConfig()
+    assert any(get_key(defaults, key) != value for key, value in EMBEDDED.items())
+    for key, value in EMBEDDED.items():
+        assert get_key(embedded, key) == value, key
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
     assert load_config(empty) == PPOFlowConfig()
@@ -87,7 +107,7 @@ def test_layer_precedence(tmp_path):
     path.write_text("trainer:\n  total_training_steps: 7\n  total_epochs: 2\n")
     steps = "trainer.total_training_steps"
     assert get_key(load_config(base="verl"), steps) is None  # model default
-    assert get_key(load_config(), steps) == 20  # embedded beats defaults
+    assert get_key(load_config(), steps) == EMBEDDED[steps]  # embedded beats defaults
     assert get_key(load_config(None, [f"{steps}=3"]), steps) == 3  # override beats embedded
     from_file = load_config(path)
     assert get_key(from_file, steps) == 7  # file replaces embedded
@@ -95,6 +115,25 @@ def test_layer_precedence(tmp_path):
     both = load_config(path, [f"{steps}=5", f"{steps}=6"])
     assert get_key(both, steps) == 6  # the last override beats earlier ones and the file
     assert both.trainer.total_epochs == 2
+
+
+def test_embedded_default_applies_only_to_the_builtin_model(model_dir):
+    """A command line that points the actor at another model gets the model defaults (verl's), not
+    the tiny model's tuning; naming the built-in model keeps the embedded default."""
+    defaults = PPOFlowConfig()
+    own_model = f"actor_rollout_ref.model.path={model_dir}"
+    other = load_config(None, [own_model])
+    assert other == load_config(None, [own_model], base="verl")
+    assert other.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert other.data.train_batch_size == defaults.data.train_batch_size
+    for key in EMBEDDED:
+        assert get_key(other, key) == get_key(defaults, key), key
+    builtin = "actor_rollout_ref.model.path=builtin:tiny-addition"
+    tiny = load_config(None, [builtin])
+    assert tiny == load_config()
+    for key, value in EMBEDDED.items():
+        assert get_key(tiny, key) == value, key
+    assert load_config(None, [own_model, builtin]) == tiny  # the last path set decides
 
 
 @pytest.mark.parametrize("base", ["verl", "embedded"])
@@ -157,10 +196,11 @@ def test_derived_keys_follow_their_sources():
             "trainer.experiment_name=abc",
         ],
     )
-    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    mini_batch = embedded_or_default("actor_rollout_ref.actor.ppo_mini_batch_size")
+    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == mini_batch
     assert cfg.critic.ppo_epochs == 3 and cfg.critic.rollout_n == 4
     assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
-    assert cfg.actor_rollout_ref.rollout.prompt_length == 16
+    assert cfg.actor_rollout_ref.rollout.prompt_length == embedded_or_default("data.max_prompt_length")
     assert cfg.actor_rollout_ref.rollout.response_length == 8
     actor = cfg.actor_rollout_ref.actor
     assert (actor.effective_clip_ratio_low, actor.effective_clip_ratio_high) == (0.2, 0.28)

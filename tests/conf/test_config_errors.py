@@ -1,8 +1,9 @@
 """Each bad config gets one clear message naming the key, the layer, the value and the fix."""
 
 import pytest
+import yaml
 
-from ppoflow.conf import ConfigError, load_config
+from ppoflow.conf import EMBEDDED_DEFAULT, ConfigError, load_config
 
 
 @pytest.fixture
@@ -21,18 +22,32 @@ def error_of(*overrides: str, path=None, base="embedded") -> str:
 
 
 def test_mini_batch_must_divide_train_batch():
-    message = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=48")
+    message = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=48", "data.train_batch_size=64")
     assert message.startswith(
         "actor_rollout_ref.actor.ppo_mini_batch_size=48 does not divide data.train_batch_size=64: "
         "choose a mini-batch size that divides 64 (e.g. 8, 16, 32, 64) or change data.train_batch_size"
     )
-    # ... and says which layer set each number.
+    # ... and says which layer set each number,
     assert "command-line override #1 'actor_rollout_ref.actor.ppo_mini_batch_size=48'" in message
-    assert "data.train_batch_size: embedded default" in message
+    assert "data.train_batch_size: command-line override #2 'data.train_batch_size=64'" in message
+    # the embedded default included.
+    train = yaml.safe_load(EMBEDDED_DEFAULT.read_text())["data"]["train_batch_size"]
+    message = error_of(f"actor_rollout_ref.actor.ppo_mini_batch_size={train + 1}")
+    assert message.startswith(
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={train + 1} does not divide "
+        f"data.train_batch_size={train}"
+    )
+    assert f"data.train_batch_size: embedded default '{EMBEDDED_DEFAULT}'" in message
 
 
 def test_mini_batch_responses_must_split_over_gpus():
-    message = error_of("trainer.n_gpus_per_node=3")
+    message = error_of(
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.rollout.n=1",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=3",
+    )
     assert message.startswith(
         "the mini-batch of 16 responses (actor_rollout_ref.actor.ppo_mini_batch_size=16 × "
         "actor_rollout_ref.rollout.n=1) does not split evenly over world_size=3 "
@@ -42,7 +57,10 @@ def test_mini_batch_responses_must_split_over_gpus():
 
 def test_micro_batch_must_divide_per_gpu_mini_batch():
     message = error_of(
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
         "actor_rollout_ref.rollout.n=3",
+        "trainer.nnodes=1",
         "trainer.n_gpus_per_node=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5",
     )
@@ -54,7 +72,14 @@ def test_micro_batch_must_divide_per_gpu_mini_batch():
 
 
 def test_micro_batch_larger_than_mini_batch():
-    message = error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32")
+    message = error_of(
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.rollout.n=1",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+    )
     assert message.startswith(
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32 is larger than the per-GPU mini-batch of 16 "
         "responses"
@@ -63,7 +88,16 @@ def test_micro_batch_larger_than_mini_batch():
 
 
 def test_critic_batch_sizes_are_checked_with_their_defaults():
-    message = error_of("critic.ppo_micro_batch_size_per_gpu=12")
+    # A valid actor update, so that the critic's is the one checked.
+    batches = (
+        "data.train_batch_size=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.rollout.n=1",
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=1",
+    )
+    message = error_of(*batches, "critic.ppo_micro_batch_size_per_gpu=12")
     assert message.startswith(
         "critic.ppo_micro_batch_size_per_gpu=12 does not divide the per-GPU mini-batch of 16 responses "
         "(critic.ppo_mini_batch_size=16 × actor_rollout_ref.rollout.n=1 / world_size=1)"
@@ -72,7 +106,7 @@ def test_critic_batch_sizes_are_checked_with_their_defaults():
         "critic.ppo_mini_batch_size: unset, so it follows actor_rollout_ref.actor.ppo_mini_batch_size"
         in message
     )
-    assert error_of("critic.ppo_mini_batch_size=48").startswith(
+    assert error_of(*batches, "critic.ppo_mini_batch_size=48").startswith(
         "critic.ppo_mini_batch_size=48 does not divide data.train_batch_size=64"
     )
 

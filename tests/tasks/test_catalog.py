@@ -1,0 +1,304 @@
+"""The DuckDB catalog over a hand-made two-iteration run written through write_table."""
+
+import subprocess
+import sys
+import textwrap
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from ppoflow.tasks.catalog import (
+    CATALOG_NAME,
+    check_invariants,
+    connect_readonly,
+    query,
+    refresh_catalog,
+    table_violations,
+)
+from ppoflow.tasks.schemas import SCHEMAS, empty_table, metrics_table
+from ppoflow.tasks.storage import stage_path, write_table
+
+KEYS = [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
+
+
+def rows(name: str, it: int) -> list[dict]:
+    """A few valid rows of each table for iteration `it`; response k has 2 + sample_idx tokens."""
+    n = {(p, s): 2 + s for p, s in KEYS}
+    key = [{"prompt_id": p, "sample_idx": s} for p, s in KEYS]
+    scored = {"ground_truth": "3", "score": 0.9, "components": {"correct": 1.0, "format": 1.0}, "error": None}
+    match name:
+        case "rollouts":
+            return [
+                {**k, "group_id": int(k["prompt_id"][1]), "data_source": "arith", "prompt_text": "1 + 2 = ",
+                 "response_text": "3" * m, "prompt_ids": [1, 2, 3], "response_ids": list(range(m)),
+                 "rollout_log_probs": [-0.5] * m, "old_log_probs": [-0.4] * m,
+                 "ref_log_probs": [-0.6] * m if k["sample_idx"] == 0 else None, "prompt_length": 3,
+                 "response_length": m, "finish_reason": ["stop", "length"][k["sample_idx"]],
+                 "policy_version": it - 1, "seed": 100 * it + i}
+                for i, (k, m) in enumerate(zip(key, n.values(), strict=True))
+            ]  # fmt: skip
+        case "rewards":
+            return [{**k, "data_source": "arith", **scored} for k in key]
+        case "advantages":
+            return [
+                {**k, "values": [0.1] * m, "token_level_rewards": [0.0] * (m - 1) + [0.9],
+                 "advantages": [0.5] * m, "returns": [0.9] * m, "kl": None, "train_weight": 1}
+                for k, m in zip(key, n.values(), strict=True)
+            ]  # fmt: skip
+        case "actor_update" | "critic_update":
+            cols = [c for c in SCHEMAS[name].names if c not in ("epoch", "mini_batch")]
+            return [{"epoch": 0, "mini_batch": b, **dict.fromkeys(cols, 0.1 * it)} for b in range(2)]
+        case "validation":
+            return [
+                {**k, "data_source": "arith", "prompt_text": "1 + 2 = ", "response_text": "3",
+                 "response_length": 2, "finish_reason": "stop", **scored}
+                for k in key
+            ]  # fmt: skip
+        case "prompts":
+            text = {"prompt_text": "1 + 2 = ", "prompt_messages": None}
+            chat = {"prompt_text": None, "prompt_messages": [{"role": "user", "content": "1 + 2 ="}]}
+            common = {"data_source": "arith", "ability": "math", "ground_truth": "3", "extra_info": "{}"}
+            split = ["train", "val"][it]
+            return [
+                {"prompt_id": f"{split}-{i}", "split": split, "row_index": i, **common, **[text, chat][i]}
+                for i in range(2)
+            ]
+    raise KeyError(name)
+
+
+def table(name: str, it: int) -> pa.Table:
+    return pa.Table.from_pylist(rows(name, it), schema=SCHEMAS[name])
+
+
+STAGE_TABLES = {"rollout": "rollouts", "reward": "rewards", "advantage": "advantages"}
+STAGE_TABLES |= {s: s for s in ("actor_update", "critic_update", "validation")}
+
+
+def write_run(run_dir, iterations=(1, 2)):
+    write_table(table("prompts", 0), run_dir, "data/train.parquet", SCHEMAS["prompts"])
+    write_table(table("prompts", 1), run_dir, "data/val.parquet", SCHEMAS["prompts"])
+    for it in iterations:
+        for stage, name in STAGE_TABLES.items():
+            write_table(table(name, it), run_dir, stage_path(it, stage), SCHEMAS[name])
+        metrics = metrics_table({"actor/pg_clipfrac": 0.1 * it, "critic/score/mean": 0.9}, step=it)
+        write_table(metrics, run_dir, stage_path(it, "metrics"))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("seed=3") / "run"  # a key=value folder must not leak into views
+    write_run(run_dir)
+    refresh_catalog(run_dir)
+    return run_dir
+
+
+def test_iter_is_an_integer_column_and_values_come_from_the_files(run):
+    cols, result = query(run, "SELECT iter, count(*), min(seed) FROM rollouts GROUP BY iter ORDER BY iter")
+    assert cols == ["iter", "count_star()", "min(seed)"]
+    assert result == [(1, 4, 100), (2, 4, 200)]
+    _, types = query(
+        run, "SELECT column_name, column_type FROM (DESCRIBE rollouts) WHERE column_name = 'iter'"
+    )
+    assert types == [("iter", "INTEGER")]
+
+
+def test_every_stage_is_a_view_with_both_iterations(run):
+    for name in (
+        "rollouts",
+        "rewards",
+        "advantages",
+        "actor_update",
+        "critic_update",
+        "validation",
+        "metrics",
+    ):
+        assert query(run, f"SELECT DISTINCT iter FROM {name} ORDER BY iter")[1] == [(1,), (2,)], name
+    assert query(run, "SELECT split, count(*) FROM prompts GROUP BY split ORDER BY split")[1] == [
+        ("train", 2),
+        ("val", 2),
+    ]
+
+
+def test_list_and_map_columns_are_readable(run):
+    sql = """SELECT response_ids, old_log_probs, ref_log_probs, len(response_ids) FROM rollouts
+             WHERE iter = 2 AND prompt_id = 'p1' AND sample_idx = 1"""
+    assert query(run, sql)[1] == [([0, 1, 2], [pytest.approx(-0.4)] * 3, None, 3)]
+    assert query(run, "SELECT components['correct'] FROM rewards WHERE iter = 1 LIMIT 1")[1] == [(1.0,)]
+    _, messages = query(run, "SELECT prompt_messages[1].role FROM prompts WHERE prompt_messages IS NOT NULL")
+    assert messages == [("user",), ("user",)]
+
+
+def test_updates_union_both_roles(run):
+    cols, result = query(run, "SELECT role, iter, count(*) FROM updates GROUP BY ALL ORDER BY ALL")
+    assert cols[0] == "role"
+    assert result == [("actor", 1, 2), ("actor", 2, 2), ("critic", 1, 2), ("critic", 2, 2)]
+
+
+def test_metrics_columns_keep_verl_names(run):
+    cols, result = query(run, 'SELECT iter, step, "actor/pg_clipfrac" FROM metrics ORDER BY iter')
+    assert result == [(1, 1, pytest.approx(0.1)), (2, 2, pytest.approx(0.2))]
+
+
+def test_a_table_without_files_is_an_empty_view_with_declared_columns(run):
+    cols, result = query(run, "SELECT * FROM rejects")
+    assert (cols, result) == (SCHEMAS["rejects"].names, [])
+
+
+def test_an_empty_run_has_every_view_typed_from_the_schema(tmp_path):
+    write_table(table("prompts", 0), tmp_path, "data/train.parquet", SCHEMAS["prompts"])
+    refresh_catalog(tmp_path)
+    cols, result = query(tmp_path, "SELECT * FROM rollouts")
+    assert (cols, result) == (["iter", *SCHEMAS["rollouts"].names], [])
+    _, types = query(tmp_path, "SELECT column_name, column_type FROM (DESCRIBE rollouts)")
+    assert dict(types)["response_ids"] == "INTEGER[]" and dict(types)["iter"] == "INTEGER"
+    assert query(tmp_path, "SELECT * FROM metrics")[0] == ["iter", *empty_table("metrics").column_names]
+    assert query(tmp_path, "SELECT role FROM updates")[1] == []
+    assert query(tmp_path, "SELECT count(*) FROM prompts")[1] == [(2,)]
+    assert check_invariants(tmp_path) == {}
+
+
+def test_a_new_iteration_appears_without_a_refresh_once_the_view_exists(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    refresh_catalog(tmp_path)
+    write_run(tmp_path, iterations=(2,))
+    assert query(tmp_path, "SELECT max(iter) FROM rewards")[1] == [(2,)]
+
+
+def test_invariants_hold_on_good_data(run):
+    assert check_invariants(run) == {}
+    for name in STAGE_TABLES.values():
+        assert table_violations(name, table(name, 1)) == [], name
+    assert table_violations("prompts", table("prompts", 0)) == []
+
+
+def test_a_duplicate_key_is_detected_through_the_catalog(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    write_table(table("rollouts", 1).slice(0, 1), tmp_path, stage_path(1, "rollout", part=1))
+    refresh_catalog(tmp_path)
+    failures = check_invariants(tmp_path)
+    assert list(failures) == ["rollouts"]
+    assert any("HAVING count(*) > 1" in sql for sql in failures["rollouts"])
+
+
+def _with(name: str, **changes) -> pa.Table:
+    """Table `name` of iteration 1 with its first row changed."""
+    changed = rows(name, 1)
+    changed[0].update(changes)
+    return pa.Table.from_pylist(changed, schema=SCHEMAS[name])
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "fragment"),
+    [
+        ("rollouts", {"sample_idx": 1}, "HAVING count(*) > 1"),
+        ("rollouts", {"old_log_probs": [-0.4] * 5}, "len(old_log_probs)"),
+        ("rollouts", {"ref_log_probs": [-0.1]}, "len(ref_log_probs)"),
+        ("rollouts", {"response_length": 7}, "len(response_ids)"),
+        ("rollouts", {"prompt_ids": [1]}, "prompt_length"),
+        ("rollouts", {"finish_reason": "eos"}, "finish_reason"),
+        ("rollouts", {"group_id": 9}, "group_id"),
+        ("rewards", {"sample_idx": 1}, "HAVING count(*) > 1"),
+        ("rewards", {"score": float("nan")}, "isfinite"),
+        ("advantages", {"returns": [0.0]}, "len(returns)"),
+        ("advantages", {"values": [0.0] * 9}, 'len("values")'),
+        ("advantages", {"train_weight": -1}, "train_weight"),
+        ("actor_update", {"mini_batch": 1}, "HAVING count(*) > 1"),
+        ("validation", {"finish_reason": "abort"}, "finish_reason"),
+        ("prompts", {"prompt_messages": [{"role": "user", "content": "x"}]}, "prompt_messages IS NULL"),
+    ],
+)
+def test_each_kind_of_violation_is_detected(name, changes, fragment):
+    failing = table_violations(name, _with(name, **changes))
+    assert len(failing) == 1 and fragment in failing[0], failing
+
+
+def test_a_nan_score_with_an_error_is_allowed():
+    assert table_violations("rewards", _with("rewards", score=float("nan"), error="timeout")) == []
+
+
+def test_query_errors_name_the_available_views(run):
+    with pytest.raises(ValueError) as raised:
+        query(run, "SELECT * FROM rolouts")
+    message = str(raised.value)
+    assert "rolouts" in message
+    assert "available views: actor_update, advantages, critic_update, metrics, prompts" in message
+
+
+def test_a_run_without_catalog_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no catalog at .*has this run finished an iteration"):
+        connect_readonly(tmp_path)
+
+
+def test_refresh_while_a_reader_is_open_succeeds_and_the_reader_keeps_its_snapshot(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    refresh_catalog(tmp_path)
+    reader = connect_readonly(tmp_path)
+    try:
+        assert reader.execute("SELECT count(*) FROM rejects").fetchall() == [(0,)]
+        rejects = {"source": ["x.jsonl"], "line": [3], "reason": ["no prompt"], "raw": ["{}"]}
+        write_table(pa.table(rejects), tmp_path, "data/rejects.parquet", SCHEMAS["rejects"])
+        refresh_catalog(tmp_path)  # no lock is taken on catalog.duckdb: it is replaced
+        assert reader.execute("SELECT count(*) FROM rejects").fetchall() == [(0,)]
+        assert query(tmp_path, "SELECT count(*) FROM rejects")[1] == [(1,)]
+    finally:
+        reader.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalog.duckdb", "data", "iter=000001"]
+
+
+def _hold(path, read_only: bool) -> subprocess.Popen:
+    code = f"""
+        import duckdb, sys
+        con = duckdb.connect({str(path)!r}, read_only={read_only})
+        print("open", flush=True)
+        sys.stdin.readline()
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout.readline().strip() == "open"
+    return proc
+
+
+def _release(proc: subprocess.Popen) -> None:
+    proc.communicate("\n", timeout=10)
+
+
+def test_other_processes_readers_do_not_block_a_refresh(run):
+    proc = _hold(run / CATALOG_NAME, read_only=True)
+    try:
+        refresh_catalog(run)
+        assert query(run, "SELECT count(*) FROM rewards")[1] == [(8,)]
+    finally:
+        _release(proc)
+
+
+def test_a_process_holding_the_catalog_read_write_is_retried_then_reported(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    refresh_catalog(tmp_path)
+    proc = _hold(tmp_path / CATALOG_NAME, read_only=False)
+    try:
+        with pytest.raises(TimeoutError, match="read-write"):
+            connect_readonly(tmp_path, retries=2, wait_s=0.01)
+    finally:
+        _release(proc)
+    with connect_readonly(tmp_path) as con:
+        assert con.execute("SELECT count(*) FROM rollouts").fetchall() == [(4,)]
+
+
+def test_refresh_failure_leaves_the_previous_catalog(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    catalog = refresh_catalog(tmp_path)
+    before = catalog.read_bytes()
+    bad = tmp_path / "iter=000002" / "reward" / "part-00000.parquet"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not parquet")
+    with pytest.raises(duckdb.Error):
+        refresh_catalog(tmp_path)
+    assert catalog.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith((".tmp", ".wal"))]
+    bad.unlink()
+    assert query(tmp_path, "SELECT count(*) FROM rewards")[1] == [(4,)]

@@ -1,0 +1,232 @@
+"""Atomic artifacts: round trips, digests, failures that leave nothing behind, manifests."""
+
+import errno
+import hashlib
+import os
+import pickle
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ppoflow.tasks import storage
+from ppoflow.tasks.schemas import SCHEMAS
+from ppoflow.tasks.storage import (
+    ArtifactCorrupt,
+    ArtifactRef,
+    artifact_is_valid,
+    file_digest,
+    iteration_dir,
+    read_json,
+    read_manifest,
+    read_table,
+    stage_path,
+    stage_refs,
+    write_json_atomic,
+    write_manifest,
+    write_table,
+)
+
+REL = "iter=000001/actor_update/part-00000.parquet"
+
+
+def actor_steps(loss: float = 0.5, rows: int = 2) -> pa.Table:
+    """Loosely typed (int64 ints, no kl_loss typing) so that conforming has work to do."""
+    return pa.table(
+        {
+            "epoch": [0] * rows,
+            "mini_batch": list(range(rows)),
+            **{c: [loss] * rows for c in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")},
+            **{c: [loss] * rows for c in ("entropy", "grad_norm", "lr")},
+            "kl_loss": [None] * rows,
+        }
+    )
+
+
+def leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_write_read_round_trip_conforms_to_the_schema(tmp_path):
+    ref = write_table(actor_steps(), tmp_path, REL, schema=SCHEMAS["actor_update"])
+    assert ref == ArtifactRef(path=REL, digest=file_digest(tmp_path / REL), rows=2)
+    assert ref.digest == "sha256:" + hashlib.sha256((tmp_path / REL).read_bytes()).hexdigest()
+    table = read_table(tmp_path, ref)
+    assert table.schema.equals(SCHEMAS["actor_update"])
+    assert table.schema.field("pg_loss").metadata[b"doc"]  # docs travel inside the parquet
+    assert table.column("mini_batch").to_pylist() == [0, 1]
+    assert pq.ParquetFile(tmp_path / REL).metadata.row_group(0).column(0).compression == "ZSTD"
+    assert leftovers(tmp_path / "iter=000001/actor_update") == []
+    assert pickle.loads(pickle.dumps(ref)) == ref
+
+
+def test_refs_are_relative_so_a_moved_run_still_reads(tmp_path):
+    ref = write_table(actor_steps(), tmp_path / "a", REL)
+    (tmp_path / "a").rename(tmp_path / "b")
+    assert read_table(tmp_path / "b", ref).num_rows == 2
+    assert artifact_is_valid(tmp_path / "b", ref)
+
+
+def test_same_table_gives_the_same_digest(tmp_path):
+    first = write_table(actor_steps(), tmp_path, REL, SCHEMAS["actor_update"])
+    again = write_table(actor_steps(), tmp_path, "other/x.parquet", SCHEMAS["actor_update"])
+    assert first.digest == again.digest
+
+
+def _fail_in_writer(exc):
+    def writer(table, where, **kwargs):
+        where.write(b"PAR1 half a file")
+        raise exc
+
+    return ("pyarrow.parquet.write_table", writer)
+
+
+def _fail_in(name, exc):
+    def fail(*args, **kwargs):
+        raise exc
+
+    return (name, fail)
+
+
+@pytest.mark.parametrize(
+    "make_exc",
+    [lambda: OSError(errno.ENOSPC, "No space left on device"), lambda: PermissionError("denied")],
+    ids=["ENOSPC", "PermissionError"],
+)
+@pytest.mark.parametrize("where", ["writer", "fsync", "replace"])
+def test_a_failed_write_leaves_the_previous_file_and_no_temp_file(tmp_path, monkeypatch, where, make_exc):
+    good = write_table(actor_steps(0.5), tmp_path, REL, SCHEMAS["actor_update"])
+    exc = make_exc()
+    target, fake = {
+        "writer": _fail_in_writer(exc),
+        "fsync": _fail_in("os.fsync", exc),
+        "replace": _fail_in("os.replace", exc),
+    }[where]
+    monkeypatch.setattr(target, fake)
+    with pytest.raises(type(exc)) as raised:
+        write_table(actor_steps(9.0), tmp_path, REL, SCHEMAS["actor_update"])
+    monkeypatch.undo()
+    assert str(tmp_path / REL) in str(raised.value)
+    if isinstance(exc, OSError) and exc.errno:
+        assert raised.value.errno == errno.ENOSPC
+    assert leftovers(tmp_path / "iter=000001/actor_update") == []
+    assert artifact_is_valid(tmp_path, good)
+    assert read_table(tmp_path, good).column("pg_loss").to_pylist() == [0.5, 0.5]
+
+
+def test_a_failed_first_write_leaves_no_final_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(*_fail_in("os.replace", OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(OSError, match="part-00000.parquet"):
+        write_table(actor_steps(), tmp_path, REL)
+    monkeypatch.undo()
+    assert not (tmp_path / REL).exists()
+    assert leftovers(tmp_path / "iter=000001/actor_update") == []
+
+
+def test_json_write_failure_leaves_the_old_json(tmp_path, monkeypatch):
+    path = tmp_path / "state.json"
+    write_json_atomic(path, {"step": 1})
+    monkeypatch.setattr(*_fail_in("os.replace", PermissionError("denied")))
+    with pytest.raises(PermissionError, match="state.json"):
+        write_json_atomic(path, {"step": 2})
+    monkeypatch.undo()
+    assert read_json(path) == {"step": 1}
+    assert leftovers(tmp_path) == []
+
+
+def test_digest_check_catches_a_truncated_file(tmp_path):
+    ref = write_table(actor_steps(), tmp_path, REL)
+    data = (tmp_path / REL).read_bytes()
+    (tmp_path / REL).write_bytes(data[: len(data) // 2])
+    assert not artifact_is_valid(tmp_path, ref)
+    with pytest.raises(ArtifactCorrupt) as raised:
+        read_table(tmp_path, ref)
+    err = raised.value
+    assert isinstance(err, ValueError)
+    assert (err.expected, err.actual) == (ref.digest, file_digest(tmp_path / REL))
+    assert str(tmp_path / REL) in str(err) and "corrupt" in str(err)
+    assert pickle.loads(pickle.dumps(err)).actual == err.actual
+
+
+def test_digest_check_catches_a_flipped_byte(tmp_path):
+    ref = write_table(actor_steps(), tmp_path, REL)
+    data = bytearray((tmp_path / REL).read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (tmp_path / REL).write_bytes(bytes(data))
+    assert not artifact_is_valid(tmp_path, ref)
+    with pytest.raises(ArtifactCorrupt, match="expected sha256:"):
+        read_table(tmp_path, ref)
+
+
+def test_a_missing_file_is_invalid_not_an_error(tmp_path):
+    ref = ArtifactRef(path=REL, digest="sha256:00", rows=1)
+    assert artifact_is_valid(tmp_path, ref) is False
+    with pytest.raises(FileNotFoundError):
+        read_table(tmp_path, ref)
+
+
+def test_conform_names_missing_and_unexpected_columns(tmp_path):
+    table = actor_steps().drop_columns(["lr", "entropy"]).append_column("surprise", pa.array([1, 2]))
+    with pytest.raises(ValueError) as raised:
+        write_table(table, tmp_path, REL, SCHEMAS["actor_update"])
+    message = str(raised.value)
+    assert "missing columns ['entropy', 'lr']" in message
+    assert "unexpected columns ['surprise']" in message
+    assert "actor_update" in message and str(tmp_path / REL) in message
+    assert not (tmp_path / REL).exists()
+
+
+def test_conform_names_a_column_that_cannot_be_cast_or_has_nulls(tmp_path):
+    bad_type = actor_steps().set_column(0, "epoch", pa.array(["zero", "one"]))
+    with pytest.raises(ValueError, match="column 'epoch': cannot cast string to int32"):
+        write_table(bad_type, tmp_path, REL, SCHEMAS["actor_update"])
+    nulls = actor_steps().set_column(2, "pg_loss", pa.array([None, 1.0]))
+    with pytest.raises(ValueError, match="column 'pg_loss' is required"):
+        write_table(nulls, tmp_path, REL, SCHEMAS["actor_update"])
+
+
+def test_paths_must_stay_inside_the_run_and_iter_is_reserved(tmp_path):
+    for bad in ("/abs/x.parquet", "../x.parquet", ""):
+        with pytest.raises(ValueError, match="relative"):
+            write_table(actor_steps(), tmp_path, bad)
+    with pytest.raises(ValueError, match="'iter'"):
+        write_table(pa.table({"iter": [1]}), tmp_path, REL)
+
+
+def test_layout_helpers():
+    assert stage_path(1, "rollout") == "iter=000001/rollout/part-00000.parquet"
+    assert stage_path(12, "reward", part=3) == "iter=000012/reward/part-00003.parquet"
+    assert iteration_dir("/r", 7).as_posix() == "/r/iter=000007"
+    with pytest.raises(ValueError):
+        stage_path(-1, "rollout")
+    with pytest.raises(ValueError):
+        stage_path(1, "roll/out")
+
+
+def test_manifest_round_trip(tmp_path):
+    assert read_manifest(tmp_path, 1) is None
+    ref = write_table(actor_steps(), tmp_path, REL, SCHEMAS["actor_update"])
+    stage = {"refs": [ref], "rows": 2, "cache_key": "abc", "seconds": 0.25, "extra": "kept"}
+    write_manifest(tmp_path, 1, {"actor_update": stage})
+    manifest = read_manifest(tmp_path, 1)
+    assert manifest["iteration"] == 1
+    assert manifest["stages"]["actor_update"]["refs"] == [ref.to_dict()]
+    assert manifest["stages"]["actor_update"]["extra"] == "kept"
+    assert stage_refs(manifest, "actor_update") == [ref]
+    assert (iteration_dir(tmp_path, 1) / storage.MANIFEST_NAME).is_file()
+    assert leftovers(iteration_dir(tmp_path, 1)) == []
+
+
+def test_manifest_entries_must_be_complete(tmp_path):
+    with pytest.raises(ValueError, match=r"stage 'reward' lacks \['cache_key', 'seconds'\]"):
+        write_manifest(tmp_path, 1, {"reward": {"refs": [], "rows": 0}})
+    assert read_manifest(tmp_path, 1) is None
+
+
+def test_json_is_readable_and_permissions_follow_the_umask(tmp_path):
+    path = tmp_path / "nested" / "config.json"
+    write_json_atomic(path, {"b": [1, 2], "a": tmp_path})
+    assert read_json(path) == {"a": str(tmp_path), "b": [1, 2]}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
