@@ -1,8 +1,8 @@
 """Token log-probabilities and entropy from logits, one (T, V) float temporary at a time.
 
 Callers divide logits by the sampling temperature first. Inputs of three or more dimensions are processed
-one leading row at a time so that no more than one extra float copy of a (T, V) slice exists at once
-(verl 0.9.1 `logprobs_from_logits_v2` does the same). Half-precision logits are upcast to float32 per row,
+in chunks of leading rows small enough that the float temporaries stay bounded (verl 0.9.1
+`logprobs_from_logits_v2` goes one row at a time). Half-precision logits are upcast to float32 per row,
 and the results are float32; float32 and float64 logits keep their dtype.
 """
 
@@ -17,12 +17,18 @@ def _compute_dtype(logits: Tensor) -> torch.dtype:
     return logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
 
 
+CHUNK_ELEMENTS = 1 << 24
+"""Most logits elements one temporary may hold (64 MiB of float32)."""
+
+
 def _per_row(fn: Callable[[Tensor], Tensor], logits: Tensor) -> Tensor:
-    """fn over the last dimension of logits (…, V), one leading row at a time when logits has ≥ 3 dims."""
+    """fn over the last dimension of logits (…, V), in chunks of leading rows whose temporaries stay
+    under CHUNK_ELEMENTS (one row at a time for large vocabularies, the whole batch for small ones)."""
     dtype = _compute_dtype(logits)
     if logits.dim() < 3:
         return fn(logits.to(dtype))
-    return torch.stack([fn(row.to(dtype)) for row in logits])
+    rows = max(1, CHUNK_ELEMENTS // max(1, logits[0].numel()))
+    return torch.cat([fn(chunk.to(dtype)) for chunk in logits.split(rows)])
 
 
 def logprobs_from_logits(logits: Tensor, labels: Tensor) -> Tensor:

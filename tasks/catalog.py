@@ -15,6 +15,7 @@ overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARC
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -24,6 +25,7 @@ import duckdb
 import pyarrow as pa
 
 from .schemas import DATA_FILES, INVARIANTS, ITERATION_TABLES, STAGES, TABLES, empty_table
+from .storage import timed_io, write_json_atomic
 
 __all__ = [
     "CATALOG_NAME",
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 CATALOG_NAME = "catalog.duckdb"
+CATALOG_TABLES = ".catalog-tables.json"
+"""Which tables had files at the last refresh (see refresh_catalog_if_stale)."""
 VIEWS: tuple[str, ...] = (*TABLES, "updates")
 _ALIAS = "catalog"
 _ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
@@ -45,6 +49,37 @@ _UPDATES = (
 )
 
 
+@timed_io
+def refresh_catalog_if_stale(run_dir: str | Path) -> Path:
+    """Refresh only when a table that had no files at the last refresh has some now: the views read
+    their globs at query time, so new iterations of a non-empty table appear without a refresh."""
+    run_dir = Path(run_dir).resolve()
+    final = run_dir / CATALOG_NAME
+    if final.is_file() and _tables_with_files(run_dir) == _recorded_tables(run_dir):
+        return final
+    return refresh_catalog.__wrapped__(run_dir)  # undecorated: this call's time is already counted
+
+
+def _tables_with_files(run_dir: Path) -> list[str]:
+    present = []
+    for name in TABLES:
+        if name in DATA_FILES:
+            found = any((run_dir / f).is_file() for f in DATA_FILES[name])
+        else:
+            found = next(run_dir.glob(f"iter=*/{STAGES[name]}/*.parquet"), None) is not None
+        if found:
+            present.append(name)
+    return present
+
+
+def _recorded_tables(run_dir: Path) -> list[str] | None:
+    try:
+        return json.loads((run_dir / CATALOG_TABLES).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@timed_io
 def refresh_catalog(run_dir: str | Path) -> Path:
     """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
     run_dir = Path(run_dir).resolve()
@@ -53,6 +88,7 @@ def refresh_catalog(run_dir: str | Path) -> Path:
     if any(c in str(run_dir) for c in "*?[]{}"):
         raise ValueError(f"run directory {run_dir} contains glob characters; DuckDB cannot read it by glob")
     final = run_dir / CATALOG_NAME
+    present = _tables_with_files(run_dir)
     tmp = run_dir / f".{CATALOG_NAME}.{secrets.token_hex(6)}.tmp"
     try:
         con = duckdb.connect(str(tmp))
@@ -68,6 +104,7 @@ def refresh_catalog(run_dir: str | Path) -> Path:
         # A WAL left by someone who opened the old catalog read-write would be replayed onto the new one.
         Path(f"{final}.wal").unlink(missing_ok=True)
         os.replace(tmp, final)
+        write_json_atomic(run_dir / CATALOG_TABLES, present)
         fd = os.open(run_dir, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -7,12 +7,14 @@ no temp file (DESIGN.md "Identity, caching and resume").
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import numbers
 import os
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -38,6 +40,24 @@ __all__ = [
     "write_manifest",
     "write_table",
 ]
+
+IO_SECONDS = [0.0]
+"""Seconds this process has spent reading and writing artifacts (for benchmarks/iteration.py)."""
+
+
+def timed_io(fn):
+    """Add the call's wall time to IO_SECONDS."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            IO_SECONDS[0] += time.perf_counter() - start
+
+    return wrapper
+
 
 COMPRESSION = "zstd"
 MANIFEST_NAME = "_manifest.json"
@@ -113,6 +133,7 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+@timed_io
 def write_table(
     table: pa.Table, run_dir: str | Path, relative_path: str, schema: pa.Schema | None = None
 ) -> ArtifactRef:
@@ -131,6 +152,7 @@ def write_table(
     return ArtifactRef(path=relative, digest=digest, rows=table.num_rows)
 
 
+@timed_io
 def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) -> pa.Table:
     """Read a referenced parquet file; with `verify`, raise ArtifactCorrupt unless its digest matches."""
     path = Path(run_dir) / ref.path
@@ -151,6 +173,7 @@ def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
         return False
 
 
+@timed_io
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
     data = (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode()

@@ -1,24 +1,36 @@
-"""Shared fixtures: the warm-started tiny model, built once per test session."""
+"""Shared fixtures: a private ppoflow cache, the warm-started tiny model, a Prefect test server."""
 
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import torch
 
+os.environ.setdefault("PPOFLOW_CACHE", tempfile.mkdtemp(prefix="ppoflow-cache-"))
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(int(os.environ.get("PPOFLOW_NUM_THREADS", "1")))
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A saved, warm-started tiny addition model (HF directory with tokenizer)."""
-    from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
+def tiny_model_dir():
+    """The warm-started tiny addition model (HF directory with tokenizer), built once per session
+    exactly as `ppoflow train` builds it."""
+    from ppoflow.tasks.prepare import build_tiny_base
 
-    path = tmp_path_factory.mktemp("tiny-addition")
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, seed=1)
-    warm_start(model, tokenizer, seed=1)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return build_tiny_base(seed=1)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory):
+    """A real (temporary) Prefect API server for flow tests, with its own PREFECT_HOME."""
+    os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

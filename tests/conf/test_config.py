@@ -195,12 +195,12 @@ def test_derived_keys_follow_their_sources():
             "trainer.nnodes=2",
             "trainer.experiment_name=abc",
         ],
+        base="verl",
     )
-    mini_batch = embedded_or_default("actor_rollout_ref.actor.ppo_mini_batch_size")
-    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size == mini_batch
+    assert cfg.critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     assert cfg.critic.ppo_epochs == 3 and cfg.critic.rollout_n == 4
     assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
-    assert cfg.actor_rollout_ref.rollout.prompt_length == embedded_or_default("data.max_prompt_length")
+    assert cfg.actor_rollout_ref.rollout.prompt_length == cfg.data.max_prompt_length
     assert cfg.actor_rollout_ref.rollout.response_length == 8
     actor = cfg.actor_rollout_ref.actor
     assert (actor.effective_clip_ratio_low, actor.effective_clip_ratio_high) == (0.2, 0.28)

@@ -97,7 +97,8 @@ def test_critic_batch_sizes_are_checked_with_their_defaults():
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
     )
-    message = error_of(*batches, "critic.ppo_micro_batch_size_per_gpu=12")
+    # verl's layering: the embedded default sets the critic's own mini-batch, so use the bare defaults.
+    message = error_of(*batches, "critic.ppo_micro_batch_size_per_gpu=12", base="verl")
     assert message.startswith(
         "critic.ppo_micro_batch_size_per_gpu=12 does not divide the per-GPU mini-batch of 16 responses "
         "(critic.ppo_mini_batch_size=16 × actor_rollout_ref.rollout.n=1 / world_size=1)"
@@ -106,7 +107,7 @@ def test_critic_batch_sizes_are_checked_with_their_defaults():
         "critic.ppo_mini_batch_size: unset, so it follows actor_rollout_ref.actor.ppo_mini_batch_size"
         in message
     )
-    assert error_of(*batches, "critic.ppo_mini_batch_size=48").startswith(
+    assert error_of(*batches, "critic.ppo_mini_batch_size=48", base="verl").startswith(
         "critic.ppo_mini_batch_size=48 does not divide data.train_batch_size=64"
     )
 

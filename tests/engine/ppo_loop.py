@@ -36,6 +36,8 @@ def run_ppo(
     critic_lr: float = 2e-3,
     ppo_epochs: int = 1,
     warmup_steps: int = 0,
+    critic_epochs: int | None = None,
+    critic_mini_batch_prompts: int | None = None,
     betas: tuple[float, float] = (0.9, 0.999),
 ) -> list[float]:
     """Greedy validation accuracy before training and after each iteration."""
@@ -99,7 +101,11 @@ def run_ppo(
                 batch,
                 values=values,
                 returns=adv.returns,
-                settings=CriticUpdateSettings(ppo_epochs, mini_batch_prompts * n, micro_batch_size),
+                settings=CriticUpdateSettings(
+                    critic_epochs or ppo_epochs,
+                    (critic_mini_batch_prompts or mini_batch_prompts) * n,
+                    micro_batch_size,
+                ),
             )
             critic_sched.step()
         update_actor(

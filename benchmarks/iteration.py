@@ -1,0 +1,126 @@
+"""Benchmark: N iterations of the embedded default through the real Prefect flow.
+
+    python benchmarks/iteration.py --iterations 40 --threads 2
+
+Prints, per stage, the median seconds; generation and training tokens/s; peak RSS; the share of
+each iteration spent outside stage compute (Prefect task overhead between stages, parquet and
+DuckDB work inside stages); and the wall time from launch until greedy accuracy first reaches 90%.
+Not a test: numbers depend on the machine and on what else it is doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STAGES = ("rollout", "reward", "advantage", "critic_update", "actor_update", "validation", "metrics")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (trainer.num_threads)")
+    parser.add_argument("--target", type=float, default=0.9, help="greedy accuracy to time")
+    args = parser.parse_args()
+    for key, value in {
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "TRANSFORMERS_VERBOSITY": "error",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }.items():
+        os.environ.setdefault(key, value)
+    from transformers.utils import logging as transformers_logging
+
+    from ppoflow.flows.train import ppo_train
+    from ppoflow.tasks import storage
+    from ppoflow.tasks.catalog import query
+    from ppoflow.tasks.prepare import build_tiny_base
+
+    build_tiny_base(seed=1)  # the base model is built once per machine; not part of the timing
+    transformers_logging.disable_progress_bar()
+    run_dir = Path(tempfile.mkdtemp(prefix="ppoflow-bench-")) / "run"
+    overrides = [f"trainer.total_training_steps={args.iterations}", f"trainer.default_local_dir={run_dir}"]
+    if args.threads:
+        overrides.append(f"trainer.num_threads={args.threads}")
+    launched = time.time()
+    summary = ppo_train(None, overrides)
+    finished = time.time()
+    report(args, summary, run_dir, launched, finished, storage.IO_SECONDS[0], query)
+
+
+def report(args, summary, run_dir, launched, finished, io_seconds, query) -> None:
+    walls = summary["wall_times"]  # one per reported step, step 0 (validation before training) first
+    iteration_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+    manifests = [
+        json.loads((run_dir / f"iter={i:06d}/_manifest.json").read_text())["stages"]
+        for i in range(1, args.iterations + 1)
+    ]
+    timing = {s: [m[s]["seconds"] for m in manifests] for s in STAGES}
+    tokens = [
+        r[0]
+        for r in query(run_dir, "SELECT sum(response_length) FROM rollouts GROUP BY iter ORDER BY iter")[1]
+    ]
+    accuracy = query(
+        run_dir, "SELECT iter, avg(components['correctness']) FROM validation GROUP BY iter ORDER BY iter"
+    )[1]
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} cores, python {sys.version.split()[0]}, "
+        f"torch threads {args.threads or 'default'}"
+    )
+    print(
+        f"iterations: {args.iterations}   wall total: {finished - launched:.1f} s   "
+        f"first step after launch: {walls[0] - launched:.1f} s (Prefect server start, model and data)"
+    )
+    print("\nstage            median s   share of iteration")
+    median_wall = statistics.median(iteration_walls)
+    for stage in STAGES:
+        median = statistics.median(timing[stage])
+        print(f"  {stage:<15}{median:>8.3f}   {median / median_wall:>6.1%}")
+    stage_total = [sum(timing[s][i] for s in STAGES) for i in range(len(iteration_walls))]
+    outside = [w - s for w, s in zip(iteration_walls, stage_total, strict=True)]
+    io_per_iteration = io_seconds / max(1, args.iterations)
+    print(f"  {'iteration':<15}{median_wall:>8.3f}")
+    print(
+        f"\nbetween stages (Prefect task runs, the flow): median {statistics.median(outside):.3f} s "
+        f"({statistics.median(outside) / median_wall:.1%})"
+    )
+    print(
+        f"parquet, checkpoints, DuckDB inside stages: {io_per_iteration:.3f} s per iteration "
+        f"({io_per_iteration / median_wall:.1%})"
+    )
+    share = (statistics.median(outside) + io_per_iteration) / median_wall
+    print(f"outside engine compute: {share:.1%} of an iteration")
+    gen = sum(tokens) / sum(timing["rollout"])
+    epochs = 4
+    train = sum(tokens) * epochs / sum(timing["actor_update"])
+    print(f"\ngeneration: {gen:,.0f} response tokens/s (sampling + old/ref log-probs)")
+    print(f"actor training: {train:,.0f} tokens/s ({epochs} PPO epochs over each batch)")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak RSS: {rss:.0f} MB (trainer process), {children:.0f} MB (largest child: Prefect server)")
+    reached = next(((i, a) for i, a in accuracy if a >= args.target), None)
+    base = accuracy[0][1]
+    if reached:
+        step, value = reached
+        print(
+            f"\ngreedy accuracy {base:.2f} → {value:.2f} at step {step}: "
+            f"{walls[step] - launched:.1f} s after launch"
+        )
+    else:
+        print(
+            f"\ngreedy accuracy {base:.2f} → best {max(a for _, a in accuracy):.2f}; "
+            f"{args.target:.0%} not reached in {args.iterations} steps"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""Per-iteration training metrics: tensors, lists and floats in, `dict[str, float]` out.
+
+Names and definitions follow verl 0.9.1 `verl/trainer/ppo/metric_utils.py` (`compute_data_metrics`,
+`compute_timing_metrics`, `compute_throughout_metrics`, `process_validation_metrics`), `reduce_metrics`
+and the trainer's `training/rollout_probs_diff_*`. Shapes: N responses, T padded response length;
+`response_mask` (N, T) is 0/1 and every per-token input is ignored where it is 0 (may hold anything).
+Token statistics are over the valid tokens of the whole batch; an empty selection gives max/min NaN.
+"""
+
+import math
+from collections import defaultdict
+
+import torch
+from torch import Tensor
+
+from .advantages import group_score_spread_zero_fraction
+from .losses import explained_variance
+from .masking import masked_mean, masked_sum, masked_var
+
+
+def _sequence_stats(prefix: str, x: Tensor) -> dict[str, float]:
+    """{prefix/mean, prefix/max, prefix/min} of a per-row tensor x (N,); NaN for N = 0."""
+    x = x.double()
+    if x.numel() == 0:
+        return {f"{prefix}/{stat}": math.nan for stat in ("mean", "max", "min")}
+    return {
+        f"{prefix}/mean": x.mean().item(),
+        f"{prefix}/max": x.max().item(),
+        f"{prefix}/min": x.min().item(),
+    }
+
+
+def _masked_max_min(x: Tensor, mask: Tensor) -> tuple[float, float]:
+    """Max and min of x (N, T) over positions where mask (N, T) != 0; (NaN, NaN) when there is none."""
+    valid = x[mask != 0]
+    if valid.numel() == 0:
+        return math.nan, math.nan
+    return valid.max().item(), valid.min().item()
+
+
+def _token_stats(prefix: str, x: Tensor, mask: Tensor) -> dict[str, float]:
+    """{prefix/mean, prefix/max, prefix/min} of x (N, T) over valid tokens; mean 0 when there is none."""
+    high, low = _masked_max_min(x, mask)
+    return {f"{prefix}/mean": masked_mean(x, mask).item(), f"{prefix}/max": high, f"{prefix}/min": low}
+
+
+def _length_stats(prefix: str, lengths: Tensor, max_length: int) -> dict[str, float]:
+    """Sequence stats of lengths (N,) plus prefix/clip_ratio: share of rows with length == max_length."""
+    clip = (lengths == max_length).double().mean().item() if lengths.numel() else math.nan
+    return _sequence_stats(prefix, lengths) | {f"{prefix}/clip_ratio": clip}
+
+
+@torch.no_grad()
+def compute_data_metrics(
+    *,
+    scores: Tensor,
+    token_level_rewards: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    prompt_lengths: Tensor,
+    max_prompt_length: int,
+    max_response_length: int,
+    values: Tensor | None = None,
+) -> dict[str, float]:
+    """verl's `compute_data_metrics`: what the batch looked like before the update.
+
+    scores: (N,) sequence score s_i. token_level_rewards, advantages, returns: (N, T).
+    response_mask: (N, T) 0/1. prompt_lengths: (N,) long, prompt tokens per row (padding excluded).
+    max_prompt_length, max_response_length: the configured limits (`data.max_*_length`); a row at the
+    limit was probably truncated. values: (N, T) critic values, None without a critic.
+    Returns critic/score/{mean,max,min} over rows of scores; critic/rewards/{mean,max,min} over rows of
+    Σ_t token_level_rewards (valid tokens); critic/advantages/*, critic/returns/* and, with values,
+    critic/values/* over valid tokens and critic/vf_explained_var (`losses.explained_variance`);
+    response_length/{mean,max,min,clip_ratio} of valid tokens per row and prompt_length/* likewise.
+    A row without a valid token counts in the per-row stats (its length is 0) but adds no token.
+    """
+    response_lengths = (response_mask != 0).sum(dim=-1)
+    metrics = _sequence_stats("critic/score", scores)
+    metrics |= _sequence_stats("critic/rewards", masked_sum(token_level_rewards, response_mask, dim=-1))
+    metrics |= _token_stats("critic/advantages", advantages, response_mask)
+    metrics |= _token_stats("critic/returns", returns, response_mask)
+    if values is not None:
+        metrics |= _token_stats("critic/values", values, response_mask)
+        metrics["critic/vf_explained_var"] = explained_variance(returns, values, response_mask)
+    metrics |= _length_stats("response_length", response_lengths, max_response_length)
+    metrics |= _length_stats("prompt_length", prompt_lengths, max_prompt_length)
+    return metrics
+
+
+@torch.no_grad()
+def compute_group_metrics(scores: Tensor, group_id: Tensor) -> dict[str, float]:
+    """How much signal the groups carry for GRPO-style estimators.
+
+    scores: (N,) one score per response. group_id: (N,) integer, shared by one prompt's responses.
+    Returns critic/score/zero_spread_group_ratio: share of groups whose scores are all equal (they give
+    A = 0); critic/score/group_std_mean: mean over groups of the unbiased std of scores, 0 for a group
+    of one. Both 0.0 for an empty batch.
+    """
+    if scores.numel() == 0:
+        return {"critic/score/zero_spread_group_ratio": 0.0, "critic/score/group_std_mean": 0.0}
+    scores = scores.double()
+    _, inverse, counts = torch.unique(group_id, return_inverse=True, return_counts=True)
+    size = counts.to(scores.dtype)
+    group_mean = torch.zeros_like(size).index_add_(0, inverse, scores) / size
+    sq_dev = torch.zeros_like(size).index_add_(0, inverse, (scores - group_mean[inverse]) ** 2)
+    group_std = (sq_dev / (size - 1).clamp(min=1)).sqrt()
+    return {
+        "critic/score/zero_spread_group_ratio": group_score_spread_zero_fraction(scores, group_id),
+        "critic/score/group_std_mean": group_std.mean().item(),
+    }
+
+
+def compute_timing_metrics(timing_s: dict[str, float], num_tokens: dict[str, int]) -> dict[str, float]:
+    """verl's `compute_timing_metrics`: wall time per stage, and per token where the count is known.
+
+    timing_s: stage name -> seconds. num_tokens: stage name -> tokens the stage processed (verl: response
+    tokens for "gen", prompt + response tokens for "ref", "values", "adv", "update_critic", "update_actor").
+    Returns timing_s/<stage> for every timed stage and timing_per_token_ms/<stage> = 1000·s / tokens for
+    timed stages with tokens > 0.
+    """
+    metrics = {f"timing_s/{stage}": float(seconds) for stage, seconds in timing_s.items()}
+    for stage, seconds in timing_s.items():
+        tokens = num_tokens.get(stage, 0)
+        if tokens > 0:
+            metrics[f"timing_per_token_ms/{stage}"] = 1000.0 * seconds / tokens
+    return metrics
+
+
+def compute_throughput_metrics(*, total_tokens: int, step_seconds: float, n_devices: int) -> dict[str, float]:
+    """verl's `compute_throughout_metrics` (sic): tokens per second per device for one step.
+
+    total_tokens: prompt + response tokens of the step (verl: Σ `global_token_num`). step_seconds: wall
+    time of the whole step (> 0). n_devices: accelerators used (≥ 1).
+    Returns perf/total_num_tokens, perf/time_per_step, perf/throughput = tokens / (seconds · n_devices).
+    """
+    if step_seconds <= 0:
+        raise ValueError(f"step_seconds must be > 0, got {step_seconds}")
+    if n_devices < 1:
+        raise ValueError(f"n_devices must be >= 1, got {n_devices}")
+    return {
+        "perf/total_num_tokens": float(total_tokens),
+        "perf/time_per_step": float(step_seconds),
+        "perf/throughput": total_tokens / (step_seconds * n_devices),
+    }
+
+
+@torch.no_grad()
+def compute_rollout_probs_diff(
+    rollout_log_probs: Tensor, old_log_probs: Tensor, response_mask: Tensor
+) -> dict[str, float]:
+    """Inference-engine vs trainer mismatch: |exp(rollout_log_probs) − exp(old_log_probs)| per valid token.
+
+    rollout_log_probs: (N, T) from the inference engine. old_log_probs: (N, T) recomputed by the trainer
+    with the same weights. response_mask: (N, T) 0/1. Returns training/rollout_probs_diff_{max,mean,std}
+    over valid tokens, std unbiased (0 with fewer than two tokens, where verl's torch.std gives NaN);
+    without a valid token max is NaN and mean, std 0.
+    Probabilities, not log-probs: rare tokens with large log-prob gaps weigh little (verl's choice).
+    """
+    diff = (rollout_log_probs.exp() - old_log_probs.exp()).abs()
+    high, _ = _masked_max_min(diff, response_mask)
+    return {
+        "training/rollout_probs_diff_max": high,
+        "training/rollout_probs_diff_mean": masked_mean(diff, response_mask).item(),
+        "training/rollout_probs_diff_std": masked_var(diff, response_mask).sqrt().item(),
+    }
+
+
+def reduce_update_steps(steps: list[dict[str, float]]) -> dict[str, float]:
+    """verl's `reduce_metrics` over the rows logged once per optimizer step: the mean of each metric.
+
+    steps: one dict per optimizer (or micro-batch) step. Keys containing '/' are metrics and averaged over
+    the rows that hold them; other keys (bookkeeping such as a step counter) are dropped. A NaN in any row
+    makes that metric NaN, so a diverged step stays visible.
+    """
+    collected: dict[str, list[float]] = defaultdict(list)
+    for row in steps:
+        for key, value in row.items():
+            if "/" in key:
+                collected[key].append(float(value))
+    return {key: sum(values) / len(values) for key, values in collected.items()}
+
+
+def _per_prompt(
+    data_sources: list[str], group_keys: list[str], values: list[float]
+) -> dict[str, list[list[float]]]:
+    """data source -> one list of values per prompt (group_key), in order of first appearance."""
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for source, key, value in zip(data_sources, group_keys, values, strict=True):
+        groups[(source, key)].append(float(value))
+    by_source: dict[str, list[list[float]]] = defaultdict(list)
+    for (source, _), prompt_values in groups.items():
+        by_source[source].append(prompt_values)
+    return by_source
+
+
+def _prompt_stats(prompts: list[list[float]], with_best: bool) -> dict[tuple[str, int], float]:
+    """(stat, n) -> mean over prompts with n samples of that prompt's stat.
+
+    stat "mean": the mean of the prompt's samples; "best" (prompts with n > 1, when with_best): their max.
+    """
+    per_stat: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for values in prompts:
+        n = len(values)
+        per_stat[("mean", n)].append(sum(values) / n)
+        if with_best and n > 1:
+            per_stat[("best", n)].append(max(values))
+    return {stat: sum(vals) / len(vals) for stat, vals in per_stat.items()}
+
+
+def _stat_name(stat: str, n: int) -> str:
+    """verl's metric name for a per-prompt stat: mean@n or best@n/mean."""
+    return f"mean@{n}" if stat == "mean" else f"{stat}@{n}/mean"
+
+
+def compute_validation_metrics(
+    data_sources: list[str], group_keys: list[str], scores: list[float], components: list[dict[str, float]]
+) -> dict[str, float]:
+    """verl's validation metrics (`process_validation_metrics` and the trainer's naming), one row per sample.
+
+    data_sources: (N,) dataset of each sample. group_keys: (N,) prompt of each sample; n = samples of that
+    prompt. scores: (N,) reward of each sample. components: (N,) the reward's named parts (the same keys
+    in every row). Stats are computed per prompt, then averaged over the prompts of a data source.
+    Returns val-core/{source}/reward/mean@{n}; when n > 1 also val-core/{source}/reward/best@{n}/mean
+    (mean over prompts of the max score; verl's maj@n needs extracted answers and is not computed); and
+    val-aux/{source}/{component}/mean@{n}. Where a source mixes prompt sizes, only stats at its largest
+    n are val-core, the others val-aux (as verl).
+    """
+    component_names = list(components[0]) if components else []
+    if len(components) != len(scores) or any(c.keys() != components[0].keys() for c in components):
+        raise ValueError("components must hold one dict per score, all with the same keys")
+    metrics: dict[str, float] = {}
+    for source, prompts in _per_prompt(data_sources, group_keys, scores).items():
+        n_max = max(len(values) for values in prompts)
+        for (stat, n), value in _prompt_stats(prompts, with_best=True).items():
+            section = "val-core" if n == n_max else "val-aux"
+            metrics[f"{section}/{source}/reward/{_stat_name(stat, n)}"] = value
+    for name in component_names:
+        parts = [row[name] for row in components]
+        for source, prompts in _per_prompt(data_sources, group_keys, parts).items():
+            for (stat, n), value in _prompt_stats(prompts, with_best=False).items():
+                metrics[f"val-aux/{source}/{name}/{_stat_name(stat, n)}"] = value
+    return metrics

@@ -1,0 +1,129 @@
+"""One PPO iteration: a plain function calling one task per stage (a subflow would cost ~1 s)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ppoflow.tasks.advantage import advantage_stage
+from ppoflow.tasks.common import ModelState, Run, StageResult, run_stage
+from ppoflow.tasks.kl_control import next_kl_coef
+from ppoflow.tasks.metrics import metrics_stage
+from ppoflow.tasks.reward import reward_stage
+from ppoflow.tasks.rollout import rollout_stage
+from ppoflow.tasks.sections import StageConfig
+from ppoflow.tasks.update import actor_update_stage, critic_update_stage
+from ppoflow.tasks.validation import validation_stage
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What one iteration hands the next: model states and the KL coefficient β."""
+
+    actor: ModelState
+    critic: ModelState | None
+    reference: ModelState | None
+    kl_coef: float
+
+
+@dataclass(frozen=True)
+class Datasets:
+    train: StageResult
+    val: StageResult
+
+
+def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Datasets) -> StageResult:
+    result, _ = run_stage(
+        validation_stage,
+        run,
+        step=step,
+        actor=actor,
+        prompts=data.val.ref,
+        val_rollout=sc.val_rollout,
+        truncation=sc.batching["truncation"],
+        reward=sc.reward,
+    )
+    return result
+
+
+def ppo_iteration(
+    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, n_devices: int
+) -> tuple[TrainState, StageResult]:
+    save = sc.save_freq > 0 and step % sc.save_freq == 0 or step == total
+    rollout, _ = run_stage(
+        rollout_stage,
+        run,
+        step=step,
+        actor=state.actor,
+        reference=state.reference,
+        prompts=data.train.ref,
+        rollout=sc.rollout,
+        batching=sc.batching,
+        seed=sc.seed,
+    )
+    reward, _ = run_stage(
+        reward_stage, run, step=step, rollouts=rollout.ref, prompts=data.train.ref, reward=sc.reward
+    )
+    advantage, _ = run_stage(
+        advantage_stage,
+        run,
+        step=step,
+        actor=state.actor,
+        critic=state.critic,
+        rollouts=rollout.ref,
+        rewards=reward.ref,
+        algorithm=sc.algorithm,
+        kl_coef=state.kl_coef,
+        values_micro_batch=sc.critic["forward_micro_batch_size_per_gpu"],
+        seed=sc.seed,
+    )
+    critic_update = actor_update = None
+    critic, actor = state.critic, state.actor
+    if critic is not None:
+        (critic_update, critic), _ = run_stage(
+            critic_update_stage,
+            run,
+            step=step,
+            critic=critic,
+            rollouts=rollout.ref,
+            advantages=advantage.ref,
+            critic_config=sc.critic,
+            batching=sc.batching,
+            trainer=sc.trainer,
+            total_steps=total,
+            save=save,
+        )
+    if step > sc.critic_warmup:
+        (actor_update, actor), _ = run_stage(
+            actor_update_stage,
+            run,
+            step=step,
+            actor=actor,
+            rollouts=rollout.ref,
+            advantages=advantage.ref,
+            actor_config=sc.actor,
+            temperature=sc.rollout["temperature"],
+            batching=sc.batching,
+            trainer=sc.trainer,
+            total_steps=total,
+            save=save,
+        )
+    validation = None
+    if sc.test_freq > 0 and (step % sc.test_freq == 0 or step == total):
+        validation = validate(run, sc, step, actor, data)
+    current_kl = dict(advantage.values).get("current_kl")
+    metrics, _ = run_stage(
+        metrics_stage,
+        run,
+        step=step,
+        rollout=rollout,
+        reward=reward,
+        advantage=advantage,
+        critic_update=critic_update,
+        actor_update=actor_update,
+        validation=validation,
+        kl={"coef": state.kl_coef, "current": current_kl},
+        limits={k: sc.rollout[k] for k in ("prompt_length", "response_length")},
+        n_devices=n_devices,
+    )
+    kl_coef = next_kl_coef(sc.algorithm["kl_ctrl"], state.kl_coef, current_kl, rollout.ref.rows)
+    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), metrics

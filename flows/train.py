@@ -1,0 +1,56 @@
+"""The `ppo-train` flow: prepare the model and data, then one PPO iteration per training step."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from ppoflow.conf import PPOFlowConfig, load_config
+from ppoflow.flows.iteration import Datasets, TrainState, ppo_iteration, validate
+from ppoflow.tasks.common import run_stage
+from ppoflow.tasks.console import report_iteration, report_run
+from ppoflow.tasks.prepare import (
+    critic_state,
+    finish_run,
+    ingest_prompts,
+    open_run,
+    prepare_model,
+    set_torch_threads,
+    source_digest,
+)
+from ppoflow.tasks.sections import stage_config, total_training_steps
+
+
+@flow(name="ppo-train", log_prints=False)
+def ppo_train(config_file: str | None = None, overrides: list[str] | None = None) -> dict:
+    """Train with PPO (or GRPO and relatives) as configured: `config_file` holds overrides in verl's
+    key names, `overrides` are dotted `key=value` strings applied on top."""
+    return train(load_config(config_file, overrides or []))
+
+
+def train(cfg: PPOFlowConfig) -> dict:
+    set_torch_threads(cfg.trainer.num_threads)
+    run = open_run(cfg.run_dir, cfg.to_yaml())
+    sc = stage_config(cfg)
+    base, _ = run_stage(
+        prepare_model, run, model_path=cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed
+    )
+    data = Datasets(
+        *(
+            run_stage(ingest_prompts, run, files=files, split=split, source_digest=source_digest(files))[0]
+            for files, split in ((cfg.data.train_files, "train"), (cfg.data.val_files, "val"))
+        )
+    )
+    total = total_training_steps(cfg, data.train.ref.rows)
+    state = TrainState(
+        actor=base,
+        critic=critic_state(base) if sc.use_critic else None,
+        reference=base if sc.use_reference else None,
+        kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+    )
+    history = []
+    if sc.val_before_train:
+        history.append(report_iteration(0, total, validate(run, sc, 0, base, data)))
+    for step in range(1, total + 1):
+        state, metrics = ppo_iteration(run, sc, step, total, state, data, cfg.world_size)
+        history.append(report_iteration(step, total, metrics))
+    return report_run(finish_run(run), state.actor, history)

@@ -1,0 +1,3 @@
+from ppoflow.cli import main
+
+raise SystemExit(main())

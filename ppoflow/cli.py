@@ -1,0 +1,165 @@
+"""The `ppoflow` command: train, query, config, schema."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+EXAMPLES = """\
+examples:
+  ppoflow train                                          # the embedded default: tiny model, CPU, minutes
+  ppoflow train trainer.total_training_steps=10 algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=8
+  ppoflow train --config conf/my_run.yaml actor_rollout_ref.actor.optim.lr=1e-6
+  ppoflow query runs/demo "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
+  ppoflow config trainer.experiment_name=x               # print the effective config
+  ppoflow schema rollouts                                # the documented columns of a table
+"""
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """Prefect's per-task INFO lines and transformers' load bars drown the one line per iteration."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    if not verbose:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ppoflow",
+        description="RL for language models as a Prefect workflow of cached, queryable stages.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ppoflow {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train = commands.add_parser("train", help="run PPO/GRPO training (Prefect flow 'ppo-train')")
+    config = commands.add_parser("config", help="print the effective config (defaults + file + overrides)")
+    for sub in (train, config):
+        sub.add_argument("--config", help="YAML file of overrides (verl key names)")
+        sub.add_argument("overrides", nargs="*", help="dotted key=value overrides, as in verl")
+    train.add_argument("-v", "--verbose", action="store_true", help="show Prefect's and transformers' logs")
+    query = commands.add_parser("query", help="run SQL over a run's tables (read-only DuckDB)")
+    query.add_argument("run_dir", type=Path)
+    query.add_argument("sql")
+    query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
+    schema.add_argument("table", nargs="?")
+    return parser
+
+
+def _version() -> str:
+    from ppoflow import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    match args.command:
+        case "train":
+            return _train(args)
+        case "config":
+            return _config(args)
+        case "query":
+            return _query(args)
+        case "schema":
+            return _schema(args)
+        case _:
+            _parser().print_help()
+            return 0
+
+
+def _load(args):
+    from ppoflow.conf import ConfigError, load_config
+
+    try:
+        return load_config(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return None
+
+
+def _train(args) -> int:
+    _quiet_libraries(args.verbose)
+    cfg = _load(args)
+    if cfg is None:
+        return 2
+    if not args.verbose:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    from ppoflow.flows.train import ppo_train
+
+    ppo_train(args.config, args.overrides)
+    return 0
+
+
+def _config(args) -> int:
+    cfg = _load(args)
+    if cfg is None:
+        return 2
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def _query(args) -> int:
+    from ppoflow.tasks.catalog import query
+
+    try:
+        columns, rows = query(args.run_dir, args.sql)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    _print_rows(columns, rows, args.format)
+    return 0
+
+
+def _print_rows(columns: list[str], rows: list[tuple], fmt: str) -> None:
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout)
+        writer.writerow(columns)
+        writer.writerows(rows)
+    elif fmt == "json":
+        import json
+
+        print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str, indent=1))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(*columns)
+        for row in rows:
+            table.add_row(*(_cell(v) for v in row))
+        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    text = str(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _schema(args) -> int:
+    from ppoflow.tasks.schemas import TABLE_DOCS, describe
+
+    if args.table is None:
+        for name, doc in TABLE_DOCS.items():
+            print(f"{name:<14} {doc}")
+        return 0
+    try:
+        print(describe(args.table))
+    except (KeyError, ValueError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    return 0

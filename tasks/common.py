@@ -1,0 +1,151 @@
+"""What every stage shares: the run handle, model-state references, cache keys, and `run_stage`.
+
+A stage's cache key = stage name + the config section it reads + the identities of its inputs + a
+hash of the code it runs (the whole engine and the task's own module: Prefect's TASK_SOURCE sees
+only the task's lines). Identities are content digests for parquet and lineages for model states,
+so timings and absolute paths never enter a key and a moved run directory still hits its cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .storage import ArtifactRef, artifact_is_valid
+
+ENGINE_DIR = Path(__file__).resolve().parent.parent / "engine"
+RESULTS_DIR = ".prefect-results"
+
+
+@dataclass(frozen=True)
+class Run:
+    """The run directory (absolute) and the seed everything derives from. Not part of cache keys."""
+
+    run_dir: str
+
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """One version of a trained model: `lineage` hashes the parent state's lineage and what it was
+    updated on (DESIGN.md "Identity"); `checkpoint` is its directory relative to the run, if saved."""
+
+    role: str
+    lineage: str
+    step: int
+    checkpoint: str | None
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage task returns through Prefect: references and small numbers, never data."""
+
+    stage: str
+    refs: tuple[ArtifactRef, ...]
+    cache_key: str
+    seconds: float
+    values: tuple[tuple[str, float], ...] = ()
+
+    def value(self, name: str) -> float:
+        return dict(self.values)[name]
+
+    @property
+    def ref(self) -> ArtifactRef:
+        return self.refs[0]
+
+
+def identity(obj: Any) -> Any:
+    """A JSON-able stand-in for `obj` that changes exactly when its content does."""
+    if isinstance(obj, ArtifactRef):
+        return obj.digest
+    if isinstance(obj, StageResult):
+        return [obj.stage, [r.digest for r in obj.refs]]
+    if isinstance(obj, ModelState):
+        return [obj.role, obj.lineage]
+    if isinstance(obj, Run):
+        return None
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return identity(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): identity(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, list | tuple):
+        return [identity(v) for v in obj]
+    if obj is None or isinstance(obj, str | int | float | bool):
+        return obj
+    raise TypeError(f"no cache identity for {type(obj).__name__}")
+
+
+def digest_of(*parts: Any) -> str:
+    payload = json.dumps([identity(p) for p in parts], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@functools.cache
+def code_hash(module_file: str) -> str:
+    """Hash of every engine source file plus the task module's own source."""
+    h = hashlib.sha256()
+    for path in sorted(ENGINE_DIR.rglob("*.py")) + [Path(module_file)]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def key_for(task, parameters: dict[str, Any]) -> str:
+    """Task name + code hash + identities of every parameter but the run."""
+    module_file = inspect.getsourcefile(task.fn) or ""
+    return f"{task.name}-{digest_of(code_hash(module_file), parameters)[:40]}"
+
+
+def stage_cache_key(context, parameters: dict[str, Any]) -> str:
+    """Prefect `cache_key_fn` for every stage task."""
+    return key_for(context.task, parameters)
+
+
+def current_cache_key() -> str:
+    """The running task's cache key (empty when the body is called without Prefect, via `.fn`)."""
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return key_for(context.task, context.parameters) if context else ""
+
+
+class StageTimer:
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def outputs_valid(run: Run, result: Any) -> bool:
+    """Every table a (possibly cached) result points at still exists with its digest. Model
+    checkpoints are not required: a pruned one is only needed if a later stage must recompute."""
+    results = result if isinstance(result, tuple) else (result,)
+    return all(
+        all(artifact_is_valid(run.path, ref) for ref in item.refs)
+        for item in results
+        if isinstance(item, StageResult)
+    )
+
+
+def run_stage(task, run: Run, **parameters: Any):
+    """Call a stage task with the run's result storage. A cached result whose files are gone or
+    altered is a miss: the task runs again with `refresh_cache`. Returns (result, was_cached)."""
+    bound = task.with_options(result_storage=run.path / RESULTS_DIR, persist_result=True)
+    state = bound(run=run, **parameters, return_state=True)
+    result = state.result()
+    if state.name == "Cached" and not outputs_valid(run, result):
+        state = bound.with_options(refresh_cache=True)(run=run, **parameters, return_state=True)
+        result = state.result()
+    return result, state.name == "Cached"

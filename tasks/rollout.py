@@ -1,0 +1,124 @@
+"""Stage 1: sample responses for one iteration's prompts → iter=N/rollout/part-00000.parquet."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from prefect import task
+
+from ppoflow.engine.data import batch_rows, truncate_prompt
+from ppoflow.engine.ppo import generate_rollouts
+from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams
+
+from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
+from .console import progress_bar
+from .models import model_of, reference_model, tokenizer_of
+from .schemas import SCHEMAS
+from .storage import ArtifactRef, read_table, stage_path, write_table
+
+
+def render_prompts(
+    tokenizer, rows: list[dict], max_length: int, truncation: str
+) -> list[tuple[str, list[int]]]:
+    """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
+    rendered = []
+    for row in rows:
+        if row["prompt_messages"] is not None:
+            text = tokenizer.apply_chat_template(
+                row["prompt_messages"], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = row["prompt_text"]
+        ids = truncate_prompt(tokenizer(text, add_special_tokens=False)["input_ids"], max_length, truncation)
+        if ids is None:
+            raise ValueError(
+                f"prompt {row['prompt_id']} is longer than data.max_prompt_length={max_length} tokens "
+                "and data.truncation=error; raise the limit, set data.truncation, "
+                "or data.filter_overlong_prompts"
+            )
+        rendered.append((tokenizer.decode(ids), ids))
+    return rendered
+
+
+def sampling_params(rollout: dict, *, validation: bool) -> SamplingParams:
+    """verl's rollout settings (or rollout.val_kwargs) as SamplingParams."""
+    source = rollout["val_kwargs"] if validation else rollout
+    temperature = source["temperature"]
+    return SamplingParams(
+        max_new_tokens=rollout["response_length"],
+        temperature=temperature if temperature > 0 else 1.0,
+        top_p=source["top_p"],
+        top_k=source["top_k"],
+        do_sample=source["do_sample"] and temperature > 0,
+    )
+
+
+@task(name="generate_rollouts", cache_key_fn=stage_cache_key)
+def rollout_stage(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    reference: ModelState | None,
+    prompts: ArtifactRef,
+    rollout: dict,
+    batching: dict,
+    seed: int,
+) -> StageResult:
+    """Sample rollout.n responses for each prompt of step `step`, with rollout, old and ref log-probs."""
+    timer = StageTimer()
+    table = read_table(run.path, prompts)
+    _, rows_ids = batch_rows(
+        table.num_rows, batching["train_batch_size"], step, shuffle=batching["shuffle"], seed=batching["seed"]
+    )
+    rows = table.take(rows_ids).to_pylist()
+    tokenizer = tokenizer_of(run, actor)
+    rendered = render_prompts(tokenizer, rows, rollout["prompt_length"], batching["truncation"])
+    model = model_of(run, actor)
+    engine = HFRolloutEngine(
+        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
+    )
+    n = rollout["n"]
+    rollout_seed = seed * 1_000_003 + step
+    with progress_bar(f"step {step} generate", total=len(rows) * n) as advance:
+        out = generate_rollouts(
+            engine,
+            model,
+            reference_model(run, reference) if reference else None,
+            [ids for _, ids in rendered],
+            n=n,
+            params=sampling_params(rollout, validation=False),
+            seed=rollout_seed,
+            pad_token_id=tokenizer.pad_token_id,
+            micro_batch_size=rollout["log_prob_micro_batch_size_per_gpu"],
+            on_batch=advance,
+        )
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    columns = {
+        "prompt_id": [rows[i]["prompt_id"] for i in out.prompt_index],
+        "sample_idx": out.sample_index,
+        "group_id": out.prompt_index,
+        "data_source": [rows[i]["data_source"] for i in out.prompt_index],
+        "prompt_text": [rendered[i][0] for i in out.prompt_index],
+        "response_text": texts,
+        "prompt_ids": [rendered[i][1] for i in out.prompt_index],
+        "response_ids": out.response_ids,
+        "rollout_log_probs": out.rollout_log_probs,
+        "old_log_probs": out.old_log_probs,
+        "ref_log_probs": out.ref_log_probs or [None] * len(texts),
+        "prompt_length": [len(rendered[i][1]) for i in out.prompt_index],
+        "response_length": [len(r) for r in out.response_ids],
+        "finish_reason": out.finish_reasons,
+        "policy_version": [actor.step] * len(texts),
+        "seed": [rollout_seed] * len(texts),
+    }
+    table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
+    ref = write_table(table, run.path, stage_path(step, "rollout"), SCHEMAS["rollouts"])
+    tokens = sum(columns["response_length"])
+    return StageResult("rollout", (ref,), current_cache_key(), timer.seconds, (("tokens", float(tokens)),))
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (chat models often have two)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)

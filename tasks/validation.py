@@ -1,0 +1,83 @@
+"""Stage 6: greedy (rollout.val_kwargs) answers to every validation prompt, scored →
+iter=N/validation/part-00000.parquet and verl's `val-core/<data_source>/reward/mean@n` metrics."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from prefect import task
+
+from ppoflow.engine.metrics import compute_validation_metrics
+from ppoflow.engine.rollout import HFRolloutEngine
+
+from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
+from .console import progress_bar
+from .reward import score_rows
+from .rollout import _eos_ids, render_prompts, sampling_params
+from .schemas import SCHEMAS
+from .storage import ArtifactRef, read_table, stage_path, write_table
+
+
+@task(name="validate", cache_key_fn=stage_cache_key)
+def validation_stage(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    prompts: ArtifactRef,
+    val_rollout: dict,
+    truncation: str,
+    reward: dict,
+) -> StageResult:
+    """Generate val_kwargs.n answers per validation prompt with the actor of `step` and score them."""
+    from .models import model_of, tokenizer_of
+
+    timer = StageTimer()
+    rows = read_table(run.path, prompts).to_pylist()
+    tokenizer, model = tokenizer_of(run, actor), model_of(run, actor)
+    rendered = render_prompts(tokenizer, rows, val_rollout["prompt_length"], truncation)
+    n = val_rollout["val_kwargs"]["n"]
+    engine = HFRolloutEngine(
+        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
+    )
+    prompt_ids = [ids for _, ids in rendered for _ in range(n)]
+    with progress_bar(f"step {step} validate", total=len(prompt_ids)) as advance:
+        out = engine.generate(
+            prompt_ids, sampling_params(val_rollout | {"n": n}, validation=True), seed=step, on_batch=advance
+        )
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    index = [i for i in range(len(rows)) for _ in range(n)]
+    generated = [
+        {
+            "prompt_id": rows[i]["prompt_id"],
+            "sample_idx": j % n,
+            "data_source": rows[i]["data_source"],
+            "response_text": texts[j],
+        }
+        for j, i in enumerate(index)
+    ]
+    scored = score_rows(generated, {r["prompt_id"]: r["ground_truth"] for r in rows}, reward["weights"])
+    table = pa.Table.from_pydict(
+        {
+            "prompt_id": scored["prompt_id"],
+            "sample_idx": scored["sample_idx"],
+            "data_source": scored["data_source"],
+            "prompt_text": [rendered[i][0] for i in index],
+            "response_text": texts,
+            "response_length": [len(r) for r in out.response_ids],
+            "finish_reason": out.finish_reasons,
+            "ground_truth": scored["ground_truth"],
+            "score": scored["score"],
+            "components": scored["components"],
+            "error": scored["error"],
+        },
+        schema=SCHEMAS["validation"],
+    )
+    ref = write_table(table, run.path, stage_path(step, "validation"), SCHEMAS["validation"])
+    metrics = compute_validation_metrics(
+        table["data_source"].to_pylist(),
+        table["prompt_id"].to_pylist(),
+        table["score"].to_pylist(),
+        [dict(c) for c in table["components"].to_pylist()],
+    )
+    return StageResult(
+        "validation", (ref,), current_cache_key(), timer.seconds, tuple(sorted(metrics.items()))
+    )

@@ -1,0 +1,232 @@
+import math
+
+import pytest
+import torch
+
+from ppoflow.engine.metrics import (
+    compute_data_metrics,
+    compute_group_metrics,
+    compute_rollout_probs_diff,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    compute_validation_metrics,
+    reduce_update_steps,
+)
+
+NAN = math.nan
+# Row 0: full (3 tokens); row 1: padded after 2 tokens; row 2: empty. NaN at masked positions must not leak.
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]])
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def data_metrics(**overrides):
+    inputs = {
+        "scores": t([1.0, 0.0, 0.5]),
+        "token_level_rewards": t([[0, 0, 1], [0, -0.5, NAN], [NAN, NAN, NAN]]),
+        "advantages": t([[1, 2, 3], [-1, -2, NAN], [NAN, NAN, NAN]]),
+        "returns": t([[1, 1, 1], [0, 0, NAN], [NAN, NAN, NAN]]),
+        "response_mask": MASK,
+        "prompt_lengths": torch.tensor([4, 2, 4]),
+        "max_prompt_length": 4,
+        "max_response_length": 3,
+    }
+    return compute_data_metrics(**(inputs | overrides))
+
+
+def test_data_metrics_hand_computed():
+    values = t([[0.5, 0.5, 1], [0, 0.5, NAN], [NAN, NAN, NAN]])
+    metrics = data_metrics(values=values)
+    expected = {
+        "critic/score/mean": 0.5,
+        "critic/score/max": 1.0,
+        "critic/score/min": 0.0,
+        # sums over valid tokens [1, -0.5, 0]; the empty row counts with 0
+        "critic/rewards/mean": 0.5 / 3,
+        "critic/rewards/max": 1.0,
+        "critic/rewards/min": -0.5,
+        # valid tokens [1, 2, 3, -1, -2]
+        "critic/advantages/mean": 0.6,
+        "critic/advantages/max": 3.0,
+        "critic/advantages/min": -2.0,
+        # valid tokens [1, 1, 1, 0, 0]
+        "critic/returns/mean": 0.6,
+        "critic/returns/max": 1.0,
+        "critic/returns/min": 0.0,
+        # valid tokens [0.5, 0.5, 1, 0, 0.5]
+        "critic/values/mean": 0.5,
+        "critic/values/max": 1.0,
+        "critic/values/min": 0.0,
+        # Var(R) = 1.2 / 4 = 0.3; R − V = [0.5, 0.5, 0, 0, −0.5], Var = 0.7 / 4 = 0.175
+        "critic/vf_explained_var": 1 - 0.175 / (0.3 + 1e-5),
+        # lengths [3, 2, 0] with max 3
+        "response_length/mean": 5 / 3,
+        "response_length/max": 3.0,
+        "response_length/min": 0.0,
+        "response_length/clip_ratio": 1 / 3,
+        # lengths [4, 2, 4] with max 4
+        "prompt_length/mean": 10 / 3,
+        "prompt_length/max": 4.0,
+        "prompt_length/min": 2.0,
+        "prompt_length/clip_ratio": 2 / 3,
+    }
+    assert metrics.keys() == expected.keys()
+    assert metrics == pytest.approx(expected)
+    assert all(isinstance(value, float) for value in metrics.values())
+
+
+def test_data_metrics_without_critic_has_no_value_keys():
+    metrics = data_metrics()
+    assert not [key for key in metrics if key.startswith("critic/values") or key.endswith("explained_var")]
+    assert metrics["critic/advantages/mean"] == pytest.approx(0.6)
+
+
+def test_clip_ratios_count_rows_at_the_limit():
+    metrics = data_metrics(max_response_length=2, max_prompt_length=5)
+    assert metrics["response_length/clip_ratio"] == pytest.approx(1 / 3)  # only row 1 has exactly 2
+    assert metrics["prompt_length/clip_ratio"] == 0.0
+    assert data_metrics(response_mask=torch.ones(3, 3))["response_length/clip_ratio"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("returns", "values", "expected"),
+    [
+        ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 1.0),  # perfect critic
+        ([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], 1 - 1 / (1 + 1e-5)),  # Var(R − V) = Var(R) = 1
+        ([1.0, 1.0, 1.0], [0.0, 1.0, 2.0], 1 - 1 / 1e-5),  # constant returns: the huge negative symptom
+    ],
+)
+def test_explained_variance_hand_cases(returns, values, expected):
+    padded = [t([returns + [NAN]]), t([values + [NAN]])]
+    metrics = data_metrics(
+        scores=t([0.0]),
+        token_level_rewards=t([[0, 0, 0, 0]]),
+        advantages=t([[0, 0, 0, 0]]),
+        returns=padded[0],
+        values=padded[1],
+        response_mask=torch.tensor([[1, 1, 1, 0]]),
+        prompt_lengths=torch.tensor([1]),
+    )
+    assert metrics["critic/vf_explained_var"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_group_metrics_hand_computed():
+    scores = t([1, 0, 1, 1, 1, 1, 0])
+    group_id = torch.tensor([0, 0, 0, 1, 1, 1, 2])
+    metrics = compute_group_metrics(scores, group_id)
+    # groups 1 (all 1) and 2 (alone) have no spread
+    assert metrics["critic/score/zero_spread_group_ratio"] == pytest.approx(2 / 3)
+    # group 0: mean 2/3, Σ squared deviations 2/3, unbiased var 1/3; groups 1 and 2: std 0
+    assert metrics["critic/score/group_std_mean"] == pytest.approx(math.sqrt(1 / 3) / 3)
+
+
+def test_group_metrics_empty_batch():
+    metrics = compute_group_metrics(t([]), torch.tensor([], dtype=torch.long))
+    assert metrics == {"critic/score/zero_spread_group_ratio": 0.0, "critic/score/group_std_mean": 0.0}
+
+
+def test_timing_per_token():
+    metrics = compute_timing_metrics(
+        {"gen": 2.0, "update_actor": 1.0, "step": 4.0}, {"gen": 1000, "update_actor": 4000, "step": 0}
+    )
+    assert metrics == pytest.approx(
+        {
+            "timing_s/gen": 2.0,
+            "timing_s/update_actor": 1.0,
+            "timing_s/step": 4.0,
+            "timing_per_token_ms/gen": 2.0,
+            "timing_per_token_ms/update_actor": 0.25,
+        }
+    )
+
+
+def test_throughput():
+    metrics = compute_throughput_metrics(total_tokens=12000, step_seconds=3.0, n_devices=4)
+    assert metrics == {"perf/total_num_tokens": 12000.0, "perf/time_per_step": 3.0, "perf/throughput": 1000.0}
+    with pytest.raises(ValueError, match="n_devices"):
+        compute_throughput_metrics(total_tokens=1, step_seconds=1.0, n_devices=0)
+    with pytest.raises(ValueError, match="step_seconds"):
+        compute_throughput_metrics(total_tokens=1, step_seconds=0.0, n_devices=1)
+
+
+def test_rollout_probs_diff_hand_computed():
+    rollout = torch.log(t([[0.5, 0.2], [0.9, 0.3]]))
+    old = torch.log(t([[0.4, 0.2], [0.6, 0.9]]))
+    mask = torch.tensor([[1, 1], [1, 0]])  # the masked 0.6 gap must not count
+    metrics = compute_rollout_probs_diff(rollout, old, mask)
+    # diffs [0.1, 0, 0.3]: mean 2/15; squared deviations 1/900 + 16/900 + 25/900, unbiased var 21/900
+    assert metrics == pytest.approx(
+        {
+            "training/rollout_probs_diff_max": 0.3,
+            "training/rollout_probs_diff_mean": 2 / 15,
+            "training/rollout_probs_diff_std": math.sqrt(21 / 900),
+        }
+    )
+
+
+def test_reduce_update_steps_means_metrics_and_keeps_nan():
+    steps = [
+        {"actor/pg_loss": 1.0, "actor/grad_norm": 2.0, "critic/vf_loss": 5.0, "step": 0},
+        {"actor/pg_loss": 3.0, "actor/grad_norm": NAN, "step": 1},
+    ]
+    metrics = reduce_update_steps(steps)
+    assert metrics.keys() == {"actor/pg_loss", "actor/grad_norm", "critic/vf_loss"}
+    assert metrics["actor/pg_loss"] == 2.0
+    assert metrics["critic/vf_loss"] == 5.0  # averaged over the rows that hold it
+    assert math.isnan(metrics["actor/grad_norm"])
+
+
+def test_validation_one_sample_per_prompt():
+    metrics = compute_validation_metrics(
+        data_sources=["gsm8k", "gsm8k", "math"],
+        group_keys=["p1", "p2", "p3"],
+        scores=[1.0, 0.0, 0.5],
+        components=[{"format": 1.0}, {"format": 0.5}, {"format": 0.0}],
+    )
+    assert metrics == pytest.approx(
+        {
+            "val-core/gsm8k/reward/mean@1": 0.5,
+            "val-core/math/reward/mean@1": 0.5,
+            "val-aux/gsm8k/format/mean@1": 0.75,
+            "val-aux/math/format/mean@1": 0.0,
+        }
+    )
+
+
+def test_validation_two_samples_per_prompt_best_of_2():
+    metrics = compute_validation_metrics(
+        data_sources=["gsm8k"] * 4 + ["math"] * 2,
+        group_keys=["p1", "p1", "p2", "p2", "p3", "p3"],
+        scores=[1.0, 0.0, 0.0, 0.0, 1.0, 1.0],
+        components=[{"format": value} for value in [1.0, 1.0, 0.0, 1.0, 0.5, 0.5]],
+    )
+    assert metrics == pytest.approx(
+        {
+            "val-core/gsm8k/reward/mean@2": 0.25,
+            "val-core/gsm8k/reward/best@2/mean": 0.5,  # max of p1 is 1, of p2 is 0
+            "val-core/math/reward/mean@2": 1.0,
+            "val-core/math/reward/best@2/mean": 1.0,
+            "val-aux/gsm8k/format/mean@2": 0.75,
+            "val-aux/math/format/mean@2": 0.5,
+        }
+    )
+
+
+def test_validation_mixed_prompt_sizes_keep_core_at_largest_n():
+    metrics = compute_validation_metrics(
+        data_sources=["gsm8k"] * 3, group_keys=["p1", "p1", "p2"], scores=[1.0, 0.0, 1.0], components=[{}] * 3
+    )
+    assert metrics == pytest.approx(
+        {
+            "val-core/gsm8k/reward/mean@2": 0.5,
+            "val-core/gsm8k/reward/best@2/mean": 1.0,
+            "val-aux/gsm8k/reward/mean@1": 1.0,
+        }
+    )
+
+
+def test_validation_rejects_inconsistent_components():
+    with pytest.raises(ValueError, match="components"):
+        compute_validation_metrics(["a", "a"], ["p", "p"], [1.0, 0.0], [{"format": 1.0}, {"length": 1.0}])

@@ -1,0 +1,62 @@
+"""The `ppoflow` command line, as a user runs it (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+
+
+def ppoflow(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ppoflow", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_help_lists_the_commands():
+    out = ppoflow("--help")
+    assert out.returncode == 0
+    for command in ("train", "query", "config", "schema"):
+        assert command in out.stdout
+
+
+def test_config_prints_the_effective_config_with_overrides():
+    out = ppoflow("config", "actor_rollout_ref.actor.optim.lr=1e-5", "trainer.experiment_name=cli")
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["actor_rollout_ref"]["actor"]["optim"]["lr"] == 1e-5
+    assert cfg["trainer"]["experiment_name"] == "cli"
+    assert cfg["algorithm"]["adv_estimator"] == "gae"
+
+
+def test_bad_override_is_one_clear_line_and_exit_code_2():
+    out = ppoflow("train", "actor_rollout_ref.actor.optim.lrr=1e-5")
+    assert out.returncode == 2
+    assert "did you mean 'actor_rollout_ref.actor.optim.lr'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_query_prints_a_table_and_json(small_run):
+    run_dir, _, _ = small_run
+    sql = "SELECT iter, count(*) AS n FROM rollouts GROUP BY iter ORDER BY iter"
+    out = ppoflow("query", str(run_dir), sql)
+    assert out.returncode == 0, out.stderr
+    assert "iter" in out.stdout and "32" in out.stdout and "(2 rows)" in out.stdout
+    as_json = json.loads(ppoflow("query", str(run_dir), sql, "--format", "json").stdout)
+    assert as_json == [{"iter": 1, "n": 32}, {"iter": 2, "n": 32}]
+
+
+def test_query_errors_name_the_views(small_run):
+    run_dir, _, _ = small_run
+    out = ppoflow("query", str(run_dir), "SELECT * FROM rollout")
+    assert out.returncode == 2
+    assert "rollouts" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_schema_documents_the_tables():
+    listing = ppoflow("schema")
+    assert "rollouts" in listing.stdout and "advantages" in listing.stdout
+    rollouts = ppoflow("schema", "rollouts")
+    assert "old_log_probs" in rollouts.stdout and "response_ids" in rollouts.stdout

@@ -1,0 +1,132 @@
+"""The ppo-train flow under a real Prefect server: tables, invariants, metrics vs SQL, caching, GRPO."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prefect import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from safetensors.torch import load_file
+
+from ppoflow.tasks.catalog import check_invariants, query
+from ppoflow.tasks.schemas import SCHEMAS
+
+from .conftest import train
+
+
+def task_states(flow_run_id) -> dict[str, str]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {run.name: run.state.name for run in runs}
+
+
+def scalar(run_dir, sql):
+    return query(run_dir, sql)[1][0][0]
+
+
+def test_actor_and_critic_parameters_changed(small_run):
+    run_dir, summary, _ = small_run
+    base = load_file(run_dir / "model/base/model.safetensors")
+    final = load_file(run_dir / "checkpoints/iter=000002/actor/model.safetensors")
+    assert summary["actor_checkpoint"] == str(run_dir / "checkpoints/iter=000002/actor")
+    assert any(not torch.equal(base[k], final[k]) for k in base)
+    critic = load_file(run_dir / "checkpoints/iter=000002/critic/model.safetensors")
+    assert torch.count_nonzero(critic["score.weight"]) > 0  # the value head left its zero init
+
+
+def test_every_table_has_its_rows_and_schema(small_run):
+    run_dir, _, _ = small_run
+    # 2 iterations × 2 mini-batches × (4 actor epochs | 1 critic epoch, the embedded default)
+    expected = {
+        "rollouts": 64,
+        "rewards": 64,
+        "advantages": 64,
+        "validation": 300,
+        "metrics": 2,
+        "actor_update": 2 * 2 * 4,
+        "critic_update": 2 * 2 * 1,
+        "prompts": 2048 + 100,
+    }
+    for view, rows in expected.items():
+        assert scalar(run_dir, f"SELECT count(*) FROM {view}") == rows, view
+    for view in ("rollouts", "rewards", "advantages", "validation", "actor_update", "critic_update"):
+        columns = [row[0] for row in query(run_dir, f"DESCRIBE {view}")[1]]
+        assert columns == ["iter", *SCHEMAS[view].names], view
+    assert query(run_dir, "SELECT DISTINCT iter FROM rollouts ORDER BY iter")[1] == [(1,), (2,)]
+    assert query(run_dir, "SELECT DISTINCT iter FROM validation ORDER BY iter")[1] == [(0,), (1,), (2,)]
+    assert scalar(run_dir, "SELECT count(DISTINCT role) FROM updates") == 2
+    assert check_invariants(run_dir) == {}
+
+
+def test_metrics_match_sql_over_the_rows(small_run):
+    run_dir, _, _ = small_run
+    checks = {
+        "critic/score/mean": "SELECT iter, avg(score) FROM rewards GROUP BY iter",
+        "response_length/mean": "SELECT iter, avg(response_length) FROM rollouts GROUP BY iter",
+        "critic/advantages/mean": "SELECT iter, avg(a) FROM "
+        "(SELECT iter, unnest(advantages) a FROM advantages) GROUP BY iter",
+        "critic/returns/max": "SELECT iter, max(r) FROM "
+        "(SELECT iter, unnest(returns) r FROM advantages) GROUP BY iter",
+        "actor/pg_clipfrac": "SELECT iter, avg(pg_clipfrac) FROM actor_update GROUP BY iter",
+        "critic/vf_loss": "SELECT iter, avg(vf_loss) FROM critic_update GROUP BY iter",
+    }
+    for metric, sql in checks.items():
+        recomputed = dict(query(run_dir, sql)[1])
+        logged = dict(query(run_dir, f'SELECT iter, "{metric}" FROM metrics')[1])
+        assert logged.keys() == recomputed.keys() == {1, 2}, metric
+        for step, value in logged.items():
+            assert value == pytest.approx(recomputed[step], rel=1e-5, abs=1e-6), (metric, step)
+
+
+def test_rerunning_the_same_command_is_served_entirely_from_cache(small_run):
+    run_dir, summary, first_id = small_run
+    assert set(task_states(first_id).values()) == {"Completed"}
+    manifest = (run_dir / "iter=000002/_manifest.json").read_bytes()
+    again, second_id = train(run_dir)
+    states = task_states(second_id)
+    assert len(states) == len(task_states(first_id)) and set(states.values()) == {"Cached"}
+    assert again["val_scores"] == summary["val_scores"]
+    assert (run_dir / "iter=000002/_manifest.json").read_bytes() == manifest
+
+
+def test_deleted_artifact_is_a_cache_miss_and_is_rebuilt(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    (copy / "iter=000002/reward/part-00000.parquet").unlink()
+    again, flow_run_id = train(copy)
+    states = task_states(flow_run_id)
+    rebuilt = {name.rsplit("-", 1)[0] for name, state in states.items() if state == "Completed"}
+    assert "score_rewards" in rebuilt and "generate_rollouts" not in rebuilt
+    assert (copy / "iter=000002/reward/part-00000.parquet").is_file()
+    assert again["val_scores"] == summary["val_scores"]
+
+
+def test_grpo_runs_through_the_same_flow_without_critic(prefect_server, tiny_model_dir, tmp_path):
+    summary, _ = train(
+        tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=8",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "trainer.test_freq=2",
+    )
+    assert scalar(tmp_path, "SELECT count(*) FROM rollouts") == 2 * 8 * 8
+    assert scalar(tmp_path, "SELECT count(*) FROM critic_update") == 0
+    assert scalar(tmp_path, 'SELECT count(*) FROM advantages WHERE "values" IS NOT NULL') == 0
+    assert (
+        scalar(
+            tmp_path,
+            "SELECT max(n) FROM (SELECT count(DISTINCT group_id) n FROM rollouts GROUP BY iter, prompt_id)",
+        )
+        == 1
+    )
+    zero_spread = scalar(
+        tmp_path, 'SELECT "critic/score/zero_spread_group_ratio" FROM metrics WHERE iter = 1'
+    )
+    assert 0.0 <= zero_spread <= 1.0
+    assert not (tmp_path / "checkpoints/iter=000002/critic").exists()
+    assert len(summary["val_scores"]) == 2  # before training and at the last step (test_freq=2)
+    assert check_invariants(tmp_path) == {}
