@@ -14,6 +14,7 @@ from ppoflow.tasks.catalog import (
     connect_readonly,
     query,
     refresh_catalog,
+    refresh_catalog_if_stale,
     table_violations,
 )
 from ppoflow.tasks.schemas import SCHEMAS, empty_table, metrics_table
@@ -243,7 +244,25 @@ def test_refresh_while_a_reader_is_open_succeeds_and_the_reader_keeps_its_snapsh
         assert query(tmp_path, "SELECT count(*) FROM rejects")[1] == [(1,)]
     finally:
         reader.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalog.duckdb", "data", "iter=000001"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".catalog-tables.json",
+        "catalog.duckdb",
+        "data",
+        "iter=000001",
+    ]
+
+
+def test_refresh_if_stale_skips_unless_a_table_got_its_first_files(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    catalog = refresh_catalog_if_stale(tmp_path)
+    built = catalog.stat().st_mtime_ns
+    write_run(tmp_path, iterations=(2,))  # more files of tables that already had some: views see them
+    assert refresh_catalog_if_stale(tmp_path).stat().st_mtime_ns == built
+    assert query(tmp_path, "SELECT count(DISTINCT iter) FROM rollouts")[1] == [(2,)]
+    rejects = {"source": ["x.jsonl"], "line": [3], "reason": ["no prompt"], "raw": ["{}"]}
+    write_table(pa.table(rejects), tmp_path, "data/rejects.parquet", SCHEMAS["rejects"])
+    refresh_catalog_if_stale(tmp_path)
+    assert query(tmp_path, "SELECT count(*) FROM rejects")[1] == [(1,)]
 
 
 def _hold(path, read_only: bool) -> subprocess.Popen:
