@@ -1,7 +1,7 @@
 """Rollout engines: generate responses and the log-probs of the sampled tokens.
 
 `RolloutEngine` is the seam: the `transformers` implementation below runs anywhere (CPU or GPU);
-a vLLM implementation of the same interface lives in `vllm_rollout.py` and is imported lazily.
+a vLLM engine would implement the same protocol (and be imported lazily, only when configured).
 
 Conventions (ALGORITHMS.md): prompts are left-padded; a response stops at the first EOS, which is
 part of the response (its mask is 1); `rollout_log_probs[t]` is log softmax(logits / temperature) at

@@ -9,6 +9,7 @@ Metrics use verl's names; per-mini-batch values are averaged over the update.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,11 @@ class UpdateResult:
         return {name: sum(step[name] for step in self.steps) / len(self.steps) for name in names}
 
 
+def count_steps(n_rows: int, size: int, epochs: int) -> int:
+    """Optimizer steps an update takes (for progress reporting)."""
+    return epochs * -(-n_rows // size)
+
+
 def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: int):
     """(epoch, mini_batch, row ids), one per optimizer step: `epochs` passes in chunks of `size`."""
     generator = torch.Generator().manual_seed(seed)
@@ -89,6 +95,7 @@ def update_actor(
     advantages: torch.Tensor,
     ref_log_probs: torch.Tensor | None,
     settings: ActorUpdateSettings,
+    on_step: Callable[[int], None] | None = None,
 ) -> UpdateResult:
     """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step."""
     if settings.use_kl_loss and ref_log_probs is None:
@@ -133,6 +140,8 @@ def update_actor(
         step["actor/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
         step["actor/lr"] = optimizer.param_groups[0]["lr"]
         steps.append(dict(step))
+        if on_step is not None:
+            on_step(1)
     return UpdateResult(steps)
 
 
@@ -144,6 +153,7 @@ def update_critic(
     values: torch.Tensor,
     returns: torch.Tensor,
     settings: CriticUpdateSettings,
+    on_step: Callable[[int], None] | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto `returns`: one `critic/*` row per optimizer step."""
     critic.train()
@@ -176,4 +186,6 @@ def update_critic(
         step["critic/grad_norm"] = clip_and_step(critic, optimizer, s.grad_clip)
         step["critic/lr"] = optimizer.param_groups[0]["lr"]
         steps.append(dict(step))
+        if on_step is not None:
+            on_step(1)
     return UpdateResult(steps)

@@ -116,6 +116,19 @@ def rollout_stage(
     return StageResult("rollout", (ref,), current_cache_key(), timer.seconds, (("tokens", float(tokens)),))
 
 
+def rollout_engine(name: str, model, tokenizer) -> HFRolloutEngine:
+    """actor_rollout_ref.rollout.name: "hf" (transformers, CPU or GPU). The RolloutEngine protocol is
+    the seam for a vLLM engine; until one is wired in, asking for it is a clear error, not a fallback."""
+    if name != "hf":
+        raise NotImplementedError(
+            f"actor_rollout_ref.rollout.name={name}: ppoflow's {name} rollout engine is not available yet; "
+            "use actor_rollout_ref.rollout.name=hf (transformers)"
+        )
+    return HFRolloutEngine(
+        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
+    )
+
+
 def _eos_ids(tokenizer, model) -> list[int]:
     """EOS ids from the tokenizer and the model's generation config (chat models often have two)."""
     ids = {tokenizer.eos_token_id}

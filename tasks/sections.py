@@ -46,7 +46,7 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
         * n
         // world,
     }
-    val_rollout = {key: rollout[key] for key in ("prompt_length", "response_length", "val_kwargs")}
+    val_rollout = {key: rollout[key] for key in ("name", "prompt_length", "response_length", "val_kwargs")}
     return StageConfig(
         rollout=rollout,
         val_rollout=val_rollout,

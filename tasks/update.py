@@ -6,7 +6,12 @@ from __future__ import annotations
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings, update_actor, update_critic
+from ppoflow.engine.update import (
+    ActorUpdateSettings,
+    CriticUpdateSettings,
+    update_actor,
+    update_critic,
+)
 
 from .batches import sequence_batch, token_tensor
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, digest_of, stage_cache_key

@@ -7,12 +7,12 @@ import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.metrics import compute_validation_metrics
-from ppoflow.engine.rollout import HFRolloutEngine
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .console import progress_bar
+from .models import model_of, tokenizer_of
 from .reward import score_rows
-from .rollout import _eos_ids, render_prompts, sampling_params
+from .rollout import render_prompts, rollout_engine, sampling_params
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
 
@@ -28,20 +28,16 @@ def validation_stage(
     reward: dict,
 ) -> StageResult:
     """Generate val_kwargs.n answers per validation prompt with the actor of `step` and score them."""
-    from .models import model_of, tokenizer_of
-
     timer = StageTimer()
     rows = read_table(run.path, prompts).to_pylist()
     tokenizer, model = tokenizer_of(run, actor), model_of(run, actor)
     rendered = render_prompts(tokenizer, rows, val_rollout["prompt_length"], truncation)
     n = val_rollout["val_kwargs"]["n"]
-    engine = HFRolloutEngine(
-        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
-    )
+    engine = rollout_engine(val_rollout["name"], model, tokenizer)
     prompt_ids = [ids for _, ids in rendered for _ in range(n)]
     with progress_bar(f"step {step} validate", total=len(prompt_ids)) as advance:
         out = engine.generate(
-            prompt_ids, sampling_params(val_rollout | {"n": n}, validation=True), seed=step, on_batch=advance
+            prompt_ids, sampling_params(val_rollout, validation=True), seed=step, on_batch=advance
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     index = [i for i in range(len(rows)) for _ in range(n)]

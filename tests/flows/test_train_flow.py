@@ -130,3 +130,27 @@ def test_grpo_runs_through_the_same_flow_without_critic(prefect_server, tiny_mod
     assert not (tmp_path / "checkpoints/iter=000002/critic").exists()
     assert len(summary["val_scores"]) == 2  # before training and at the last step (test_freq=2)
     assert check_invariants(tmp_path) == {}
+
+
+def test_saved_actor_loads_in_plain_transformers_and_generates(small_run):
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    run_dir, _, _ = small_run
+    path = run_dir / "checkpoints/iter=000002/actor"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    ids = tokenizer("3 + 4 = ", return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    answer = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+    assert answer.strip().isdigit()
+
+
+def test_critic_warmup_updates_only_the_critic_first(prefect_server, tiny_model_dir, tmp_path):
+    train(tmp_path, "trainer.critic_warmup=1", "trainer.test_freq=2")
+    assert query(tmp_path, "SELECT DISTINCT iter FROM actor_update ORDER BY iter")[1] == [(2,)]
+    assert query(tmp_path, "SELECT DISTINCT iter FROM critic_update ORDER BY iter")[1] == [(1,), (2,)]
+    assert not (tmp_path / "checkpoints/iter=000001/actor").exists()
+    assert query(tmp_path, 'SELECT iter, "actor/pg_loss" IS NULL FROM metrics ORDER BY iter')[1] == [
+        (1, True), (2, False)]
+    # the actor that generated step 2 is still the base model
+    assert scalar(tmp_path, "SELECT DISTINCT policy_version FROM rollouts WHERE iter = 2") == 0
