@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 _NUMBER = re.compile(r"\d{1,3}")
 
@@ -37,3 +37,55 @@ def combine_components(components: Mapping[str, float], weights: Mapping[str, fl
             raise ValueError(f"reward component '{name}' is {value}")
         total += weight * value
     return total
+
+
+class InvalidRewardError(ValueError):
+    """A reward function returned something that is not a usable reward."""
+
+
+def score_of_result(result: object) -> tuple[float, dict[str, float]]:
+    """verl's convention for what a custom `compute_score` returns, as (score, components).
+
+    A number is the score (and the component "score"). A dict's "score" key is the score; every
+    numeric value in it (the score included) is a component, other values (strings, …) are dropped.
+    The score and every component must be finite; anything else raises InvalidRewardError.
+    """
+    if isinstance(result, Mapping):
+        score = _number(result.get("score"))
+        if score is None:
+            raise InvalidRewardError(
+                f"returned a dict without a numeric 'score' (keys: {sorted(map(str, result))})"
+            )
+        components = {str(k): v for k, v in ((k, _number(v)) for k, v in result.items()) if v is not None}
+    else:
+        score = _number(result)
+        if score is None:
+            raise InvalidRewardError(
+                f"returned {_preview(result)} ({type(result).__name__}); "
+                "expected a number or a dict with a numeric 'score'"
+            )
+        components = {"score": score}
+    for name, value in components.items():
+        if not math.isfinite(value):
+            raise InvalidRewardError(f"returned {value}" + ("" if name == "score" else f" for '{name}'"))
+    return score, components
+
+
+def error_rate(errors: Sequence[str | None]) -> float:
+    """Share of rows whose scoring failed (a non-null error); 0.0 for no rows."""
+    return sum(e is not None for e in errors) / len(errors) if errors else 0.0
+
+
+def _number(value: object) -> float | None:
+    """`value` as a float when it is a real number (bool, int, float, a numpy or 0-d torch scalar)."""
+    if isinstance(value, str | bytes) or not hasattr(type(value), "__float__"):
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+def _preview(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppoflow.tasks.advantage import advantage_stage
-from ppoflow.tasks.common import ModelState, Run, StageResult, run_stage
+from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState, run_stage
 from ppoflow.tasks.kl_control import next_kl_coef
 from ppoflow.tasks.metrics import metrics_stage
 from ppoflow.tasks.reward import reward_stage
@@ -13,16 +13,6 @@ from ppoflow.tasks.rollout import rollout_stage
 from ppoflow.tasks.sections import StageConfig
 from ppoflow.tasks.update import actor_update_stage, critic_update_stage
 from ppoflow.tasks.validation import validation_stage
-
-
-@dataclass(frozen=True)
-class TrainState:
-    """What one iteration hands the next: model states and the KL coefficient β."""
-
-    actor: ModelState
-    critic: ModelState | None
-    reference: ModelState | None
-    kl_coef: float
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,20 @@ from __future__ import annotations
 from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
-from ppoflow.flows.iteration import Datasets, TrainState, ppo_iteration, validate
-from ppoflow.tasks.common import run_stage
+from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
+from ppoflow.tasks.common import Run, TrainState, run_stage
 from ppoflow.tasks.console import report_iteration, report_run
+from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, source_digest
 from ppoflow.tasks.prepare import (
+    close_run,
     critic_state,
     finish_run,
-    ingest_prompts,
     open_run,
     prepare_model,
     set_torch_threads,
-    source_digest,
 )
 from ppoflow.tasks.sections import stage_config, total_training_steps
+from ppoflow.tasks.trainer_state import data_position, record_trainer_state, resume_state
 
 
 @flow(name="ppo-train", log_prints=False)
@@ -29,14 +30,29 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 def train(cfg: PPOFlowConfig) -> dict:
     set_torch_threads(cfg.trainer.num_threads)
-    run = open_run(cfg.run_dir, cfg.to_yaml())
+    run = open_run(cfg.run_dir, cfg.to_yaml(), recompute=cfg.trainer.resume_mode == "disable")
+    try:
+        return _train(run, cfg)
+    finally:
+        close_run(run)
+
+
+def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     sc = stage_config(cfg)
     base, _ = run_stage(
         prepare_model, run, model_path=cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed
     )
     data = Datasets(
         *(
-            run_stage(ingest_prompts, run, files=files, split=split, source_digest=source_digest(files))[0]
+            run_stage(
+                ingest_prompts,
+                run,
+                files=files,
+                split=split,
+                source_digest=source_digest(files),
+                data=ingest_settings(cfg.data),
+                tokenizer_state=base,
+            )[0]
             for files, split in ((cfg.data.train_files, "train"), (cfg.data.val_files, "val"))
         )
     )
@@ -47,10 +63,14 @@ def train(cfg: PPOFlowConfig) -> dict:
         reference=base if sc.use_reference else None,
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )
+    first = 1
+    if cfg.trainer.resume_mode == "resume_path":
+        first, state = resume_state(cfg.trainer.resume_from_path, state)
     history = []
-    if sc.val_before_train:
+    if sc.val_before_train and first == 1:
         history.append(report_iteration(0, total, validate(run, sc, 0, base, data)))
-    for step in range(1, total + 1):
+    for step in range(first, total + 1):
         state, metrics = ppo_iteration(run, sc, step, total, state, data, cfg.world_size)
+        record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
         history.append(report_iteration(step, total, metrics))
     return report_run(finish_run(run), state.actor, history)

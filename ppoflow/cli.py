@@ -96,8 +96,14 @@ def _train(args) -> int:
 
         transformers_logging.disable_progress_bar()
     from ppoflow.flows.train import ppo_train
+    from ppoflow.tasks.lock import RunLocked
+    from ppoflow.tasks.models import StateUnavailable
 
-    ppo_train(args.config, args.overrides)
+    try:
+        ppo_train(args.config, args.overrides)
+    except (RunLocked, StateUnavailable) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -13,6 +13,7 @@ from ppoflow.engine.ppo import AdvantageSettings, compute_advantage_stage
 
 from .batches import as_lists, sequence_batch, token_tensor
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
+from .faults import inject_fault
 from .models import model_of, tokenizer_of
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
@@ -72,6 +73,7 @@ def advantage_stage(
         "kl": as_lists(kl, mask) if kl is not None else [None] * table.num_rows,
         "train_weight": _train_weights(scores, algorithm, seed * 1_000_003 + step),
     }
+    inject_fault("advantage", step)
     table_out = pa.Table.from_pydict(columns, schema=SCHEMAS["advantages"])
     ref_out = write_table(table_out, run.path, stage_path(step, "advantage"), SCHEMAS["advantages"])
     values_out = (("current_kl", result.current_kl),) if result.current_kl is not None else ()

@@ -20,15 +20,18 @@ from typing import Any
 
 from .storage import ArtifactRef, artifact_is_valid
 
-ENGINE_DIR = Path(__file__).resolve().parent.parent / "engine"
+TASKS_DIR = Path(__file__).resolve().parent
+ENGINE_DIR = TASKS_DIR.parent / "engine"
 RESULTS_DIR = ".prefect-results"
 
 
 @dataclass(frozen=True)
 class Run:
-    """The run directory (absolute) and the seed everything derives from. Not part of cache keys."""
+    """The run directory (absolute). Not part of cache keys, so a moved run keeps its cache;
+    `recompute` (trainer.resume_mode=disable) makes every stage run again instead of resuming."""
 
     run_dir: str
+    recompute: bool = False
 
     @property
     def path(self) -> Path:
@@ -37,13 +40,46 @@ class Run:
 
 @dataclass(frozen=True)
 class ModelState:
-    """One version of a trained model: `lineage` hashes the parent state's lineage and what it was
-    updated on (DESIGN.md "Identity"); `checkpoint` is its directory relative to the run, if saved."""
+    """One version of a trained model. `lineage` hashes the parent state's lineage and what it was
+    updated on (DESIGN.md "Identity"); `checkpoint` is its directory relative to the run (absolute for
+    a base model used in place) and `checkpoint_digest` the digest of its weights and optimizer files,
+    when saved; `origin` is the update that produced it, so a state that was not saved (or whose
+    files were lost) can be rebuilt by replaying that update from its parent."""
 
     role: str
     lineage: str
     step: int
     checkpoint: str | None
+    checkpoint_digest: str | None = None
+    origin: UpdateInputs | None = None
+
+    def detached(self) -> ModelState:
+        """This state without its replay history (a saved parent need not carry its own)."""
+        return dataclasses.replace(self, origin=None)
+
+
+@dataclass(frozen=True)
+class UpdateInputs:
+    """Everything an update stage consumed: enough to replay it bit for bit."""
+
+    parent: ModelState
+    step: int
+    rollouts: ArtifactRef
+    advantages: ArtifactRef
+    config: dict
+    batching: dict
+    temperature: float
+    total_steps: int
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What one iteration hands the next: model states and the KL coefficient β."""
+
+    actor: ModelState
+    critic: ModelState | None
+    reference: ModelState | None
+    kl_coef: float
 
 
 @dataclass(frozen=True)
@@ -92,9 +128,11 @@ def digest_of(*parts: Any) -> str:
 
 @functools.cache
 def code_hash(module_file: str) -> str:
-    """Hash of every engine source file plus the task module's own source."""
+    """Hash of every engine and task source file (a stage's code is its module and every helper it
+    calls, which a per-module hash would miss), plus `module_file` when it lies elsewhere."""
     h = hashlib.sha256()
-    for path in sorted(ENGINE_DIR.rglob("*.py")) + [Path(module_file)]:
+    files = sorted(ENGINE_DIR.rglob("*.py")) + sorted(TASKS_DIR.rglob("*.py"))
+    for path in dict.fromkeys([*files, Path(module_file).resolve()]):
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -142,7 +180,9 @@ def outputs_valid(run: Run, result: Any) -> bool:
 def run_stage(task, run: Run, **parameters: Any):
     """Call a stage task with the run's result storage. A cached result whose files are gone or
     altered is a miss: the task runs again with `refresh_cache`. Returns (result, was_cached)."""
-    bound = task.with_options(result_storage=run.path / RESULTS_DIR, persist_result=True)
+    bound = task.with_options(
+        result_storage=run.path / RESULTS_DIR, persist_result=True, refresh_cache=run.recompute or None
+    )
     state = bound(run=run, **parameters, return_state=True)
     result = state.result()
     if state.name == "Cached" and not outputs_valid(run, result):

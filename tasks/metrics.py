@@ -18,6 +18,7 @@ from ppoflow.engine.ppo import pad_rows
 
 from .catalog import refresh_catalog_if_stale
 from .common import Run, StageResult, StageTimer, current_cache_key, stage_cache_key
+from .reward import reward_error_metrics
 from .schemas import metrics_table
 from .storage import read_table, stage_path, write_manifest, write_table
 
@@ -30,7 +31,8 @@ def _data_metrics(
     lengths = rollouts["response_length"].to_pylist()
     width = max(lengths, default=0)
     mask = pad_rows([[1.0] * n for n in lengths], width)
-    scores = torch.tensor(read_table(run.path, reward.ref)["score"].to_pylist(), dtype=torch.float64)
+    rewards = read_table(run.path, reward.ref)
+    scores = torch.tensor(rewards["score"].to_pylist(), dtype=torch.float64)
     values = adv["values"].to_pylist()
     metrics = compute_data_metrics(
         scores=scores,
@@ -43,6 +45,7 @@ def _data_metrics(
         max_response_length=limits["response_length"],
         values=None if values[0] is None else pad_rows(values, width),
     )
+    metrics |= reward_error_metrics(rewards)
     metrics |= compute_group_metrics(scores, torch.tensor(rollouts["group_id"].to_pylist()))
     metrics |= compute_rollout_probs_diff(
         pad_rows(rollouts["rollout_log_probs"].to_pylist(), width),

@@ -8,6 +8,7 @@ memory (a resumed run, a stage served from cache) is loaded from its checkpoint 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import tempfile
@@ -20,7 +21,8 @@ from ppoflow.engine.models import load_actor, load_critic, load_reference, load_
 from ppoflow.engine.optim import OptimSettings, build_optimizer, resolve_warmup_steps
 
 from .common import ModelState, Run
-from .storage import timed_io
+from .faults import inject_fault
+from .storage import file_digest, timed_io
 
 
 @dataclass
@@ -48,16 +50,58 @@ def optim_settings(optim: dict, total_steps: int) -> OptimSettings:
     )
 
 
+class StateUnavailable(FileNotFoundError):
+    """A model state that is neither in memory nor in an intact checkpoint."""
+
+
 def model_dir(run: Run, state: ModelState) -> Path:
     if state.checkpoint is None:
-        raise FileNotFoundError(
+        raise StateUnavailable(
             f"{state.role} state of step {state.step} was not saved (trainer.save_freq) and is not in memory"
         )
     return run.path / state.checkpoint
 
 
+def optim_path(directory: Path) -> Path:
+    """checkpoints/iter=k/<role>.optim.pt beside the model directory."""
+    return directory.parent / f"{directory.name}.optim.pt"
+
+
+def checkpoint_digest(directory: Path) -> str:
+    """sha256 over the weights, the model config and the optimizer state of a checkpoint."""
+    h = hashlib.sha256()
+    files = sorted(directory.glob("*.safetensors")) + [directory / "config.json", optim_path(directory)]
+    for path in files:
+        h.update(path.name.encode())
+        h.update(file_digest(path).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def _verified_dir(run: Run, state: ModelState) -> Path:
+    """The state's checkpoint directory, after checking its files against the recorded digest."""
+    directory = model_dir(run, state)
+    if not (directory / "config.json").is_file():
+        raise StateUnavailable(f"checkpoint {directory} of the {state.role} at step {state.step} is missing")
+    if state.checkpoint_digest is not None:
+        try:
+            actual = checkpoint_digest(directory)
+        except OSError as error:
+            raise StateUnavailable(f"checkpoint {directory} is incomplete: {error}") from error
+        if actual != state.checkpoint_digest:
+            raise StateUnavailable(f"checkpoint {directory} was altered or truncated (digest mismatch)")
+    return directory
+
+
+def live_value(run: Run, state: ModelState) -> Trainable | None:
+    live = _LIVE.get((run.run_dir, state.role))
+    return live[1] if live is not None and live[0] == state.lineage else None
+
+
 def tokenizer_of(run: Run, state: ModelState):
-    """The tokenizer saved with `state` (every checkpoint carries the base model's tokenizer)."""
+    """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
+    changes the tokenizer, and every checkpoint carries the base model's)."""
+    while state.checkpoint is None and state.origin is not None:
+        state = state.origin.parent
     return _tokenizer_at(str(model_dir(run, state)))
 
 
@@ -66,17 +110,17 @@ def _tokenizer_at(directory: str):
     return load_tokenizer(directory)
 
 
-def trainable(run: Run, state: ModelState, settings: OptimSettings) -> Trainable:
-    """The model, optimizer and LR schedule of `state`: from memory, else from its checkpoint."""
-    live = _LIVE.get((run.run_dir, state.role))
-    if live is not None and live[0] == state.lineage:
-        return live[1]
-    directory = model_dir(run, state)
+def load_trainable(run: Run, state: ModelState, settings: OptimSettings) -> Trainable:
+    """The model, optimizer and LR schedule of `state`: from memory, else from its intact checkpoint
+    (raises StateUnavailable otherwise; `tasks.training.materialize` then replays)."""
+    live = live_value(run, state)
+    if live is not None:
+        return live
+    directory = _verified_dir(run, state)
     model = load_critic(directory) if state.role == "critic" else load_actor(directory)
     optimizer, scheduler = build_optimizer(model, settings)
-    optim_file = directory.parent / f"{state.role}.optim.pt"
-    if state.step > 0 and optim_file.is_file():
-        saved = torch.load(optim_file, weights_only=True)
+    if state.step > 0:
+        saved = torch.load(optim_path(directory), weights_only=True)
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
     result = Trainable(model, optimizer, scheduler)
@@ -98,37 +142,49 @@ def reference_model(run: Run, state: ModelState) -> torch.nn.Module:
 
 
 def model_of(run: Run, state: ModelState) -> torch.nn.Module:
-    """The model of `state` for inference only: the live one, else loaded from its checkpoint."""
-    live = _LIVE.get((run.run_dir, state.role))
-    if live is not None and live[0] == state.lineage:
-        return live[1].model
-    directory = model_dir(run, state)
+    """The model of `state` for inference: the live one, else its intact checkpoint, else rebuilt
+    by replaying the updates since the last intact checkpoint."""
+    live = live_value(run, state)
+    if live is not None:
+        return live.model
+    try:
+        directory = _verified_dir(run, state)
+    except StateUnavailable:
+        if state.origin is None:
+            raise
+        from .training import materialize, replay_settings  # training builds on this module
+
+        return materialize(run, state, replay_settings(state)).model
     return load_critic(directory) if state.role == "critic" else load_actor(directory)
 
 
 @timed_io
-def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer) -> str:
-    """Write checkpoints/iter=NNNNNN/<role>/ (an HF directory with tokenizer) and <role>.optim.pt
-    atomically; returns the directory relative to the run."""
+def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer) -> tuple[str, str]:
+    """Write checkpoints/iter=NNNNNN/<role>/ (an HF directory with tokenizer) and <role>.optim.pt;
+    returns (directory relative to the run, checkpoint digest). Files are staged and renamed into
+    place; a crash in between leaves a checkpoint whose digest does not match, which is never used."""
     relative = f"checkpoints/iter={step:06d}/{role}"
     final = run.path / relative
     final.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
+        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
+    optim_tmp = final.parent / f".{role}.optim.pt.tmp"
     try:
         value.model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        optim_tmp = final.parent / f".{role}.optim.pt.tmp"
-        torch.save(
-            {"optimizer": value.optimizer.state_dict(), "scheduler": value.scheduler.state_dict()}, optim_tmp
-        )
+        state = {"optimizer": value.optimizer.state_dict(), "scheduler": value.scheduler.state_dict()}
+        torch.save(state, optim_tmp)
+        inject_fault("checkpoint", step)
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-        os.replace(optim_tmp, final.parent / f"{role}.optim.pt")
+        os.replace(optim_tmp, optim_path(final))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        optim_tmp.unlink(missing_ok=True)
         raise
-    return relative
+    return relative, checkpoint_digest(final)
 
 
 def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
@@ -138,4 +194,4 @@ def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
     saved = sorted((run.path / "checkpoints").glob(f"iter=*/{role}"))
     for directory in saved[:-keep]:
         shutil.rmtree(directory, ignore_errors=True)
-        (directory.parent / f"{role}.optim.pt").unlink(missing_ok=True)
+        optim_path(directory).unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Before the first iteration: the run directory, the base model, and the prompt tables."""
+"""Before the first iteration: the run directory and the base model (prompts: tasks/ingest.py)."""
 
 from __future__ import annotations
 
@@ -9,48 +9,28 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from prefect import task
 
-from ppoflow.engine.tiny import (
-    ADDITION_DATA_SOURCE,
-    all_addition_problems,
-    build_tiny_model,
-    build_tiny_tokenizer,
-    sample_addition_problems,
-    warm_start,
-)
+from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 
 from .catalog import refresh_catalog
-from .common import (
-    ModelState,
-    Run,
-    StageResult,
-    StageTimer,
-    code_hash,
-    current_cache_key,
-    digest_of,
-    stage_cache_key,
-)
-from .schemas import SCHEMAS
-from .storage import write_table
+from .common import ModelState, Run, code_hash, digest_of, stage_cache_key
+from .lock import acquire_run_lock, release_run_lock
+from .storage import write_text_atomic
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 BUILTIN_DATA = "builtin:addition"
 BUILTIN_TRAIN_ROWS = 2048
 
 
-def open_run(run_dir: str | Path, config_yaml: str) -> Run:
-    """Create the run directory and write its effective config (config.yaml)."""
+def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False) -> Run:
+    """Take the run directory's lock (one writer per run) and write its effective config
+    (config.yaml). `recompute` (trainer.resume_mode=disable) runs every stage again."""
     path = Path(run_dir).resolve()
     path.mkdir(parents=True, exist_ok=True)
-    target = path / "config.yaml"
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=".config.")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(config_yaml)
-    os.replace(tmp, target)
-    return Run(str(path))
+    acquire_run_lock(path)
+    write_text_atomic(path / "config.yaml", config_yaml)
+    return Run(str(path), recompute=recompute)
 
 
 def cache_root() -> Path:
@@ -108,82 +88,6 @@ def _directory_digest(directory: Path) -> str:
     return h.hexdigest()
 
 
-@task(name="ingest_prompts", cache_key_fn=stage_cache_key)
-def ingest_prompts(run: Run, files: str | list[str], split: str, source_digest: str) -> StageResult:
-    """JSON/JSONL/parquet prompts (or the built-in task) → data/<split>.parquet."""
-    timer = StageTimer()
-    table = _builtin_prompts(split) if files == BUILTIN_DATA else _file_prompts(files, split)
-    ref = write_table(table, run.path, f"data/{split}.parquet", SCHEMAS["prompts"])
-    return StageResult("ingest", (ref,), current_cache_key(), timer.seconds)
-
-
-def source_digest(files: str | list[str]) -> str:
-    """Identity of the input files (their bytes), so an edited data file is a cache miss."""
-    if files == BUILTIN_DATA:
-        return BUILTIN_DATA
-    h = hashlib.sha256()
-    for name in [files] if isinstance(files, str) else files:
-        h.update(Path(name).read_bytes())
-    return h.hexdigest()
-
-
-def _builtin_prompts(split: str) -> pa.Table:
-    problems = (
-        all_addition_problems() if split == "val" else sample_addition_problems(BUILTIN_TRAIN_ROWS, seed=0)
-    )
-    rows = [
-        {
-            "prompt_id": f"{split}-{i}",
-            "split": split,
-            "row_index": i,
-            "data_source": ADDITION_DATA_SOURCE,
-            "ability": "arithmetic",
-            "prompt_text": p.prompt,
-            "prompt_messages": None,
-            "ground_truth": p.answer,
-            "extra_info": json.dumps({"a": p.a, "b": p.b, "index": i}),
-        }
-        for i, p in enumerate(problems)
-    ]
-    return pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
-
-
-def _file_prompts(files: str | list[str], split: str) -> pa.Table:
-    """verl's dataset schema: prompt (chat messages or text), data_source, ability,
-    reward_model.ground_truth, extra_info."""
-    records: list[dict] = []
-    for name in [files] if isinstance(files, str) else files:
-        records += _read_records(Path(name))
-    rows = []
-    for i, record in enumerate(records):
-        prompt = record.get("prompt")
-        reward_model = record.get("reward_model") or {}
-        rows.append(
-            {
-                "prompt_id": f"{split}-{i}",
-                "split": split,
-                "row_index": i,
-                "data_source": str(record.get("data_source", "unknown")),
-                "ability": str(record.get("ability", "")),
-                "prompt_text": prompt if isinstance(prompt, str) else None,
-                "prompt_messages": list(prompt) if not isinstance(prompt, str) else None,
-                "ground_truth": str(reward_model.get("ground_truth", "")),
-                "extra_info": json.dumps(record.get("extra_info") or {}, default=str),
-            }
-        )
-    return pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
-
-
-def _read_records(path: Path) -> list[dict]:
-    if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        data = json.loads(text)
-        return data if isinstance(data, list) else [data]
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def critic_state(base: ModelState) -> ModelState:
     """The initial critic: the base model's backbone with a new, zero value head."""
     return ModelState(
@@ -195,6 +99,11 @@ def finish_run(run: Run) -> Run:
     """Refresh the catalog once more (a fully cached run wrote no new iteration)."""
     refresh_catalog(run.path)
     return run
+
+
+def close_run(run: Run) -> None:
+    """Release the run directory's lock (also after a failure)."""
+    release_run_lock(run.path)
 
 
 def set_torch_threads(num_threads: int | None) -> None:

@@ -1,16 +1,22 @@
-"""Stage 2: score each response → iter=N/reward/part-00000.parquet (score and its components)."""
+"""Stage 2: score each response → iter=N/reward/part-00000.parquet (score, its components, errors).
+
+A row whose reward function raises, returns a non-number or NaN, or times out gets an `error`;
+reward.on_error decides whether that fails the stage ("fail") or scores the row 0 ("zero").
+"""
 
 from __future__ import annotations
 
-import math
+import json
 
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.rewards import addition_components, combine_components
+from ppoflow.engine.rewards import addition_components, combine_components, error_rate
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 
 from .common import Run, StageResult, StageTimer, current_cache_key, stage_cache_key
+from .faults import inject_fault
+from .reward_runner import RewardCall, RewardFunctionError, Scored, run_custom_reward
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
 
@@ -26,29 +32,54 @@ def reward_components(data_source: str, response: str, ground_truth: str) -> dic
             )
 
 
-def score_rows(rows: list[dict], ground_truths: dict[str, str], weights: dict[str, float]) -> pa.Table:
-    """One reward row per response: score = Σ weight·component."""
-    out = {
-        name: []
-        for name in ("prompt_id", "sample_idx", "data_source", "ground_truth", "score", "components", "error")
-    }
-    for row in rows:
-        truth = ground_truths[row["prompt_id"]]
-        components = reward_components(row["data_source"], row["response_text"], truth)
-        score = combine_components(components, weights)
-        if not math.isfinite(score):
-            raise ValueError(f"reward of {row['prompt_id']}#{row['sample_idx']} is {score}")
-        for name, value in (
-            ("prompt_id", row["prompt_id"]),
-            ("sample_idx", row["sample_idx"]),
-            ("data_source", row["data_source"]),
-            ("ground_truth", truth),
-            ("score", score),
-            ("components", list(components.items())),
-            ("error", None),
-        ):
-            out[name].append(value)
-    return pa.Table.from_pydict(out, schema=SCHEMAS["rewards"])
+def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.Table:
+    """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
+    against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
+    the custom reward function if one is configured, else by the data source's built-in reward
+    weighted by reward["weights"]. Failing rows follow reward["on_error"]."""
+    calls = [
+        RewardCall(
+            row["data_source"],
+            row["response_text"],
+            prompts[row["prompt_id"]]["ground_truth"],
+            _extra_info(prompts[row["prompt_id"]].get("extra_info")),
+        )
+        for row in rows
+    ]
+    fail = reward.get("on_error", "fail") == "fail"
+    custom = reward.get("custom_function")
+    if custom is not None:
+        outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
+    else:
+        outcomes = [_builtin(call, reward["weights"]) for call in calls]
+    if fail:
+        _raise_on_failures(rows, outcomes)
+    return pa.Table.from_pydict(
+        {
+            "prompt_id": [row["prompt_id"] for row in rows],
+            "sample_idx": [row["sample_idx"] for row in rows],
+            "data_source": [call.data_source for call in calls],
+            "ground_truth": [call.ground_truth for call in calls],
+            "score": [o.score for o in outcomes],
+            "components": [list(o.components.items()) for o in outcomes],
+            "error": [o.error for o in outcomes],
+        },
+        schema=SCHEMAS["rewards"],
+    )
+
+
+def reward_error_metrics(scored: pa.Table, prefix: str = "reward") -> dict[str, float]:
+    """`{prefix}/error_rate`: the share of rows of a rewards (or validation) table with an error."""
+    return {f"{prefix}/error_rate": error_rate(scored["error"].to_pylist())}
+
+
+def aligned_components(scored: pa.Table) -> list[dict[str, float]]:
+    """Each row's components restricted to the names every scored row has (a row with an error
+    counts 0 for them), so per-component means compare like with like."""
+    rows = [dict(c) for c in scored["components"].to_pylist()]
+    ok = [c for c, error in zip(rows, scored["error"].to_pylist(), strict=True) if error is None]
+    names = [n for n in (ok[0] if ok else {}) if all(n in c for c in ok)]
+    return [{n: c.get(n, 0.0) for n in names} for c in rows]
 
 
 @task(name="score_rewards", cache_key_fn=stage_cache_key)
@@ -62,12 +93,39 @@ def reward_stage(
         .select(["prompt_id", "sample_idx", "data_source", "response_text"])
         .to_pylist()
     )
-    truths = _ground_truths(run, prompts)
-    table = score_rows(rows, truths, reward["weights"])
+    references = read_table(run.path, prompts).select(["prompt_id", "ground_truth", "extra_info"])
+    table = score_rows(rows, {r["prompt_id"]: r for r in references.to_pylist()}, reward)
+    inject_fault("reward", step)
     ref = write_table(table, run.path, stage_path(step, "reward"), SCHEMAS["rewards"])
     return StageResult("reward", (ref,), current_cache_key(), timer.seconds)
 
 
-def _ground_truths(run: Run, prompts: ArtifactRef) -> dict[str, str]:
-    table = read_table(run.path, prompts).select(["prompt_id", "ground_truth"])
-    return dict(zip(table["prompt_id"].to_pylist(), table["ground_truth"].to_pylist(), strict=True))
+def _builtin(call: RewardCall, weights: dict[str, float]) -> Scored:
+    """The fast path, in process: the data source's components, weighted."""
+    try:
+        components = reward_components(call.data_source, call.solution_str, call.ground_truth)
+        return Scored(combine_components(components, weights), components)
+    except Exception as exc:
+        return Scored.failed(f"{type(exc).__name__}: {exc}")
+
+
+def _extra_info(text: str | None):
+    """The prompts table keeps extra_info as JSON text; verl passes the parsed value (a dict)."""
+    return json.loads(text) if text else {}
+
+
+def _raise_on_failures(rows: list[dict], outcomes: list[Scored | None]) -> None:
+    failed = [(row, o) for row, o in zip(rows, outcomes, strict=True) if o is not None and o.error]
+    if not failed:
+        return
+    row, first = failed[0]
+    scored = sum(o is not None for o in outcomes)
+    of = f"{len(rows)} rows" if scored == len(rows) else f"the first {scored} of {len(rows)} rows"
+    stopped = "" if scored == len(rows) else " (scoring stops at the first timeout)"
+    fix = "set reward.on_error=zero to score such rows 0 and continue (the table keeps each row's error)"
+    if first.timed_out:
+        fix = f"raise reward.timeout_s if the reward is only slow, or {fix}"
+    raise RewardFunctionError(
+        f"reward failed on {len(failed)} of {of}{stopped}; first: prompt_id={row['prompt_id']} "
+        f"sample_idx={row['sample_idx']}: {first.error}. To go on, {fix}."
+    )

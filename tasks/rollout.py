@@ -11,9 +11,25 @@ from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .console import progress_bar
+from .faults import inject_fault
 from .models import model_of, reference_model, tokenizer_of
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
+
+
+def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
+    """Untruncated token ids of a prompt as the model sees it (chat template applied to message
+    prompts), or why it cannot be rendered. Shared by ingest (which measures) and rollout."""
+    try:
+        if row["prompt_messages"] is not None:
+            text = tokenizer.apply_chat_template(
+                row["prompt_messages"], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = row["prompt_text"]
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
+        return f"cannot render the prompt: {type(exc).__name__}: {exc}"
 
 
 def render_prompts(
@@ -22,13 +38,10 @@ def render_prompts(
     """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
     rendered = []
     for row in rows:
-        if row["prompt_messages"] is not None:
-            text = tokenizer.apply_chat_template(
-                row["prompt_messages"], add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = row["prompt_text"]
-        ids = truncate_prompt(tokenizer(text, add_special_tokens=False)["input_ids"], max_length, truncation)
+        ids = prompt_token_ids(tokenizer, row)
+        if isinstance(ids, str):
+            raise ValueError(f"prompt {row['prompt_id']}: {ids}")
+        ids = truncate_prompt(ids, max_length, truncation)
         if ids is None:
             raise ValueError(
                 f"prompt {row['prompt_id']} is longer than data.max_prompt_length={max_length} tokens "
@@ -110,6 +123,7 @@ def rollout_stage(
         "policy_version": [actor.step] * len(texts),
         "seed": [rollout_seed] * len(texts),
     }
+    inject_fault("rollout", step)
     table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
     ref = write_table(table, run.path, stage_path(step, "rollout"), SCHEMAS["rollouts"])
     tokens = sum(columns["response_length"])

@@ -194,7 +194,8 @@ TABLE_DOCS: dict[str, str] = {
 TABLES: tuple[str, ...] = tuple(TABLE_DOCS)
 DATA_FILES: dict[str, tuple[str, ...]] = {
     "prompts": ("data/train.parquet", "data/val.parquet"),
-    "rejects": ("data/rejects.parquet",),
+    # ingest writes one file per split; data/rejects.parquet is the single-file layout DESIGN.md names
+    "rejects": ("data/rejects_train.parquet", "data/rejects_val.parquet", "data/rejects.parquet"),
 }
 STAGES: dict[str, str] = {
     "rollouts": "rollout",

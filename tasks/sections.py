@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.engine.data import steps_per_epoch
 
+from .reward_runner import custom_function_section
+
 
 @dataclass(frozen=True)
 class StageConfig:
@@ -54,7 +56,15 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
         actor=actor,
         critic=cfg.critic.model_dump(mode="json"),
         algorithm=cfg.algorithm.model_dump(mode="json"),
-        reward={"weights": cfg.reward.weights, "reward_fn_key": cfg.data.reward_fn_key},
+        reward={
+            "weights": cfg.reward.weights,
+            "reward_fn_key": cfg.data.reward_fn_key,
+            "timeout_s": cfg.reward.timeout_s,
+            "on_error": cfg.reward.on_error,
+            "custom_function": custom_function_section(
+                cfg.custom_reward_function.path, cfg.custom_reward_function.name
+            ),
+        },
         trainer={
             "max_actor_ckpt_to_keep": cfg.trainer.max_actor_ckpt_to_keep,
             "max_critic_ckpt_to_keep": cfg.trainer.max_critic_ckpt_to_keep,

@@ -37,6 +37,7 @@ __all__ = [
     "stage_path",
     "stage_refs",
     "write_json_atomic",
+    "write_text_atomic",
     "write_manifest",
     "write_table",
 ]
@@ -171,6 +172,11 @@ def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
         return file_digest(Path(run_dir) / ref.path) == ref.digest
     except OSError:
         return False
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file with the same temp-file, fsync and rename as every artifact."""
+    _atomic_write(Path(path), lambda f: f.write(text.encode()))
 
 
 @timed_io

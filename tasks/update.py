@@ -6,66 +6,75 @@ from __future__ import annotations
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.update import (
-    ActorUpdateSettings,
-    CriticUpdateSettings,
-    update_actor,
-    update_critic,
+from .common import (
+    ModelState,
+    Run,
+    StageResult,
+    StageTimer,
+    UpdateInputs,
+    current_cache_key,
+    digest_of,
+    stage_cache_key,
 )
-
-from .batches import sequence_batch, token_tensor
-from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, digest_of, stage_cache_key
-from .models import optim_settings, prune_checkpoints, remember, save_checkpoint, tokenizer_of, trainable
+from .console import progress_bar
+from .faults import inject_fault
+from .models import optim_settings, prune_checkpoints, remember, save_checkpoint, tokenizer_of
 from .schemas import SCHEMAS
-from .storage import ArtifactRef, read_table, stage_path, write_table
+from .storage import ArtifactRef, stage_path, write_table
+from .training import apply_update, materialize, update_steps
 
-ACTOR_COLUMNS = (
-    "pg_loss",
-    "pg_clipfrac",
-    "pg_clipfrac_lower",
-    "ppo_kl",
-    "entropy",
-    "grad_norm",
-    "lr",
-    "kl_loss",
-)
-CRITIC_COLUMNS = ("vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm", "lr")
-
-
-def _training_rows(run: Run, rollouts: ArtifactRef, advantages: ArtifactRef, tokenizer):
-    """The batch as trained on: rows repeated by train_weight (PF-PPO), else as generated."""
-    table, adv = read_table(run.path, rollouts), read_table(run.path, advantages)
-    weights = adv["train_weight"].to_pylist()
-    order = [i for i, w in enumerate(weights) for _ in range(w)]
-    table, adv = table.take(order), adv.take(order)
-    batch = sequence_batch(table, tokenizer.pad_token_id)
-    return table, adv, batch
+COLUMNS = {
+    "actor": (
+        "pg_loss",
+        "pg_clipfrac",
+        "pg_clipfrac_lower",
+        "ppo_kl",
+        "entropy",
+        "grad_norm",
+        "lr",
+        "kl_loss",
+    ),
+    "critic": ("vf_loss", "vf_clipfrac", "vpred_mean", "grad_norm", "lr"),
+}
 
 
-def _step_table(steps: list[dict], role: str, columns: tuple[str, ...]) -> pa.Table:
+def _step_table(steps: list[dict], role: str) -> pa.Table:
     rows = [
         {
             "epoch": int(s["epoch"]),
             "mini_batch": int(s["mini_batch"]),
-            **{c: s.get(f"{role}/{c}") for c in columns},
+            **{c: s.get(f"{role}/{c}") for c in COLUMNS[role]},
         }
         for s in steps
     ]
     return pa.Table.from_pylist(rows, schema=SCHEMAS[f"{role}_update"])
 
 
-def _finish(
-    run: Run, role: str, state: ModelState, value, step: int, tokenizer, trainer: dict, key: str, save: bool
-) -> ModelState:
-    value.scheduler.step()
-    lineage = digest_of(state.lineage, key)
-    checkpoint = None
+def run_update(
+    run: Run, role: str, inputs: UpdateInputs, trainer: dict, save: bool
+) -> tuple[StageResult, ModelState]:
+    """Materialize the parent state, train it, write the step table, save when due."""
+    timer, key = StageTimer(), current_cache_key()
+    value = materialize(run, inputs.parent, optim_settings(inputs.config["optim"], inputs.total_steps))
+    total = update_steps(role, inputs, inputs.rollouts.rows)
+    with progress_bar(f"step {inputs.step} {role} update", total=total) as advance:
+        result = apply_update(run, role, inputs, value, on_step=advance)
+    inject_fault(f"{role}_update", inputs.step)
+    ref = write_table(
+        _step_table(result.steps, role),
+        run.path,
+        stage_path(inputs.step, f"{role}_update"),
+        SCHEMAS[f"{role}_update"],
+    )
+    parent = inputs.parent
+    state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
     if save:
-        checkpoint = save_checkpoint(run, role, step, value, tokenizer)
+        checkpoint, digest = save_checkpoint(run, role, inputs.step, value, tokenizer_of(run, parent))
         prune_checkpoints(run, role, trainer[f"max_{role}_ckpt_to_keep"])
-    new_state = ModelState(role, lineage, step, checkpoint)
-    remember(run, new_state, value)
-    return new_state
+        saved_inputs = UpdateInputs(**{**vars(inputs), "parent": parent.detached()})
+        state = ModelState(role, state.lineage, inputs.step, checkpoint, digest, origin=saved_inputs)
+    remember(run, state, value)
+    return StageResult(f"{role}_update", (ref,), key, timer.seconds), state
 
 
 @task(name="update_critic", cache_key_fn=stage_cache_key)
@@ -82,37 +91,8 @@ def critic_update_stage(
     save: bool,
 ) -> tuple[StageResult, ModelState]:
     """Regress V(s_t) onto the returns (clipped value loss); one optimizer step per mini-batch."""
-    timer, key = StageTimer(), current_cache_key()
-    tokenizer = tokenizer_of(run, critic)
-    table, adv, batch = _training_rows(run, rollouts, advantages, tokenizer)
-    width = batch.response_ids.shape[1]
-    value = trainable(run, critic, optim_settings(critic_config["optim"], total_steps))
-    settings = CriticUpdateSettings(
-        ppo_epochs=critic_config["ppo_epochs"],
-        mini_batch_size=batching["critic_mini_batch_rows"],
-        micro_batch_size=critic_config["ppo_micro_batch_size_per_gpu"],
-        cliprange_value=critic_config["cliprange_value"],
-        loss_agg_mode=critic_config["loss_agg_mode"],
-        grad_clip=critic_config["grad_clip"],
-        shuffle=critic_config["shuffle"],
-        seed=step,
-    )
-    result = update_critic(
-        value.model,
-        value.optimizer,
-        batch,
-        values=token_tensor(adv, "values", width),
-        returns=token_tensor(adv, "returns", width),
-        settings=settings,
-    )
-    ref = write_table(
-        _step_table(result.steps, "critic", CRITIC_COLUMNS),
-        run.path,
-        stage_path(step, "critic_update"),
-        SCHEMAS["critic_update"],
-    )
-    new_state = _finish(run, "critic", critic, value, step, tokenizer, trainer, key, save)
-    return StageResult("critic_update", (ref,), key, timer.seconds), new_state
+    inputs = UpdateInputs(critic, step, rollouts, advantages, critic_config, batching, 1.0, total_steps)
+    return run_update(run, "critic", inputs, trainer, save)
 
 
 @task(name="update_actor", cache_key_fn=stage_cache_key)
@@ -130,42 +110,5 @@ def actor_update_stage(
     save: bool,
 ) -> tuple[StageResult, ModelState]:
     """PPO policy update (clip, dual clip, optional KL loss and entropy bonus)."""
-    timer, key = StageTimer(), current_cache_key()
-    tokenizer = tokenizer_of(run, actor)
-    table, adv, batch = _training_rows(run, rollouts, advantages, tokenizer)
-    width = batch.response_ids.shape[1]
-    value = trainable(run, actor, optim_settings(actor_config["optim"], total_steps))
-    settings = ActorUpdateSettings(
-        ppo_epochs=actor_config["ppo_epochs"],
-        mini_batch_size=batching["actor_mini_batch_rows"],
-        micro_batch_size=actor_config["ppo_micro_batch_size_per_gpu"],
-        temperature=temperature,
-        clip_ratio_low=actor_config["effective_clip_ratio_low"],
-        clip_ratio_high=actor_config["effective_clip_ratio_high"],
-        clip_ratio_c=actor_config["clip_ratio_c"],
-        loss_agg_mode=actor_config["loss_agg_mode"],
-        entropy_coeff=actor_config["entropy_coeff"],
-        use_kl_loss=actor_config["use_kl_loss"],
-        kl_loss_coef=actor_config["kl_loss_coef"],
-        kl_loss_type=actor_config["kl_loss_type"],
-        grad_clip=actor_config["grad_clip"],
-        shuffle=actor_config["shuffle"],
-        seed=step,
-    )
-    result = update_actor(
-        value.model,
-        value.optimizer,
-        batch,
-        old_log_probs=token_tensor(table, "old_log_probs", width),
-        advantages=token_tensor(adv, "advantages", width),
-        ref_log_probs=token_tensor(table, "ref_log_probs", width),
-        settings=settings,
-    )
-    ref = write_table(
-        _step_table(result.steps, "actor", ACTOR_COLUMNS),
-        run.path,
-        stage_path(step, "actor_update"),
-        SCHEMAS["actor_update"],
-    )
-    new_state = _finish(run, "actor", actor, value, step, tokenizer, trainer, key, save)
-    return StageResult("actor_update", (ref,), key, timer.seconds), new_state
+    inputs = UpdateInputs(actor, step, rollouts, advantages, actor_config, batching, temperature, total_steps)
+    return run_update(run, "actor", inputs, trainer, save)

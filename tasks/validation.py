@@ -10,8 +10,9 @@ from ppoflow.engine.metrics import compute_validation_metrics
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .console import progress_bar
+from .faults import inject_fault
 from .models import model_of, tokenizer_of
-from .reward import score_rows
+from .reward import aligned_components, reward_error_metrics, score_rows
 from .rollout import render_prompts, rollout_engine, sampling_params
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
@@ -50,7 +51,7 @@ def validation_stage(
         }
         for j, i in enumerate(index)
     ]
-    scored = score_rows(generated, {r["prompt_id"]: r["ground_truth"] for r in rows}, reward["weights"])
+    scored = score_rows(generated, {r["prompt_id"]: r for r in rows}, reward)
     table = pa.Table.from_pydict(
         {
             "prompt_id": scored["prompt_id"],
@@ -67,13 +68,14 @@ def validation_stage(
         },
         schema=SCHEMAS["validation"],
     )
+    inject_fault("validation", step)
     ref = write_table(table, run.path, stage_path(step, "validation"), SCHEMAS["validation"])
     metrics = compute_validation_metrics(
         table["data_source"].to_pylist(),
         table["prompt_id"].to_pylist(),
         table["score"].to_pylist(),
-        [dict(c) for c in table["components"].to_pylist()],
-    )
+        aligned_components(table),
+    ) | reward_error_metrics(table, "val-aux/reward")
     return StageResult(
         "validation", (ref,), current_cache_key(), timer.seconds, tuple(sorted(metrics.items()))
     )

@@ -4,7 +4,13 @@ import math
 
 import pytest
 
-from ppoflow.engine.rewards import addition_components, combine_components
+from ppoflow.engine.rewards import (
+    InvalidRewardError,
+    addition_components,
+    combine_components,
+    error_rate,
+    score_of_result,
+)
 
 WEIGHTS = {"correctness": 0.9, "format": 0.1}
 
@@ -37,3 +43,38 @@ def test_non_finite_component_is_an_error():
 
 def test_unweighted_components_do_not_count():
     assert combine_components({"correctness": 1.0, "format": 1.0, "extra": 5.0}, WEIGHTS) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("result", "score", "components"),
+    [
+        (0.5, 0.5, {"score": 0.5}),
+        (1, 1.0, {"score": 1.0}),
+        (True, 1.0, {"score": 1.0}),
+        ({"score": -1, "acc": False, "pred": "12"}, -1.0, {"score": -1.0, "acc": 0.0}),
+    ],
+)
+def test_verl_result_convention(result, score, components):
+    assert score_of_result(result) == (score, components)
+
+
+@pytest.mark.parametrize(
+    ("result", "message"),
+    [
+        (float("nan"), "returned nan"),
+        (float("inf"), "returned inf"),
+        ("0.5", "returned '0.5' \\(str\\); expected a number or a dict"),
+        (None, "returned None \\(NoneType\\)"),
+        ({"acc": 1.0}, "without a numeric 'score' \\(keys: \\['acc'\\]\\)"),
+        ({"score": "1"}, "without a numeric 'score'"),
+        ({"score": 1.0, "f1": float("nan")}, "returned nan for 'f1'"),
+    ],
+)
+def test_unusable_results_are_errors(result, message):
+    with pytest.raises(InvalidRewardError, match=message):
+        score_of_result(result)
+
+
+def test_error_rate_is_the_share_of_rows_with_an_error():
+    assert error_rate([None, "boom", None, "x"]) == 0.5
+    assert error_rate([]) == 0.0

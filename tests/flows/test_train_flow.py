@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from prefect import get_client
@@ -15,9 +17,18 @@ from .conftest import train
 
 
 def task_states(flow_run_id) -> dict[str, str]:
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return {run.name: run.state.name for run in runs}
+    """Final state of every task run of a flow run. State changes reach the API asynchronously, so
+    wait (briefly) until none is still shown as pending or running."""
+    deadline = time.monotonic() + 30
+    while True:
+        with get_client(sync_client=True) as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+        states = {run.name: run.state.name for run in runs}
+        if not {"Pending", "Running"} & set(states.values()) or time.monotonic() > deadline:
+            return states
+        time.sleep(0.2)
 
 
 def scalar(run_dir, sql):
@@ -151,6 +162,8 @@ def test_critic_warmup_updates_only_the_critic_first(prefect_server, tiny_model_
     assert query(tmp_path, "SELECT DISTINCT iter FROM critic_update ORDER BY iter")[1] == [(1,), (2,)]
     assert not (tmp_path / "checkpoints/iter=000001/actor").exists()
     assert query(tmp_path, 'SELECT iter, "actor/pg_loss" IS NULL FROM metrics ORDER BY iter')[1] == [
-        (1, True), (2, False)]
+        (1, True),
+        (2, False),
+    ]
     # the actor that generated step 2 is still the base model
     assert scalar(tmp_path, "SELECT DISTINCT policy_version FROM rollouts WHERE iter = 2") == 0

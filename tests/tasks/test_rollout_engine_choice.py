@@ -6,5 +6,7 @@ from ppoflow.tasks.rollout import rollout_engine
 
 
 def test_unavailable_engine_is_a_clear_error_not_a_silent_fallback():
-    with pytest.raises(NotImplementedError, match="rollout.name=vllm: .*use actor_rollout_ref.rollout.name=hf"):
+    with pytest.raises(
+        NotImplementedError, match="rollout.name=vllm: .*use actor_rollout_ref.rollout.name=hf"
+    ):
         rollout_engine("vllm", model=None, tokenizer=None)

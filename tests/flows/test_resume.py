@@ -1,0 +1,171 @@
+"""Resume anything, lose nothing: SIGKILL inside each stage, then the same command again.
+
+Every run here is a real `ppoflow train` process against the session's Prefect server, with one
+torch thread so that numerics are identical between processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ppoflow.tasks.catalog import query
+
+BASE = [
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.actor.ppo_epochs=2",
+    "critic.ppo_mini_batch_size=8",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+    "algorithm.use_kl_in_reward=true",
+    "algorithm.kl_ctrl.type=adaptive",
+    "algorithm.kl_ctrl.kl_coef=0.05",
+    "algorithm.kl_ctrl.horizon=100",
+    "trainer.total_training_steps=3",
+    "trainer.num_threads=1",
+]
+WALL_CLOCK = ("timing_s/", "timing_per_token_ms/", "perf/")
+
+
+def ppoflow_train(run_dir: Path, *overrides: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value(), "PPOFLOW_PROGRESS": "0"}
+    env.pop("PPOFLOW_FAULT", None)
+    if fault:
+        env["PPOFLOW_FAULT"] = fault
+    args = [
+        sys.executable,
+        "-m",
+        "ppoflow",
+        "train",
+        *BASE,
+        f"trainer.default_local_dir={run_dir}",
+        *overrides,
+    ]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+
+
+def artifacts(run_dir: Path) -> dict[str, int]:
+    """Inode of every stage output and checkpoint file: a stage that runs again replaces them."""
+    patterns = ("iter=*/*/*.parquet", "data/*.parquet", "checkpoints/iter=*/*/model.safetensors")
+    found = [p.relative_to(run_dir) for pattern in patterns for p in run_dir.glob(pattern)]
+    visible = [p for p in found if not any(part.startswith(".") for part in p.parts)]  # not staging
+    return {str(p): (run_dir / p).stat().st_ino for p in visible}
+
+
+def final_weights(run_dir: Path, role: str) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / f"checkpoints/iter=000003/{role}/model.safetensors")
+
+
+def metrics_without_wall_clock(run_dir: Path) -> list[dict]:
+    rows = [pq.read_table(path).to_pylist()[0] for path in sorted(run_dir.glob("iter=*/metrics/*.parquet"))]
+    return [{k: v for k, v in row.items() if not k.startswith(WALL_CLOCK)} for row in rows]
+
+
+def assert_same_run(run_dir: Path, reference: Path) -> None:
+    for role in ("actor", "critic"):
+        ours, theirs = final_weights(run_dir, role), final_weights(reference, role)
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            assert torch.equal(ours[name], theirs[name]), (role, name)
+    assert metrics_without_wall_clock(run_dir) == metrics_without_wall_clock(reference)
+    for stage in ("rollout", "reward", "advantage", "validation"):
+        for path in sorted(reference.glob(f"iter=*/{stage}/*.parquet")):
+            mine = run_dir / path.relative_to(reference)
+            assert pq.read_table(mine).equals(pq.read_table(path)), mine
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_server, tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    done = ppoflow_train(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stage", ["rollout", "reward", "advantage", "critic_update", "actor_update", "validation", "checkpoint"]
+)
+def test_sigkill_in_a_stage_then_the_same_command_finishes_exactly_as_uninterrupted(
+    reference, tmp_path, stage
+):
+    killed = ppoflow_train(tmp_path, fault=f"{stage}@2")
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    finished_before = artifacts(tmp_path)
+    assert not any(name.startswith("iter=000003") for name in finished_before)
+    resumed = ppoflow_train(tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = artifacts(tmp_path)
+    # The killed stage itself never finished: its own outputs may be written again, nothing else.
+    killed_stage = "critic_update" if stage == "checkpoint" else stage  # the critic saves first
+    rerun = [
+        name
+        for name, inode in finished_before.items()
+        if after.get(name) != inode and not name.startswith(f"iter=000002/{killed_stage}/")
+    ]
+    assert rerun == [], f"finished stages ran again: {rerun}"
+    assert not list(tmp_path.glob("checkpoints/*/.*")), "staging files left behind"
+    assert_same_run(tmp_path, reference)
+
+
+@pytest.mark.slow
+def test_states_between_saves_are_replayed_not_regenerated(prefect_server, tiny_model_dir, tmp_path_factory):
+    """save_freq=2: the actor after step 1 is never written; killed in step 2's rollout, the rerun
+    rebuilds it from the base checkpoint and step 1's cached tables, bit for bit."""
+    uninterrupted = tmp_path_factory.mktemp("uninterrupted")
+    assert ppoflow_train(uninterrupted, "trainer.save_freq=2").returncode == 0
+    run_dir = tmp_path_factory.mktemp("replayed")
+    assert ppoflow_train(run_dir, "trainer.save_freq=2", fault="rollout@2").returncode == -9
+    assert not (run_dir / "checkpoints/iter=000001").exists()
+    before = artifacts(run_dir)
+    assert ppoflow_train(run_dir, "trainer.save_freq=2").returncode == 0
+    assert all(artifacts(run_dir)[name] == inode for name, inode in before.items())
+    assert_same_run(run_dir, uninterrupted)
+
+
+@pytest.mark.slow
+def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(reference, tmp_path):
+    resumed = ppoflow_train(
+        tmp_path,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={reference / 'checkpoints/iter=000002'}",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert query(tmp_path, "SELECT DISTINCT iter FROM actor_update")[1] == [(3,)]
+    beta = 'SELECT "actor/reward_kl_penalty_coeff" FROM metrics WHERE iter = 3'
+    assert query(tmp_path, beta)[1] == query(reference, beta)[1]
+    assert query(reference, beta)[1] != [(0.05,)]  # the adaptive controller had moved β
+    for role in ("actor", "critic"):
+        ours, theirs = final_weights(tmp_path, role), final_weights(reference, role)
+        assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
+
+
+def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
+    prefect_server, tiny_model_dir, tmp_path
+):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tmp_path.mkdir(exist_ok=True)
+        (tmp_path / ".lock").write_text(
+            f'{{"pid": {holder.pid}, "host": "{os.uname().nodename}", "started": "now"}}'
+        )
+        refused = ppoflow_train(tmp_path, "trainer.total_training_steps=1")
+        assert refused.returncode != 0
+        assert f"being written by process {holder.pid}" in refused.stderr
+        assert not (tmp_path / "iter=000001").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    taken_over = ppoflow_train(tmp_path, "trainer.total_training_steps=1")
+    assert taken_over.returncode == 0, taken_over.stderr[-3000:]
+    assert not (tmp_path / ".lock").exists()

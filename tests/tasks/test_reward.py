@@ -1,0 +1,188 @@
+"""Reward scoring: verl-style custom reward files, per-row failures under reward.on_error, timeouts
+that kill a stuck worker, and the reward/error_rate metric."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+import time
+
+import pytest
+
+from ppoflow.conf import load_config
+from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
+from ppoflow.tasks.reward import aligned_components, reward_error_metrics, score_rows
+from ppoflow.tasks.reward_runner import RewardFunctionError, custom_function_section
+from ppoflow.tasks.sections import stage_config
+
+# Each response text asks the reward function to misbehave in one way; anything else is scored.
+REWARD_FILE = """
+import math, os, signal, time
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    match solution_str:
+        case "raise":
+            return 1 / 0
+        case "nan":
+            return math.nan
+        case "inf":
+            return -math.inf
+        case "text":
+            return "1.0"
+        case "no-score":
+            return {"acc": 1.0}
+        case "sleep":  # interrupted by SIGALRM inside the worker
+            time.sleep(60)
+        case "stuck":  # deaf to SIGALRM, as C code can be: only the parent's deadline ends it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            time.sleep(60)
+        case "exit":
+            os._exit(3)
+        case "dict":
+            return {"score": 0.25, "acc": True, "pred": "7", "length": 3}
+    return float(solution_str == ground_truth) + extra_info.get("bonus", 0.0)
+"""
+
+
+def reward_file(tmp_path, text=REWARD_FILE, name="my_reward.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def config(path, *, on_error="zero", timeout_s=5.0, name="compute_score", weights=None):
+    custom = None if path is None else custom_function_section(str(path), name)
+    return {
+        "weights": weights or {"correctness": 0.9, "format": 0.1},
+        "timeout_s": timeout_s,
+        "on_error": on_error,
+        "custom_function": custom,
+    }
+
+
+def score(responses, reward, data_source="gsm8k", truth="7", extra_info=None):
+    rows = [
+        {"prompt_id": f"p{i}", "sample_idx": i % 2, "data_source": data_source, "response_text": text}
+        for i, text in enumerate(responses)
+    ]
+    info = json.dumps(extra_info) if extra_info is not None else None
+    prompts = {r["prompt_id"]: {"ground_truth": truth, "extra_info": info} for r in rows}
+    return score_rows(rows, prompts, reward).to_pylist()
+
+
+def test_custom_float_is_the_score_weights_do_not_apply_and_extra_info_is_parsed(tmp_path):
+    rows = score(["7", "8"], config(reward_file(tmp_path)), extra_info={"bonus": 0.5})
+    assert [r["score"] for r in rows] == [1.5, 0.5]
+    assert [dict(r["components"]) for r in rows] == [{"score": 1.5}, {"score": 0.5}]
+    assert [r["error"] for r in rows] == [None, None]
+    assert {r["data_source"] for r in rows} == {"gsm8k"}  # a custom function serves every source
+
+
+def test_custom_dict_score_is_the_reward_and_every_numeric_key_a_component(tmp_path):
+    (row,) = score(["dict"], config(reward_file(tmp_path)))
+    assert row["score"] == 0.25 and row["error"] is None
+    assert dict(row["components"]) == {"score": 0.25, "acc": 1.0, "length": 3.0}
+
+
+def test_bad_rows_score_zero_with_their_error_and_the_rest_are_scored(tmp_path):
+    responses = ["raise", "7", "nan", "inf", "text", "no-score", "exit", "8"]
+    rows = score(responses, config(reward_file(tmp_path), on_error="zero"))
+    errors = dict(zip(responses, (r["error"] for r in rows), strict=True))
+    assert errors["raise"] == "ZeroDivisionError: division by zero"
+    assert errors["nan"] == "returned nan"
+    assert errors["inf"] == "returned -inf"
+    assert errors["text"].startswith("returned '1.0' (str); expected a number or a dict")
+    assert errors["no-score"] == "returned a dict without a numeric 'score' (keys: ['acc'])"
+    assert "exited (exit code 3)" in errors["exit"]
+    assert errors["7"] is None and errors["8"] is None
+    assert [r["score"] for r in rows] == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert [dict(r["components"]) for r in rows if r["error"]] == [{}] * 6
+
+
+def test_on_error_fail_names_the_first_row_the_reason_the_count_and_the_key(tmp_path):
+    with pytest.raises(RewardFunctionError) as info:
+        score(["7", "raise", "8", "nan"], config(reward_file(tmp_path), on_error="fail"))
+    message = str(info.value)
+    assert "reward failed on 2 of 4 rows" in message
+    assert "prompt_id=p1 sample_idx=1: ZeroDivisionError: division by zero" in message
+    assert "reward.on_error=zero" in message
+
+
+def test_a_hang_is_killed_after_timeout_s_and_the_other_rows_are_still_scored(tmp_path):
+    start = time.monotonic()
+    rows = score(["sleep", "7", "stuck", "8", "7"], config(reward_file(tmp_path), timeout_s=1))
+    assert time.monotonic() - start < 8
+    assert [r["score"] for r in rows] == [0.0, 1.0, 0.0, 0.0, 1.0]
+    assert rows[0]["error"] == "TimeoutError: took longer than reward.timeout_s=1 s"
+    assert rows[2]["error"] == "TimeoutError: took longer than reward.timeout_s=1 s; the worker was killed"
+    assert [r["error"] for r in rows[3:]] == [None, None]
+
+
+def test_on_error_fail_stops_at_the_first_timeout(tmp_path):
+    with pytest.raises(RewardFunctionError, match="1 of the first 2 of 3 rows .* reward.timeout_s"):
+        score(["7", "sleep", "sleep"], config(reward_file(tmp_path), on_error="fail", timeout_s=1))
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        (REWARD_FILE, "my_score", "no function 'my_score'"),
+        ("def compute_score(:\n", "compute_score", "importing it failed: SyntaxError"),
+        ("import no_such_module_xyz\n", "compute_score", "importing it failed: ModuleNotFoundError"),
+    ],
+)
+def test_a_file_that_cannot_serve_is_one_clear_error_before_scoring(tmp_path, text, name, message):
+    path = reward_file(tmp_path, text)
+    with pytest.raises(RewardFunctionError, match=f"custom_reward_function.path={path}: {message}"):
+        score(["7"], config(path, name=name))
+
+
+def test_a_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(RewardFunctionError, match="custom_reward_function.path=.*nope.py: no such file"):
+        custom_function_section(str(tmp_path / "nope.py"), "compute_score")
+    reward = config(reward_file(tmp_path))
+    (tmp_path / "my_reward.py").unlink()
+    with pytest.raises(RewardFunctionError, match="my_reward.py: no such file"):
+        score(["7"], reward)
+
+
+def test_builtin_reward_is_weighted_and_its_failures_follow_on_error():
+    rows = score(["7", "8", "x"], config(None), data_source=ADDITION_DATA_SOURCE)
+    assert [r["score"] for r in rows] == pytest.approx([1.0, 0.1, 0.0])
+    assert dict(rows[0]["components"]) == {"correctness": 1.0, "format": 1.0}
+    (row,) = score(["7"], config(None), data_source="gsm8k")
+    assert row["score"] == 0.0 and "no built-in reward for data_source 'gsm8k'" in row["error"]
+    with pytest.raises(RewardFunctionError, match="prompt_id=p0 .*no built-in reward"):
+        score(["7"], config(None, on_error="fail"), data_source="gsm8k")
+
+
+def test_error_rate_metric_and_aligned_components_from_a_rewards_table_with_errors():
+    rows = [
+        {"prompt_id": f"p{i}", "sample_idx": 0, "data_source": source, "response_text": "7"}
+        for i, source in enumerate([ADDITION_DATA_SOURCE, "gsm8k", "gsm8k", ADDITION_DATA_SOURCE])
+    ]
+    prompts = {r["prompt_id"]: {"ground_truth": "7", "extra_info": None} for r in rows}
+    table = score_rows(rows, prompts, config(None))
+    assert reward_error_metrics(table) == {"reward/error_rate": 0.5}
+    assert reward_error_metrics(table, "val-aux/reward") == {"val-aux/reward/error_rate": 0.5}
+    assert aligned_components(table) == [
+        {"correctness": 1.0, "format": 1.0},
+        {"correctness": 0.0, "format": 0.0},
+        {"correctness": 0.0, "format": 0.0},
+        {"correctness": 1.0, "format": 1.0},
+    ]
+    assert math.isclose(reward_error_metrics(table.slice(0, 1))["reward/error_rate"], 0.0)
+
+
+def test_reward_section_carries_the_file_digest_timeout_and_policy(tmp_path):
+    path = reward_file(tmp_path)
+    overrides = [f"custom_reward_function.path={path}", "reward.on_error=zero", "reward.timeout_s=2"]
+    reward = stage_config(load_config(None, overrides)).reward
+    assert reward["custom_function"]["path"] == str(path.resolve())
+    assert reward["custom_function"]["name"] == "compute_score"
+    assert (reward["timeout_s"], reward["on_error"]) == (2.0, "zero")
+    path.write_text(REWARD_FILE + "\n# edited\n")
+    edited = stage_config(load_config(None, overrides)).reward
+    assert edited["custom_function"]["digest"] != reward["custom_function"]["digest"]
+    assert stage_config(load_config(None, [])).reward["custom_function"] is None
