@@ -8,6 +8,7 @@ from ppoflow.tasks.advantage import advantage_stage
 from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState, run_stage
 from ppoflow.tasks.kl_control import next_kl_coef
 from ppoflow.tasks.metrics import metrics_stage
+from ppoflow.tasks.models import schedule_horizon
 from ppoflow.tasks.reward import reward_stage
 from ppoflow.tasks.rollout import rollout_stage
 from ppoflow.tasks.sections import StageConfig
@@ -79,7 +80,7 @@ def ppo_iteration(
             critic_config=sc.critic,
             batching=sc.batching,
             trainer=sc.trainer,
-            total_steps=total,
+            total_steps=schedule_horizon(sc.critic, total),
             save=save,
         )
     if step > sc.critic_warmup:
@@ -94,7 +95,7 @@ def ppo_iteration(
             temperature=sc.rollout["temperature"],
             batching=sc.batching,
             trainer=sc.trainer,
-            total_steps=total,
+            total_steps=schedule_horizon(sc.actor, total),
             save=save,
         )
     validation = None

@@ -54,6 +54,17 @@ class StateUnavailable(FileNotFoundError):
     """A model state that is neither in memory nor in an intact checkpoint."""
 
 
+def schedule_horizon(config: dict, total_steps: int) -> int:
+    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
+    as a ratio, else 0, so that training longer does not invalidate the cached updates of a
+    constant schedule (resuming at an epoch boundary with more epochs reuses every finished step)."""
+    optim = config["optim"]
+    depends = optim["warmup_style"] == "cosine" or (
+        optim["lr_warmup_steps"] <= 0 and optim["lr_warmup_steps_ratio"] > 0
+    )
+    return total_steps if depends else 0
+
+
 def model_dir(run: Run, state: ModelState) -> Path:
     if state.checkpoint is None:
         raise StateUnavailable(

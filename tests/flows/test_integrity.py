@@ -1,0 +1,127 @@
+"""Damaged artifacts are recomputed, write failures leave nothing partial, and resumes at an epoch
+boundary train the remaining steps (the verl #7401 case)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ppoflow.tasks import storage
+from ppoflow.tasks.catalog import query
+
+from .conftest import train
+from .test_train_flow import task_states
+
+
+def _copy(run_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+def _ran(flow_run_id) -> set[str]:
+    return {
+        name.rsplit("-", 1)[0] for name, state in task_states(flow_run_id).items() if state == "Completed"
+    }
+
+
+def test_an_altered_parquet_is_recomputed_and_comes_out_identical(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    target = copy / "iter=000001/advantage/part-00000.parquet"
+    original = target.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    target.write_bytes(bytes(damaged))
+    again, flow_run_id = train(copy)
+    assert _ran(flow_run_id) == {"compute_advantages"}
+    assert target.read_bytes() == original
+    assert again["val_scores"] == summary["val_scores"]
+
+
+def test_a_truncated_checkpoint_is_rebuilt_by_replaying_its_update(small_run, tmp_path):
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    weights = copy / "checkpoints/iter=000001/actor/model.safetensors"
+    expected = load_file(weights)
+    weights.write_bytes(weights.read_bytes()[:1000])
+    (copy / "iter=000002/rollout/part-00000.parquet").unlink()  # step 2's rollout needs actor state 1
+    rollout_before = (run_dir / "iter=000002/rollout/part-00000.parquet").read_bytes()
+    _, flow_run_id = train(copy)
+    assert _ran(flow_run_id) == {"generate_rollouts"}
+    assert (copy / "iter=000002/rollout/part-00000.parquet").read_bytes() == rollout_before
+    del expected  # the checkpoint itself stays damaged: the state was rebuilt in memory, bit for bit
+
+
+def test_a_failed_write_leaves_no_partial_artifact_and_the_next_run_resumes(
+    prefect_server, tiny_model_dir, small_run, tmp_path, monkeypatch
+):
+    run_dir, summary, _ = small_run
+    real_replace = storage.os.replace
+
+    def disk_full_for_step_2_advantages(src, dst):
+        if "iter=000002/advantage" in str(dst):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(storage.os, "replace", disk_full_for_step_2_advantages)
+    with pytest.raises(OSError, match="No space left on device.*iter=000002/advantage/part-00000.parquet"):
+        train(tmp_path)
+    assert not (tmp_path / "iter=000002/advantage").exists() or not any(
+        (tmp_path / "iter=000002/advantage").iterdir()
+    )
+    assert not (tmp_path / ".lock").exists()
+    monkeypatch.setattr(storage.os, "replace", real_replace)
+    again, _ = train(tmp_path)
+    assert again["val_scores"] == summary["val_scores"]
+    ours = load_file(tmp_path / "checkpoints/iter=000002/actor/model.safetensors")
+    theirs = load_file(run_dir / "checkpoints/iter=000002/actor/model.safetensors")
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_resume_mode_disable_recomputes_every_stage(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    again, flow_run_id = train(copy, "trainer.resume_mode=disable")
+    assert "Cached" not in set(task_states(flow_run_id).values())
+    assert again["val_scores"] == summary["val_scores"]
+
+
+def test_a_run_resumed_at_an_epoch_boundary_trains_the_remaining_steps(
+    prefect_server, tiny_model_dir, tmp_path
+):
+    data = tmp_path / "sums.jsonl"
+    rows = [
+        {
+            "data_source": "ppoflow/addition",
+            "prompt": f"{a} + {b} = ",
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"index": 10 * a + b},
+        }
+        for a in range(8)
+        for b in range(8)
+    ]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    files = [
+        f"data.train_files={data}",
+        "trainer.total_training_steps=null",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+    ]
+    train(tmp_path / "run", *files, "trainer.total_epochs=1")  # 64 prompts / 32 per step = 2 steps
+    assert query(tmp_path / "run", "SELECT max(iter) FROM actor_update")[1] == [(2,)]
+    _, flow_run_id = train(tmp_path / "run", *files, "trainer.total_epochs=2")
+    assert query(tmp_path / "run", "SELECT DISTINCT iter FROM actor_update ORDER BY iter")[1] == [
+        (1,),
+        (2,),
+        (3,),
+        (4,),
+    ]
+    ran = [name for name, state in task_states(flow_run_id).items() if state == "Completed"]
+    assert len([n for n in ran if n.startswith("update_actor")]) == 2  # steps 3 and 4 only
