@@ -36,6 +36,14 @@ class SequenceBatch:
             self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows]
         )
 
+    def to(self, device: torch.device | str) -> SequenceBatch:
+        return SequenceBatch(
+            *(
+                t.to(device)
+                for t in (self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
+            )
+        )
+
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """input_ids, attention_mask and position_ids of the concatenated sequences."""
         input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
@@ -44,10 +52,15 @@ class SequenceBatch:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
 
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
 def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: float) -> torch.Tensor:
-    """(N, T, V) float logits / temperature at the positions that predict each response token."""
+    """(N, T, V) float logits / temperature at the positions that predict each response token
+    (on the model's device; `batch` may be anywhere)."""
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    logits = model(**batch.model_inputs(), use_cache=False).logits
+    logits = model(**batch.to(model_device(model)).model_inputs(), use_cache=False).logits
     return logits[:, prompt_len - 1 : prompt_len - 1 + response_len].float() / temperature
 
 
@@ -64,7 +77,7 @@ def policy_forward(
 def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
     """values (N, T): V(s_t) for every response position. Keeps the graph."""
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    out = critic(**batch.model_inputs(), use_cache=False).logits[..., 0]
+    out = critic(**batch.to(model_device(critic)).model_inputs(), use_cache=False).logits[..., 0]
     return out[:, prompt_len - 1 : prompt_len - 1 + response_len].float()
 
 
@@ -72,7 +85,7 @@ def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor
 def compute_log_probs(
     model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, micro_batch_size: int
 ) -> torch.Tensor:
-    """log_probs (N, T) without gradient, in micro-batches; 0 at masked positions."""
+    """log_probs (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
     was_training = model.training
     model.eval()
     parts = [
@@ -82,12 +95,12 @@ def compute_log_probs(
         for i in range(0, len(batch), micro_batch_size)
     ]
     model.train(was_training)
-    return torch.cat(parts) * batch.response_mask
+    return torch.cat(parts).cpu() * batch.response_mask
 
 
 @torch.no_grad()
 def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
-    """values (N, T) without gradient, in micro-batches; 0 at masked positions."""
+    """values (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
     was_training = critic.training
     critic.eval()
     parts = [
@@ -95,4 +108,4 @@ def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch
         for i in range(0, len(batch), micro_batch_size)
     ]
     critic.train(was_training)
-    return torch.cat(parts) * batch.response_mask
+    return torch.cat(parts).cpu() * batch.response_mask

