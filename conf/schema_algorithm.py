@@ -84,3 +84,5 @@ class RewardConfig(Section):
     """Longest one reward call may take, in seconds."""
     on_error: Literal["fail", "zero"] = "fail"
     """A reward function that raises or times out fails the stage, or scores the response 0."""
+    gsm8k_method: Literal["strict", "flexible"] = "strict"
+    """openai/gsm8k answer extraction (verl): the last '#### <number>', or the last number."""

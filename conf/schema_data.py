@@ -40,5 +40,9 @@ class DataConfig(Section):
     """What to do with a prompt longer than max_prompt_length that was not filtered."""
     dataloader_num_workers: int = Field(0, ge=0)
     """Worker processes reading prompts; 0 reads in the main process."""
+    train_max_samples: int = -1
+    """Use only the first N training prompts that pass ingest (-1: all), as verl's key."""
+    val_max_samples: int = -1
+    """Use only the first N validation prompts that pass ingest (-1: all), as verl's key."""
     max_reject_fraction: float = Field(0.1, ge=0, le=1)
     """Ingest fails when more than this fraction of rows is rejected (malformed or overlong)."""

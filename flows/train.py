@@ -57,7 +57,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
                 files=files,
                 split=split,
                 source_digest=source_digest(files),
-                data=ingest_settings(cfg.data),
+                data=ingest_settings(cfg.data, split),
                 tokenizer_state=base,
             )[0]
             for files, split in ((cfg.data.train_files, "train"), (cfg.data.val_files, "val"))

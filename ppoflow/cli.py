@@ -104,6 +104,9 @@ def _train(args) -> int:
     except (RunLocked, StateUnavailable) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 3
+    except (ValueError, OSError) as error:  # bad data, a failing reward function, a full disk: said above
+        print(f"ppoflow: training stopped: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

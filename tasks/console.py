@@ -42,6 +42,14 @@ def say(text: str) -> None:
 EXAMPLE_QUERY = "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
 
 
+def show_generations(step: int, rows: list[dict]) -> None:
+    """trainer.log_val_generations: a few validation samples (all are in the validation table)."""
+    for row in rows:
+        prompt = " ".join(row["prompt_text"].split())[-70:]
+        response = " ".join(row["response_text"].split())[:160]
+        say(f"  val sample (step {step}, score {row['score']:.2f}) …{prompt} ⟶ {response}")
+
+
 def _fmt(metrics: dict[str, float], key: str, spec: str = ".3f") -> str:
     value = metrics.get(key)
     return "—" if value is None else format(value, spec)

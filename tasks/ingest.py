@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task
 
+from ppoflow.engine.gsm8k import verl_record
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, all_addition_problems, sample_addition_problems
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
@@ -78,6 +79,8 @@ def ingest_prompts(
         rows, rejects = _builtin_prompts(split), []
     else:
         rows, rejects = _file_prompts(names, split, data, tokenizer_of(run, tokenizer_state))
+    if data.get("max_samples", -1) > 0:  # verl's data.{train,val}_max_samples: the first N good rows
+        rows = rows[: data["max_samples"]]
     rejects_ref = _write_rejects(run, split, rejects)
     _check(split, names, len(rows), rejects, data, run.path / _rejects_path(split))
     table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
@@ -87,9 +90,11 @@ def ingest_prompts(
     return StageResult("ingest", refs + rejects_ref, current_cache_key(), timer.seconds, values)
 
 
-def ingest_settings(data) -> dict:
-    """The data.* keys ingest reads (so that, e.g., a new train_batch_size keeps its cache)."""
-    return {key: getattr(data, key) for key in INGEST_KEYS}
+def ingest_settings(data, split: str) -> dict:
+    """The data.* keys ingest reads for `split` (so that, e.g., a new train_batch_size keeps its
+    cache), with data.train_max_samples / val_max_samples as "max_samples"."""
+    max_samples = data.train_max_samples if split == "train" else data.val_max_samples
+    return {key: getattr(data, key) for key in INGEST_KEYS} | {"max_samples": max_samples}
 
 
 def source_digest(files: str | list[str]) -> str:
@@ -157,6 +162,8 @@ def _prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict
         raise record
     if not isinstance(record, dict):
         raise Rejected("not an object", f"not an object: a JSON {_json_type(record)}")
+    if _is_raw_gsm8k(record):
+        record, prompt_key = _gsm8k_record(record, split, position), "prompt"
     if record.get(prompt_key) is None:
         raise Rejected("missing prompt", f"missing prompt: no {prompt_key!r} field (data.prompt_key)")
     text, messages = _prompt(record[prompt_key])
@@ -188,6 +195,23 @@ def _prompt(prompt: Any) -> tuple[str | None, list[dict] | None]:
     if not any(m["content"].strip() for m in prompt):
         raise Rejected("empty prompt")
     return None, [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def _is_raw_gsm8k(record: dict) -> bool:
+    """A row of the raw GSM8K files: string question and answer, and no verl field to go by."""
+    return (
+        isinstance(record.get("question"), str)
+        and isinstance(record.get("answer"), str)
+        and not {"prompt", "reward_model", "data_source"} & record.keys()
+    )
+
+
+def _gsm8k_record(record: dict, split: str, position: int) -> dict:
+    """verl's preprocessing of a raw GSM8K row (extra_info.split is ingest's split, e.g. 'val')."""
+    try:
+        return verl_record(record["question"], record["answer"], split, position)
+    except ValueError as exc:
+        raise Rejected("missing ground truth", f"raw GSM8K row: {exc}") from None
 
 
 _PROMPT_TYPE = "prompt must be a string or a list of {role, content} messages with string fields"

@@ -11,6 +11,7 @@ import json
 import pyarrow as pa
 from prefect import task
 
+from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, gsm8k_components
 from ppoflow.engine.rewards import addition_components, combine_components, error_rate
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 
@@ -21,11 +22,15 @@ from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
 
 
-def reward_components(data_source: str, response: str, ground_truth: str) -> dict[str, float]:
+def reward_components(
+    data_source: str, response: str, ground_truth: str, gsm8k_method: Gsm8kMethod = "strict"
+) -> dict[str, float]:
     """The rule reward of `data_source` as named components in [0, 1] (verl selects by data_source)."""
     match data_source:
         case _ if data_source == ADDITION_DATA_SOURCE:
             return addition_components(response, ground_truth)
+        case _ if data_source == GSM8K_DATA_SOURCE:
+            return gsm8k_components(response, ground_truth, gsm8k_method)
         case _:
             raise ValueError(
                 f"no built-in reward for data_source '{data_source}'; set custom_reward_function.path"
@@ -51,7 +56,8 @@ def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.T
     if custom is not None:
         outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
     else:
-        outcomes = [_builtin(call, reward["weights"]) for call in calls]
+        method = reward.get("gsm8k_method", "strict")
+        outcomes = [_builtin(call, reward["weights"], method) for call in calls]
     if fail:
         _raise_on_failures(rows, outcomes)
     return pa.Table.from_pydict(
@@ -100,10 +106,10 @@ def reward_stage(
     return StageResult("reward", (ref,), current_cache_key(), timer.seconds)
 
 
-def _builtin(call: RewardCall, weights: dict[str, float]) -> Scored:
+def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMethod) -> Scored:
     """The fast path, in process: the data source's components, weighted."""
     try:
-        components = reward_components(call.data_source, call.solution_str, call.ground_truth)
+        components = reward_components(call.data_source, call.solution_str, call.ground_truth, gsm8k_method)
         return Scored(combine_components(components, weights), components)
     except Exception as exc:
         return Scored.failed(f"{type(exc).__name__}: {exc}")

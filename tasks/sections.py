@@ -49,6 +49,7 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
         // world,
     }
     val_rollout = {key: rollout[key] for key in ("name", "prompt_length", "response_length", "val_kwargs")}
+    val_rollout["log_generations"] = cfg.trainer.log_val_generations
     return StageConfig(
         rollout=rollout,
         val_rollout=val_rollout,
@@ -61,6 +62,7 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
             "reward_fn_key": cfg.data.reward_fn_key,
             "timeout_s": cfg.reward.timeout_s,
             "on_error": cfg.reward.on_error,
+            "gsm8k_method": cfg.reward.gsm8k_method,
             "custom_function": custom_function_section(
                 cfg.custom_reward_function.path, cfg.custom_reward_function.name
             ),

@@ -9,7 +9,7 @@ from prefect import task
 from ppoflow.engine.metrics import compute_validation_metrics
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
-from .console import progress_bar
+from .console import progress_bar, show_generations
 from .faults import inject_fault
 from .models import model_of, tokenizer_of
 from .reward import aligned_components, reward_error_metrics, score_rows
@@ -70,6 +70,7 @@ def validation_stage(
     )
     inject_fault("validation", step)
     ref = write_table(table, run.path, stage_path(step, "validation"), SCHEMAS["validation"])
+    show_generations(step, table.slice(0, val_rollout.get("log_generations", 0)).to_pylist())
     metrics = compute_validation_metrics(
         table["data_source"].to_pylist(),
         table["prompt_id"].to_pylist(),

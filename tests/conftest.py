@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,17 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(int(os.environ.get("PPOFLOW_NUM_THREADS", "1")))
+
+GSM8K_DIR = Path(
+    os.environ.get("PPOFLOW_GSM8K_DIR", Path(__file__).resolve().parents[2] / "shared/data/gsm8k")
+)
+"""The real GSM8K JSONL files: ../shared/data/gsm8k beside the repository (or $PPOFLOW_GSM8K_DIR)."""
+
+
+def gsm8k_file(name: str) -> Path:
+    path = GSM8K_DIR / name
+    assert path.is_file(), f"GSM8K data not found at {path}: set PPOFLOW_GSM8K_DIR"
+    return path
 
 
 @pytest.fixture(scope="session")
