@@ -8,6 +8,7 @@ since a stochastic value head would make `values` and `vpreds` disagree on ident
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+from transformers.utils import logging as transformers_logging
 
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -89,15 +91,26 @@ def load_critic(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torc
     _disable_dropout(config)
     config.classifier_dropout = 0.0
     config.hidden_dropout = 0.0
-    critic, info = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
-    )
+    with _quiet_transformers():  # the value head is missing from an actor directory, as intended
+        critic, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
+        )
     head = critic.score
     if any(key.startswith("score.") for key in info["missing_keys"]):
         torch.nn.init.zeros_(head.weight)
         if head.bias is not None:
             torch.nn.init.zeros_(head.bias)
     return critic
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    previous = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(previous)
 
 
 def _disable_dropout(config) -> None:

@@ -16,7 +16,7 @@ from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 
 from .catalog import refresh_catalog
-from .common import ModelState, Run, code_hash, digest_of, stage_cache_key
+from .common import ModelState, Run, digest_of, stage_cache_key
 from .lock import acquire_run_lock, release_run_lock
 from .storage import write_text_atomic
 
@@ -47,7 +47,8 @@ def build_tiny_base(seed: int) -> Path:
     steps) into the ppoflow cache ($PPOFLOW_CACHE, default ~/.cache/ppoflow)."""
     from ppoflow.engine import tiny
 
-    target = cache_root() / f"tiny-addition-seed{seed}-{code_hash(tiny.__file__)}"
+    recipe = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:16]  # the model's recipe
+    target = cache_root() / f"tiny-addition-seed{seed}-{recipe}"
     if (target / "config.json").is_file():
         return target
     tokenizer = build_tiny_tokenizer()
