@@ -26,14 +26,14 @@ class OptimSettings:
 
 
 def resolve_warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
-    """verl's rule: an explicit positive `lr_warmup_steps` wins, else ratio × total steps."""
-    return lr_warmup_steps if lr_warmup_steps > 0 else int(lr_warmup_steps_ratio * total_steps)
+    """verl's rule: `lr_warmup_steps` when it is ≥ 0, else ratio × total steps (its default is -1)."""
+    return lr_warmup_steps if lr_warmup_steps >= 0 else int(lr_warmup_steps_ratio * total_steps)
 
 
 def lr_multiplier(step: int, settings: OptimSettings) -> float:
     """Factor applied to the base lr after `step` scheduler steps."""
-    if step < settings.warmup_steps:
-        return (step + 1) / settings.warmup_steps
+    if step < settings.warmup_steps:  # verl (and transformers' schedules): 0 on the very first update
+        return step / max(1, settings.warmup_steps)
     if settings.warmup_style == "constant":
         return 1.0
     decay_steps = max(1, settings.total_steps - settings.warmup_steps)

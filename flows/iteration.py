@@ -11,7 +11,7 @@ from ppoflow.tasks.metrics import metrics_stage
 from ppoflow.tasks.models import schedule_horizon
 from ppoflow.tasks.reward import reward_stage
 from ppoflow.tasks.rollout import rollout_stage
-from ppoflow.tasks.sections import StageConfig
+from ppoflow.tasks.sections import StageConfig, checkpoint_due
 from ppoflow.tasks.update import actor_update_stage, critic_update_stage
 from ppoflow.tasks.validation import validation_stage
 
@@ -39,7 +39,7 @@ def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Data
 def ppo_iteration(
     run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, n_devices: int
 ) -> tuple[TrainState, StageResult]:
-    save = sc.save_freq > 0 and step % sc.save_freq == 0 or step == total
+    save = checkpoint_due(step, total, sc.save_freq)
     rollout, _ = run_stage(
         rollout_stage,
         run,
@@ -83,7 +83,7 @@ def ppo_iteration(
             total_steps=schedule_horizon(sc.critic, total),
             save=save,
         )
-    if step > sc.critic_warmup:
+    if step >= sc.critic_warmup:  # verl: the actor updates once critic_warmup <= global step
         (actor_update, actor), _ = run_stage(
             actor_update_stage,
             run,
@@ -92,7 +92,7 @@ def ppo_iteration(
             rollouts=rollout.ref,
             advantages=advantage.ref,
             actor_config=sc.actor,
-            temperature=sc.rollout["temperature"],
+            temperature=sc.logit_temperature,
             batching=sc.batching,
             trainer=sc.trainer,
             total_steps=schedule_horizon(sc.actor, total),

@@ -74,10 +74,13 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     if cfg.trainer.resume_mode == "resume_path":
         first, state = resume_state(cfg.trainer.resume_from_path, state)
     history = []
+    if cfg.trainer.val_only:  # verl: validate the model as it is, train nothing
+        history.append(report_iteration(first - 1, total, validate(run, sc, first - 1, state.actor, data)))
+        return report_run(finish_run(run), state.actor, history)
     if sc.val_before_train and first == 1:
         history.append(report_iteration(0, total, validate(run, sc, 0, base, data)))
     for step in range(first, total + 1):
-        state, metrics = ppo_iteration(run, sc, step, total, state, data, cfg.world_size)
+        state, metrics = ppo_iteration(run, sc, step, total, state, data, sc.n_devices)
         record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
         history.append(report_iteration(step, total, metrics))
     return report_run(finish_run(run), state.actor, history)

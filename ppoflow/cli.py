@@ -104,7 +104,7 @@ def _train(args) -> int:
     except (RunLocked, StateUnavailable) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 3
-    except (ValueError, OSError) as error:  # bad data, a failing reward function, a full disk: said above
+    except (ValueError, OSError, RuntimeError) as error:  # bad data, a failing reward, a full disk
         print(f"ppoflow: training stopped: {error}", file=sys.stderr)
         return 1
     return 0

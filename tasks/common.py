@@ -138,10 +138,15 @@ def code_hash(module_file: str) -> str:
     return h.hexdigest()[:16]
 
 
+NOT_IN_KEYS = ("run", "save", "trainer")
+"""Parameters that change where results are kept (checkpoint saving and pruning), not what they are."""
+
+
 def key_for(task, parameters: dict[str, Any]) -> str:
-    """Task name + code hash + identities of every parameter but the run."""
+    """Task name + code hash + identities of every parameter that affects the result."""
     module_file = inspect.getsourcefile(task.fn) or ""
-    return f"{task.name}-{digest_of(code_hash(module_file), parameters)[:40]}"
+    relevant = {k: v for k, v in parameters.items() if k not in NOT_IN_KEYS}
+    return f"{task.name}-{digest_of(code_hash(module_file), relevant)[:40]}"
 
 
 def stage_cache_key(context, parameters: dict[str, Any]) -> str:

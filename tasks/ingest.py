@@ -79,10 +79,10 @@ def ingest_prompts(
         rows, rejects = _builtin_prompts(split), []
     else:
         rows, rejects = _file_prompts(names, split, data, tokenizer_of(run, tokenizer_state))
-    if data.get("max_samples", -1) > 0:  # verl's data.{train,val}_max_samples: the first N good rows
-        rows = rows[: data["max_samples"]]
     rejects_ref = _write_rejects(run, split, rejects)
     _check(split, names, len(rows), rejects, data, run.path / _rejects_path(split))
+    if data.get("max_samples", -1) > 0:  # verl's data.{train,val}_max_samples: the first N good rows
+        rows = rows[: data["max_samples"]]
     table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
     refs = (write_table(table, run.path, f"data/{split}.parquet", SCHEMAS["prompts"]),)
     say(_summary(split, names, len(rows), rejects, run.path / _rejects_path(split)))

@@ -35,15 +35,11 @@ def acquire_run_lock(run_dir: Path) -> Path:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _holder(path)
-            if (
-                holder
-                and holder.get("host") == me["host"]
-                and holder.get("pid") != me["pid"]
-                and _alive(holder["pid"])
-            ):
+            if holder and holder.get("pid") != me["pid"] and _held(holder, me["host"]):
                 raise RunLocked(
                     f"run directory {run_dir} is being written by process {holder['pid']} on "
-                    f"{holder['host']} (since {holder.get('started', '?')}); wait for it to finish or stop it"
+                    f"{holder['host']} (since {holder.get('started', '?')}); wait for it to finish or stop "
+                    f"it (if that process is gone, delete {path})"
                 ) from None
             path.unlink(missing_ok=True)  # stale: its process is gone (or unreadable)
             continue
@@ -51,6 +47,12 @@ def acquire_run_lock(run_dir: Path) -> Path:
             json.dump(me, handle)
         return path
     raise RunLocked(f"could not take the lock {path}")
+
+
+def _held(holder: dict, host: str) -> bool:
+    """Whether the lock's holder may still be running: alive on this host, or on another host
+    (whose processes cannot be checked from here)."""
+    return holder.get("host") != host or _alive(holder["pid"])
 
 
 def release_run_lock(run_dir: Path) -> None:

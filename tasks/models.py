@@ -153,6 +153,11 @@ def load_trainable(run: Run, state: ModelState, settings: OptimSettings) -> Trai
     return result
 
 
+def forget(run: Run, role: str) -> None:
+    """Drop the in-memory model of `role` (after a failed update left it half-trained)."""
+    _LIVE.pop((run.run_dir, role), None)
+
+
 def remember(run: Run, state: ModelState, value: Trainable) -> None:
     """Keep only the newest state of each role in memory."""
     _LIVE[(run.run_dir, state.role)] = (state.lineage, value)

@@ -86,9 +86,7 @@ def rollout_stage(
     tokenizer = tokenizer_of(run, actor)
     rendered = render_prompts(tokenizer, rows, rollout["prompt_length"], batching["truncation"])
     model = model_of(run, actor)
-    engine = HFRolloutEngine(
-        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
-    )
+    engine = rollout_engine(rollout["name"], model, tokenizer)
     n = rollout["n"]
     rollout_seed = seed * 1_000_003 + step
     with progress_bar(f"step {step} generate", total=len(rows) * n) as advance:

@@ -9,6 +9,20 @@ from ppoflow.conf import PPOFlowConfig
 from ppoflow.engine.data import steps_per_epoch
 
 from .reward_runner import custom_function_section
+from .rollout import sampling_params
+
+ROLLOUT_KEYS = (
+    "name",
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "do_sample",
+    "prompt_length",
+    "response_length",
+    "log_prob_micro_batch_size_per_gpu",
+)
+"""What generating training rollouts reads (validation settings and vLLM knobs stay out of its key)."""
 
 
 @dataclass(frozen=True)
@@ -28,12 +42,23 @@ class StageConfig:
     test_freq: int
     save_freq: int
     val_before_train: bool
+    logit_temperature: float
+    n_devices: int
 
 
 def stage_config(cfg: PPOFlowConfig) -> StageConfig:
+    if cfg.algorithm.adv_estimator == "remax":
+        raise ValueError(
+            "algorithm.adv_estimator=remax needs an extra greedy generation per prompt for its baseline, "
+            "which the pipeline does not run yet (engine.advantages.compute_remax_advantage exists); "
+            "use grpo, rloo, reinforce_plus_plus(_baseline) or gae"
+        )
     arr = cfg.actor_rollout_ref
-    n, world = arr.rollout.n, cfg.world_size
-    rollout = arr.rollout.model_dump(mode="json")
+    # Updates run in one process, so a mini-batch is all of its mini·n responses (verl splits it
+    # over world_size ranks; the number of optimizer steps is the same).
+    n = arr.rollout.n
+    full_rollout = arr.rollout.model_dump(mode="json")
+    rollout = {key: full_rollout[key] for key in ROLLOUT_KEYS}
     actor = arr.actor.model_dump(mode="json") | {
         "effective_clip_ratio_low": arr.actor.effective_clip_ratio_low,
         "effective_clip_ratio_high": arr.actor.effective_clip_ratio_high,
@@ -43,12 +68,12 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
         "shuffle": cfg.data.shuffle,
         "seed": cfg.data.seed,
         "truncation": cfg.data.truncation,
-        "actor_mini_batch_rows": arr.actor.ppo_mini_batch_size * n // world,
-        "critic_mini_batch_rows": (cfg.critic.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size)
-        * n
-        // world,
+        "actor_mini_batch_rows": arr.actor.ppo_mini_batch_size * n,
+        "critic_mini_batch_rows": (cfg.critic.ppo_mini_batch_size or arr.actor.ppo_mini_batch_size) * n,
     }
-    val_rollout = {key: rollout[key] for key in ("name", "prompt_length", "response_length", "val_kwargs")}
+    val_rollout = {
+        key: full_rollout[key] for key in ("name", "prompt_length", "response_length", "val_kwargs")
+    }
     val_rollout["log_generations"] = cfg.trainer.log_val_generations
     return StageConfig(
         rollout=rollout,
@@ -78,7 +103,21 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
         test_freq=cfg.trainer.test_freq,
         save_freq=cfg.trainer.save_freq,
         val_before_train=cfg.trainer.val_before_train,
+        # the temperature old_log_probs were computed at (1.0 for greedy rollouts)
+        logit_temperature=sampling_params(rollout, validation=False).logit_temperature,
+        n_devices=1,  # updates run in one process
     )
+
+
+MAX_UNSAVED_STEPS = 50
+"""A checkpoint at least this often, whatever trainer.save_freq says, so that a state to rebuild by
+replay is never more than this many updates away from one on disk."""
+
+
+def checkpoint_due(step: int, total: int, save_freq: int) -> bool:
+    """trainer.save_freq (≤ 0: only at the end, as verl's -1), the last step, and every
+    MAX_UNSAVED_STEPS steps."""
+    return (save_freq > 0 and step % save_freq == 0) or step == total or step % MAX_UNSAVED_STEPS == 0
 
 
 def total_training_steps(cfg: PPOFlowConfig, train_rows: int) -> int:

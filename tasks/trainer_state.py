@@ -13,10 +13,15 @@ from .storage import read_json, write_json_atomic
 STATE_FILE = "trainer_state.json"
 
 
-def _saved(state: ModelState | None) -> dict | None:
-    if state is None:
+def _saved(run: Run, state: ModelState | None) -> dict | None:
+    if state is None or state.checkpoint is None:
         return None
-    return {"lineage": state.lineage, "step": state.step, "digest": state.checkpoint_digest}
+    return {
+        "lineage": state.lineage,
+        "step": state.step,
+        "digest": state.checkpoint_digest,
+        "checkpoint": str(run.path / state.checkpoint),
+    }
 
 
 def record_trainer_state(run: Run, step: int, state: TrainState, data_position: dict) -> None:
@@ -30,8 +35,8 @@ def record_trainer_state(run: Run, step: int, state: TrainState, data_position: 
             "global_step": step,
             "kl_coef": state.kl_coef,  # β for step + 1 (verl does not save it; a resume must not reset it)
             "data": data_position,
-            "actor": _saved(state.actor),
-            "critic": _saved(state.critic),
+            "actor": _saved(run, state.actor),
+            "critic": _saved(run, state.critic),
         },
     )
 
@@ -63,10 +68,15 @@ def resume_state(checkpoint_dir: str | Path, initial: TrainState) -> tuple[int, 
     saved = read_json(path)
 
     def restored(role: str, current: ModelState | None) -> ModelState | None:
-        if current is None or saved[role] is None:
+        info = saved.get(role)
+        if current is None or info is None:
             return current
-        info = saved[role]
-        return ModelState(role, info["lineage"], info["step"], str(folder / role), info["digest"])
+        if not Path(info["checkpoint"]).is_dir():
+            raise FileNotFoundError(
+                f"trainer.resume_from_path={checkpoint_dir}: the {role} checkpoint it names, "
+                f"{info['checkpoint']}, is gone (pruned by max_{role}_ckpt_to_keep?)"
+            )
+        return ModelState(role, info["lineage"], info["step"], info["checkpoint"], info["digest"])
 
     state = TrainState(
         actor=restored("actor", initial.actor),

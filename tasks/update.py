@@ -18,7 +18,7 @@ from .common import (
 )
 from .console import progress_bar
 from .faults import inject_fault
-from .models import optim_settings, prune_checkpoints, remember, save_checkpoint, tokenizer_of
+from .models import forget, optim_settings, prune_checkpoints, remember, save_checkpoint, tokenizer_of
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, stage_path, write_table
 from .training import apply_update, materialize, update_steps
@@ -56,23 +56,29 @@ def run_update(
     """Materialize the parent state, train it, write the step table, save when due."""
     timer, key = StageTimer(), current_cache_key()
     value = materialize(run, inputs.parent, optim_settings(inputs.config["optim"], inputs.total_steps))
-    total = update_steps(role, inputs, inputs.rollouts.rows)
-    with progress_bar(f"step {inputs.step} {role} update", total=total) as advance:
-        result = apply_update(run, role, inputs, value, on_step=advance)
-    inject_fault(f"{role}_update", inputs.step)
-    ref = write_table(
-        _step_table(result.steps, role),
-        run.path,
-        stage_path(inputs.step, f"{role}_update"),
-        SCHEMAS[f"{role}_update"],
-    )
-    parent = inputs.parent
-    state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
-    if save:
-        checkpoint, digest = save_checkpoint(run, role, inputs.step, value, tokenizer_of(run, parent))
-        prune_checkpoints(run, role, trainer[f"max_{role}_ckpt_to_keep"])
-        saved_inputs = UpdateInputs(**{**vars(inputs), "parent": parent.detached()})
-        state = ModelState(role, state.lineage, inputs.step, checkpoint, digest, origin=saved_inputs)
+    try:  # the model is trained in place: if anything fails, it is no longer the parent state
+        total = update_steps(role, inputs, inputs.rollouts.rows)
+        with progress_bar(f"step {inputs.step} {role} update", total=total) as advance:
+            result = apply_update(run, role, inputs, value, on_step=advance)
+        inject_fault(f"{role}_update", inputs.step)
+        ref = write_table(
+            _step_table(result.steps, role),
+            run.path,
+            stage_path(inputs.step, f"{role}_update"),
+            SCHEMAS[f"{role}_update"],
+        )
+        parent = inputs.parent
+        state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
+        if save:
+            checkpoint, digest = save_checkpoint(run, role, inputs.step, value, tokenizer_of(run, parent))
+            prune_checkpoints(run, role, trainer[f"max_{role}_ckpt_to_keep"])
+            # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
+            kept = parent.detached() if parent.checkpoint is not None else parent
+            saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})
+            state = ModelState(role, state.lineage, inputs.step, checkpoint, digest, origin=saved_inputs)
+    except BaseException:
+        forget(run, role)
+        raise
     remember(run, state, value)
     return StageResult(f"{role}_update", (ref,), key, timer.seconds), state
 

@@ -10,12 +10,12 @@ from ppoflow.engine.optim import OptimSettings, build_optimizer, lr_multiplier, 
 
 def test_constant_with_warmup():
     settings = OptimSettings(lr=1.0, warmup_steps=4, total_steps=10)
-    assert [lr_multiplier(s, settings) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert [lr_multiplier(s, settings) for s in range(6)] == [0.0, 0.25, 0.5, 0.75, 1.0, 1.0]
 
 
 def test_cosine_decays_to_min_lr_ratio():
     settings = OptimSettings(lr=1.0, warmup_steps=2, total_steps=12, warmup_style="cosine", min_lr_ratio=0.1)
-    assert lr_multiplier(1, settings) == 1.0
+    assert lr_multiplier(1, settings) == 0.5
     assert lr_multiplier(2, settings) == pytest.approx(1.0)
     assert lr_multiplier(7, settings) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lr_multiplier(12, settings) == pytest.approx(0.1)
@@ -24,6 +24,7 @@ def test_cosine_decays_to_min_lr_ratio():
 
 def test_warmup_steps_resolution_follows_verl():
     assert resolve_warmup_steps(5, 0.5, 100) == 5
+    assert resolve_warmup_steps(0, 0.5, 100) == 0  # an explicit 0 means no warmup
     assert resolve_warmup_steps(-1, 0.1, 100) == 10
     assert resolve_warmup_steps(-1, 0.0, 100) == 0
 
@@ -33,8 +34,8 @@ def test_scheduler_steps_the_optimizer_lr():
     optimizer, scheduler = build_optimizer(
         model, OptimSettings(lr=0.1, warmup_steps=2, total_steps=5, weight_decay=0.0, betas=(0.8, 0.9))
     )
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
     assert optimizer.param_groups[0]["betas"] == (0.8, 0.9)
     optimizer.step()
     scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)

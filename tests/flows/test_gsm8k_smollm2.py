@@ -23,20 +23,38 @@ def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
     (tmp_path / "train.jsonl").write_text("\n".join(train_lines))
     (tmp_path / "val.jsonl").write_text("\n".join(val_lines))
     run_dir = tmp_path / "run"
-    summary = ppo_train(str(CPU_PRESET), [
-        f"data.train_files={tmp_path / 'train.jsonl'}", f"data.val_files={tmp_path / 'val.jsonl'}",
-        "data.max_response_length=48", f"trainer.default_local_dir={run_dir}",
-    ])
-    counts = dict(query(run_dir, "SELECT 'rollouts', count(*) FROM rollouts UNION ALL "
-                                 "SELECT 'rewards', count(*) FROM rewards UNION ALL "
-                                 "SELECT 'advantages', count(*) FROM advantages UNION ALL "
-                                 "SELECT 'validation', count(*) FROM validation UNION ALL "
-                                 "SELECT 'metrics', count(*) FROM metrics UNION ALL "
-                                 "SELECT 'actor_update', count(*) FROM actor_update UNION ALL "
-                                 "SELECT 'critic_update', count(*) FROM critic_update UNION ALL "
-                                 "SELECT 'prompts', count(*) FROM prompts")[1])
-    assert counts == {"rollouts": 8, "rewards": 8, "advantages": 8, "validation": 4, "metrics": 2,
-                      "actor_update": 4, "critic_update": 4, "prompts": 12}
+    summary = ppo_train(
+        str(CPU_PRESET),
+        [
+            f"data.train_files={tmp_path / 'train.jsonl'}",
+            f"data.val_files={tmp_path / 'val.jsonl'}",
+            "data.max_response_length=48",
+            f"trainer.default_local_dir={run_dir}",
+        ],
+    )
+    counts = dict(
+        query(
+            run_dir,
+            "SELECT 'rollouts', count(*) FROM rollouts UNION ALL "
+            "SELECT 'rewards', count(*) FROM rewards UNION ALL "
+            "SELECT 'advantages', count(*) FROM advantages UNION ALL "
+            "SELECT 'validation', count(*) FROM validation UNION ALL "
+            "SELECT 'metrics', count(*) FROM metrics UNION ALL "
+            "SELECT 'actor_update', count(*) FROM actor_update UNION ALL "
+            "SELECT 'critic_update', count(*) FROM critic_update UNION ALL "
+            "SELECT 'prompts', count(*) FROM prompts",
+        )[1]
+    )
+    assert counts == {
+        "rollouts": 8,
+        "rewards": 8,
+        "advantages": 8,
+        "validation": 4,
+        "metrics": 2,
+        "actor_update": 4,
+        "critic_update": 4,
+        "prompts": 12,
+    }
     assert check_invariants(run_dir) == {}
     assert query(run_dir, "SELECT DISTINCT data_source FROM rollouts")[1] == [("openai/gsm8k",)]
     rendered = query(run_dir, "SELECT prompt_text FROM rollouts LIMIT 1")[1][0][0]
@@ -46,8 +64,12 @@ def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
     actor_dir = summary["actor_checkpoint"]
     model = AutoModelForCausalLM.from_pretrained(actor_dir)
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    answer = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert len(answer.strip()) > 0

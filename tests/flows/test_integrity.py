@@ -125,3 +125,20 @@ def test_a_run_resumed_at_an_epoch_boundary_trains_the_remaining_steps(
     ]
     ran = [name for name, state in task_states(flow_run_id).items() if state == "Completed"]
     assert len([n for n in ran if n.startswith("update_actor")]) == 2  # steps 3 and 4 only
+
+
+def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    _, flow_run_id = train(
+        copy, "trainer.max_actor_ckpt_to_keep=1", "actor_rollout_ref.rollout.val_kwargs.top_k=5"
+    )
+    assert _ran(flow_run_id) == {"validate"}  # pruning policy: no stage; val_kwargs: validation only
+    assert len(list(copy.glob("checkpoints/iter=*/actor"))) == 2  # pruning happens only when updates run
+
+
+def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, tmp_path):
+    summary, _ = train(tmp_path, "trainer.val_only=true")
+    assert query(tmp_path, "SELECT DISTINCT iter FROM validation")[1] == [(0,)]
+    assert query(tmp_path, "SELECT count(*) FROM rollouts")[1] == [(0,)]
+    assert len(summary["val_scores"]) == 1

@@ -157,7 +157,7 @@ def test_saved_actor_loads_in_plain_transformers_and_generates(small_run):
 
 
 def test_critic_warmup_updates_only_the_critic_first(prefect_server, tiny_model_dir, tmp_path):
-    train(tmp_path, "trainer.critic_warmup=1", "trainer.test_freq=2")
+    train(tmp_path, "trainer.critic_warmup=2", "trainer.test_freq=2")  # verl: actor once warmup <= step
     assert query(tmp_path, "SELECT DISTINCT iter FROM actor_update ORDER BY iter")[1] == [(2,)]
     assert query(tmp_path, "SELECT DISTINCT iter FROM critic_update ORDER BY iter")[1] == [(1,), (2,)]
     assert not (tmp_path / "checkpoints/iter=000001/actor").exists()
