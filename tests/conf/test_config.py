@@ -16,16 +16,6 @@ from ppoflow.conf import (
 from ppoflow.conf.schema_checks import get_key
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    """A directory that passes the model checks: config.json and a tokenizer file."""
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "tokenizer.json").write_text("{}")
-    return path
-
-
 def flatten(tree: dict, prefix: str = "") -> dict:
     """A nested YAML mapping as {dotted key: value}."""
     flat = {}

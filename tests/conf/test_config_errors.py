@@ -6,15 +6,6 @@ import yaml
 from ppoflow.conf import EMBEDDED_DEFAULT, ConfigError, load_config
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    path = tmp_path / "model"
-    path.mkdir()
-    (path / "config.json").write_text("{}")
-    (path / "tokenizer.json").write_text("{}")
-    return path
-
-
 def error_of(*overrides: str, path=None, base="embedded") -> str:
     with pytest.raises(ConfigError) as info:
         load_config(path, overrides, base=base)
