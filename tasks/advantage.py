@@ -9,9 +9,9 @@ from prefect import task
 from ppoflow.engine.forward import compute_values
 from ppoflow.engine.kl import kl_penalty
 from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
-from ppoflow.engine.ppo import AdvantageSettings, compute_advantage_stage
+from ppoflow.engine.ppo import AdvantageSettings, compute_advantage_stage, unpad
 
-from .batches import as_lists, sequence_batch, token_tensor
+from .batches import sequence_batch, token_tensor
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .faults import inject_fault
 from .models import model_of, tokenizer_of
@@ -66,11 +66,11 @@ def advantage_stage(
     columns = {
         "prompt_id": table["prompt_id"],
         "sample_idx": table["sample_idx"],
-        "values": as_lists(values, mask) if values is not None else [None] * table.num_rows,
-        "token_level_rewards": as_lists(result.token_level_rewards, mask),
-        "advantages": as_lists(result.advantages, mask),
-        "returns": as_lists(result.returns, mask),
-        "kl": as_lists(kl, mask) if kl is not None else [None] * table.num_rows,
+        "values": unpad(values, mask) if values is not None else [None] * table.num_rows,
+        "token_level_rewards": unpad(result.token_level_rewards, mask),
+        "advantages": unpad(result.advantages, mask),
+        "returns": unpad(result.returns, mask),
+        "kl": unpad(kl, mask) if kl is not None else [None] * table.num_rows,
         "train_weight": _train_weights(scores, algorithm, seed * 1_000_003 + step),
     }
     inject_fault("advantage", step)

@@ -21,13 +21,3 @@ def token_tensor(table: pa.Table, column: str, width: int) -> torch.Tensor | Non
     if all(v is None for v in values):
         return None
     return pad_rows([v or [] for v in values], width)
-
-
-def as_lists(values: torch.Tensor, mask: torch.Tensor) -> list[list[float]]:
-    """(N, T) → per-row lists over valid positions (what list columns store)."""
-    lengths = mask.sum(-1).long().tolist()
-    return [values[i, :n].tolist() for i, n in enumerate(lengths)]
-
-
-def pad_token_id(tokenizer) -> int:
-    return tokenizer.pad_token_id
