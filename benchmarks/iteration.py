@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (trainer.num_threads)")
     parser.add_argument("--target", type=float, default=0.9, help="greedy accuracy to time")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides (e.g. trainer.save_freq=5)")
     args = parser.parse_args()
     for key, value in {
         "PREFECT_LOGGING_LEVEL": "WARNING",
@@ -51,6 +52,7 @@ def main() -> None:
     overrides = [f"trainer.total_training_steps={args.iterations}", f"trainer.default_local_dir={run_dir}"]
     if args.threads:
         overrides.append(f"trainer.num_threads={args.threads}")
+    overrides += args.overrides
     launched = time.time()
     summary = ppo_train(None, overrides)
     finished = time.time()
