@@ -1,4 +1,4 @@
-"""The `ppoflow` command: train, query, config, schema."""
+"""The `ppoflow` command: train, query, show, config, schema."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ examples:
   ppoflow query runs/demo "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
   ppoflow config trainer.experiment_name=x               # print the effective config
   ppoflow schema rollouts                                # the documented columns of a table
+  ppoflow show runs/demo --worst 3                       # responses, rewards and per-token values
 """
 
 
@@ -49,6 +50,14 @@ def _parser() -> argparse.ArgumentParser:
     query.add_argument("run_dir", type=Path)
     query.add_argument("sql")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    show = commands.add_parser("show", help="responses of one iteration with rewards and per-token values")
+    show.add_argument("run_dir", type=Path)
+    show.add_argument("--iter", type=int, default=None, help="iteration (default: the last)")
+    which = show.add_mutually_exclusive_group()
+    which.add_argument("--best", type=int, metavar="N", help="the N highest-scoring responses")
+    which.add_argument("--worst", type=int, metavar="N", help="the N lowest-scoring responses")
+    which.add_argument("--random", type=int, metavar="N", help="N responses at random (default 3)")
+    show.add_argument("--seed", type=int, default=0, help="seed of --random")
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
     return parser
@@ -71,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             return _query(args)
         case "schema":
             return _schema(args)
+        case "show":
+            return _show(args)
         case _:
             _parser().print_help()
             return 0
@@ -157,6 +168,24 @@ def _cell(value) -> str:
         return f"{value:.6g}"
     text = str(value)
     return text if len(text) <= 80 else text[:77] + "…"
+
+
+def _show(args) -> int:
+    from rich.console import Console
+
+    from ppoflow.show import load_rows, pick, render, run_tokenizer
+
+    mode, count = next(
+        ((m, getattr(args, m)) for m in ("best", "worst", "random") if getattr(args, m)), ("random", 3)
+    )
+    try:
+        iteration, rows = load_rows(args.run_dir, args.iter)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    render(console, iteration, pick(rows, mode, count, args.seed), run_tokenizer(args.run_dir))
+    return 0
 
 
 def _schema(args) -> int:

@@ -60,3 +60,26 @@ def test_schema_documents_the_tables():
     assert "rollouts" in listing.stdout and "advantages" in listing.stdout
     rollouts = ppoflow("schema", "rollouts")
     assert "old_log_probs" in rollouts.stdout and "response_ids" in rollouts.stdout
+
+
+def test_show_prints_responses_with_rewards_and_per_token_values(small_run):
+    run_dir, _, _ = small_run
+    out = ppoflow("show", str(run_dir), "--best", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("iter 2 · ") == 2  # the last iteration by default
+    for column in ("old logp", "value", "adv", "return"):
+        assert column in out.stdout
+    best = query_scores(run_dir)
+    assert f"score {best[0]:.3f}" in out.stdout
+    random_one = ppoflow("show", str(run_dir), "--iter", "1", "--random", "1", "--seed", "3")
+    assert random_one.stdout.count("iter 1 · ") == 1
+    missing = ppoflow("show", str(run_dir), "--iter", "9")
+    assert missing.returncode == 2 and "no rollouts for iteration 9" in missing.stderr
+
+
+def query_scores(run_dir) -> list[float]:
+    from ppoflow.tasks.catalog import query
+
+    return [
+        row[0] for row in query(run_dir, "SELECT score FROM rewards WHERE iter = 2 ORDER BY score DESC")[1]
+    ]

@@ -1,0 +1,93 @@
+"""`ppoflow show`: responses of one iteration with their rewards, and per token the log-probs, KL,
+value, advantage and return — the seed's rollout record, readable in a terminal."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ppoflow.tasks.catalog import query
+
+ROWS_SQL = """
+SELECT r.prompt_id, r.sample_idx, r.prompt_text, r.response_text, r.response_ids, r.old_log_probs,
+       r.ref_log_probs, r.finish_reason, w.score, w.components, w.error, a."values", a.advantages,
+       a.returns, a.kl
+FROM rollouts r JOIN rewards w USING (iter, prompt_id, sample_idx)
+                JOIN advantages a USING (iter, prompt_id, sample_idx)
+WHERE r.iter = {iteration}
+ORDER BY r.prompt_id, r.sample_idx
+"""
+
+
+def pick(rows: list[dict], mode: str, count: int, seed: int) -> list[dict]:
+    """best / worst by score (ties in table order), or a seeded random sample."""
+    match mode:
+        case "best":
+            return sorted(rows, key=lambda r: -r["score"])[:count]
+        case "worst":
+            return sorted(rows, key=lambda r: r["score"])[:count]
+        case "random":
+            return random.Random(seed).sample(rows, min(count, len(rows)))
+        case _:
+            raise ValueError(f"unknown selection {mode!r}: expected best, worst or random")
+
+
+def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
+    if iteration is None:
+        iteration = query(run_dir, "SELECT max(iter) FROM rollouts")[1][0][0]
+        if iteration is None:
+            raise ValueError(f"{run_dir} has no rollouts yet")
+    columns, rows = query(run_dir, ROWS_SQL.format(iteration=int(iteration)))
+    if not rows:
+        raise ValueError(f"{run_dir} has no rollouts for iteration {iteration}")
+    return iteration, [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+def run_tokenizer(run_dir: Path):
+    """The tokenizer saved with the run's newest actor checkpoint (or its copied base model)."""
+    from ppoflow.engine.models import load_tokenizer
+
+    saved = sorted(run_dir.glob("checkpoints/iter=*/actor")) or [run_dir / "model/base"]
+    return load_tokenizer(saved[-1]) if (saved[-1] / "config.json").is_file() else None
+
+
+def token_table(row: dict, tokens: list[str]) -> Table:
+    table = Table(
+        "t", "token", "old logp", "ref logp", "kl", "value", "adv", "return", box=None, pad_edge=False
+    )
+    for t, token in enumerate(tokens):
+        table.add_row(
+            str(t),
+            repr(token)[1:-1],
+            _num(row["old_log_probs"], t),
+            _num(row["ref_log_probs"], t),
+            _num(row["kl"], t),
+            _num(row["values"], t),
+            _num(row["advantages"], t),
+            _num(row["returns"], t),
+        )
+    return table
+
+
+def _num(values: list[float] | None, t: int) -> str:
+    return "—" if values is None else f"{values[t]:+.3f}"
+
+
+def render(console: Console, iteration: int, rows: list[dict], tokenizer) -> None:
+    for row in rows:
+        components = ", ".join(f"{k} {v:g}" for k, v in dict(row["components"] or []).items())
+        console.rule(
+            f"iter {iteration} · {row['prompt_id']} #{row['sample_idx']} · score {row['score']:.3f}"
+            + (f" ({components})" if components else "")
+            + f" · {row['finish_reason']}"
+        )
+        console.print(f"[dim]prompt[/dim]   …{row['prompt_text'][-300:]}", soft_wrap=True, markup=True)
+        console.print(f"[dim]response[/dim] {row['response_text']}", soft_wrap=True, markup=True)
+        if row["error"]:
+            console.print(f"[red]reward error[/red] {row['error']}", markup=True)
+        ids = row["response_ids"]
+        tokens = [tokenizer.decode([i]) for i in ids] if tokenizer else [str(i) for i in ids]
+        console.print(token_table(row, tokens))
