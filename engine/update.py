@@ -18,6 +18,7 @@ from .forward import SequenceBatch, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
 from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
+from .metrics import reduce_update_steps
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,7 @@ class UpdateResult:
 
     def mean_metrics(self) -> dict[str, float]:
         """verl's reduction: each metric averaged over the optimizer steps of the update."""
-        names = [k for k in self.steps[0] if "/" in k] if self.steps else []
-        return {name: sum(step[name] for step in self.steps) / len(self.steps) for name in names}
+        return reduce_update_steps(self.steps)
 
 
 def count_steps(n_rows: int, size: int, epochs: int) -> int:

@@ -1,8 +1,8 @@
 """What every stage shares: the run handle, model-state references, cache keys, and `run_stage`.
 
 A stage's cache key = stage name + the config section it reads + the identities of its inputs + a
-hash of the code it runs (the whole engine and the task's own module: Prefect's TASK_SOURCE sees
-only the task's lines). Identities are content digests for parquet and lineages for model states,
+hash of the code it runs (every engine and task module: Prefect's TASK_SOURCE sees only the task's
+own lines). Identities are content digests for parquet and lineages for model states,
 so timings and absolute paths never enter a key and a moved run directory still hits its cache.
 """
 

@@ -18,7 +18,7 @@ from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_sta
 from .catalog import refresh_catalog
 from .common import ModelState, Run, digest_of, stage_cache_key
 from .lock import acquire_run_lock, release_run_lock
-from .storage import write_text_atomic
+from .storage import file_digest, write_text_atomic
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 SMOLLM2 = "builtin:smollm2-135m-instruct"
@@ -139,13 +139,11 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
 
 
 def _directory_digest(directory: Path) -> str:
-    """sha256 over the model's config, tokenizer and weight files (names and bytes)."""
+    """sha256 over the model's config, tokenizer and weight files (names and content digests)."""
     h = hashlib.sha256()
     for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
         h.update(path.name.encode())
-        with path.open("rb") as handle:
-            while chunk := handle.read(1 << 20):
-                h.update(chunk)
+        h.update(file_digest(path).encode())
     return h.hexdigest()
 
 
