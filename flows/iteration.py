@@ -37,7 +37,7 @@ def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Data
 
 
 def ppo_iteration(
-    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, n_devices: int
+    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets
 ) -> tuple[TrainState, StageResult]:
     save = checkpoint_due(step, total, sc.save_freq)
     rollout, _ = run_stage(
@@ -114,7 +114,7 @@ def ppo_iteration(
         validation=validation,
         kl={"coef": state.kl_coef, "current": current_kl},
         limits={k: sc.rollout[k] for k in ("prompt_length", "response_length")},
-        n_devices=n_devices,
+        n_devices=sc.n_devices,
     )
     kl_coef = next_kl_coef(sc.algorithm["kl_ctrl"], state.kl_coef, current_kl, rollout.ref.rows)
     return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), metrics

@@ -80,7 +80,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     if sc.val_before_train and first == 1:
         history.append(report_iteration(0, total, validate(run, sc, 0, base, data)))
     for step in range(first, total + 1):
-        state, metrics = ppo_iteration(run, sc, step, total, state, data, sc.n_devices)
+        state, metrics = ppo_iteration(run, sc, step, total, state, data)
         record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
         history.append(report_iteration(step, total, metrics))
     return report_run(finish_run(run), state.actor, history)
