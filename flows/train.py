@@ -20,6 +20,7 @@ from ppoflow.tasks.prepare import (
     set_torch_threads,
 )
 from ppoflow.tasks.sections import stage_config, total_training_steps
+from ppoflow.tasks.tracking import Tracking
 from ppoflow.tasks.trainer_state import data_position, record_trainer_state, resume_state
 
 
@@ -73,14 +74,22 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     first = 1
     if cfg.trainer.resume_mode == "resume_path":
         first, state = resume_state(cfg.trainer.resume_from_path, state)
+    tracking = Tracking(cfg, run.path, total)
     history = []
+
+    def record(step: int, result) -> None:
+        history.append(report_iteration(step, total, result))
+        tracking.log(step, history[-1])
+
     if cfg.trainer.val_only:  # verl: validate the model as it is, train nothing
-        history.append(report_iteration(first - 1, total, validate(run, sc, first - 1, state.actor, data)))
-        return report_run(finish_run(run), state.actor, history)
-    if sc.val_before_train and first == 1:
-        history.append(report_iteration(0, total, validate(run, sc, 0, base, data)))
-    for step in range(first, total + 1):
-        state, metrics = ppo_iteration(run, sc, step, total, state, data)
-        record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
-        history.append(report_iteration(step, total, metrics))
-    return report_run(finish_run(run), state.actor, history)
+        record(first - 1, validate(run, sc, first - 1, state.actor, data))
+    else:
+        if sc.val_before_train:  # verl validates a resumed model too, at the step it resumes from
+            record(first - 1, validate(run, sc, first - 1, state.actor, data))
+        for step in range(first, total + 1):
+            state, metrics = ppo_iteration(run, sc, step, total, state, data)
+            record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
+            record(step, metrics)
+    summary = report_run(finish_run(run), state.actor, history)
+    tracking.finish(summary)
+    return summary
