@@ -3,15 +3,20 @@ and a refreshed DuckDB catalog."""
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 from prefect import task
 
+from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.metrics import (
     compute_data_metrics,
     compute_group_metrics,
     compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
+    memory_metrics,
     reduce_update_steps,
 )
 from ppoflow.engine.ppo import pad_rows
@@ -19,14 +24,13 @@ from ppoflow.engine.ppo import pad_rows
 from .catalog import refresh_catalog_if_stale
 from .common import Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .reward import reward_error_metrics
-from .schemas import metrics_table
+from .schemas import DATA_FILES, metrics_table
 from .storage import read_table, stage_path, write_manifest, write_table
 
 
 def _data_metrics(
-    run: Run, rollout: StageResult, reward: StageResult, advantage: StageResult, limits: dict
+    run: Run, rollouts: pa.Table, reward: StageResult, advantage: StageResult, limits: dict
 ) -> dict[str, float]:
-    rollouts = read_table(run.path, rollout.ref)
     adv = read_table(run.path, advantage.ref)
     lengths = rollouts["response_length"].to_pylist()
     width = max(lengths, default=0)
@@ -55,6 +59,27 @@ def _data_metrics(
     return metrics
 
 
+PER_TOKEN = {"rollout": "response", "advantage": "all", "critic_update": "all", "actor_update": "all"}
+"""verl's token counts for timing_per_token_ms: response tokens for generation (the rollout stage), prompt +
+response tokens for log-prob, value, advantage and update passes; none for reward and validation."""
+
+
+def _token_counts(rollouts: pa.Table) -> dict[str, int]:
+    response = int(pc.sum(rollouts["response_length"]).as_py() or 0)
+    return {"response": response, "all": response + int(pc.sum(rollouts["prompt_length"]).as_py() or 0)}
+
+
+def _training_metrics(run: Run, step: int, rollouts: pa.Table) -> dict[str, float]:
+    """verl's training/global_step and training/epoch (0-based). Each step's batch is a function of the
+    step number (engine.data.batch_rows): the epoch follows from the train split's size and the batch's."""
+    train_rows = pq.read_metadata(run.path / DATA_FILES["prompts"][0]).num_rows
+    batch = len(pc.unique(rollouts["prompt_id"]))
+    return {
+        "training/global_step": float(step),
+        "training/epoch": float((step - 1) // steps_per_epoch(train_rows, batch)),
+    }
+
+
 def _update_metrics(run: Run, result: StageResult | None, role: str) -> dict[str, float]:
     if result is None:
         return {}
@@ -66,7 +91,7 @@ def _update_metrics(run: Run, result: StageResult | None, role: str) -> dict[str
     return reduce_update_steps(steps)
 
 
-@task(name="record_metrics", cache_key_fn=stage_cache_key)
+@task(name="record_metrics", task_run_name="record_metrics-step{step}", cache_key_fn=stage_cache_key)
 def metrics_stage(
     run: Run,
     step: int,
@@ -85,17 +110,21 @@ def metrics_stage(
     stages = [
         s for s in (rollout, reward, advantage, critic_update, actor_update, validation) if s is not None
     ]
-    metrics = _data_metrics(run, rollout, reward, advantage, limits)
+    rollouts = read_table(run.path, rollout.ref)
+    metrics = _data_metrics(run, rollouts, reward, advantage, limits)
     metrics |= _update_metrics(run, critic_update, "critic") | _update_metrics(run, actor_update, "actor")
     metrics |= dict(validation.values) if validation is not None else {}
-    metrics["actor/reward_kl_penalty_coeff"] = kl["coef"]
-    if kl.get("current") is not None:
-        metrics["actor/reward_kl_penalty"] = kl["current"]
-    tokens = int(rollout.value("tokens"))
+    if kl.get("current") is not None:  # verl logs both only with algorithm.use_kl_in_reward
+        metrics |= {"actor/reward_kl_penalty": kl["current"], "actor/reward_kl_penalty_coeff": kl["coef"]}
+    metrics |= _training_metrics(run, step, rollouts)
+    tokens = _token_counts(rollouts)
     timing = {s.stage: s.seconds for s in stages}
-    metrics |= compute_timing_metrics(timing, {s.stage: tokens for s in stages if s.stage != "validation"})
-    step_seconds = sum(timing.values())
-    metrics |= compute_throughput_metrics(total_tokens=tokens, step_seconds=step_seconds, n_devices=n_devices)
+    timing["step"] = sum(timing.values())
+    metrics |= compute_timing_metrics(timing, {stage: tokens[kind] for stage, kind in PER_TOKEN.items()})
+    metrics |= compute_throughput_metrics(
+        total_tokens=tokens["all"], step_seconds=timing["step"], n_devices=n_devices
+    )
+    metrics |= memory_metrics()
     ref = write_table(metrics_table(metrics, step), run.path, stage_path(step, "metrics"))
     key = current_cache_key()
     manifest = {

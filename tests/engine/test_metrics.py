@@ -10,6 +10,7 @@ from ppoflow.engine.metrics import (
     compute_throughput_metrics,
     compute_timing_metrics,
     compute_validation_metrics,
+    memory_metrics,
     reduce_update_steps,
 )
 
@@ -40,11 +41,12 @@ def test_data_metrics_hand_computed():
     values = t([[0.5, 0.5, 1], [0, 0.5, NAN], [NAN, NAN, NAN]])
     metrics = data_metrics(values=values)
     expected = {
+        # the empty row (aborted, verl) is left out of score and rewards: scores [1, 0]
         "critic/score/mean": 0.5,
         "critic/score/max": 1.0,
         "critic/score/min": 0.0,
-        # sums over valid tokens [1, -0.5, 0]; the empty row counts with 0
-        "critic/rewards/mean": 0.5 / 3,
+        # sums over valid tokens [1, -0.5]
+        "critic/rewards/mean": 0.25,
         "critic/rewards/max": 1.0,
         "critic/rewards/min": -0.5,
         # valid tokens [1, 2, 3, -1, -2]
@@ -66,6 +68,12 @@ def test_data_metrics_hand_computed():
         "response_length/max": 3.0,
         "response_length/min": 0.0,
         "response_length/clip_ratio": 1 / 3,
+        # without the empty row: [3, 2]
+        "response_length_non_aborted/mean": 2.5,
+        "response_length_non_aborted/max": 3.0,
+        "response_length_non_aborted/min": 2.0,
+        "response_length_non_aborted/clip_ratio": 0.5,
+        "response/aborted_ratio": 1 / 3,
         # lengths [4, 2, 4] with max 4
         "prompt_length/mean": 10 / 3,
         "prompt_length/max": 4.0,
@@ -75,6 +83,13 @@ def test_data_metrics_hand_computed():
     assert metrics.keys() == expected.keys()
     assert metrics == pytest.approx(expected)
     assert all(isinstance(value, float) for value in metrics.values())
+
+
+def test_score_and_reward_stats_without_a_response_token_are_nan():
+    metrics = data_metrics(response_mask=torch.zeros(3, 3))
+    assert math.isnan(metrics["critic/score/mean"]) and math.isnan(metrics["critic/rewards/max"])
+    assert metrics["response/aborted_ratio"] == 1.0
+    assert math.isnan(metrics["response_length_non_aborted/clip_ratio"])
 
 
 def test_data_metrics_without_critic_has_no_value_keys():
@@ -122,9 +137,10 @@ def test_group_metrics_hand_computed():
     assert metrics["critic/score/group_std_mean"] == pytest.approx(math.sqrt(1 / 3) / 3)
 
 
-def test_group_metrics_empty_batch():
-    metrics = compute_group_metrics(t([]), torch.tensor([], dtype=torch.long))
-    assert metrics == {"critic/score/zero_spread_group_ratio": 0.0, "critic/score/group_std_mean": 0.0}
+def test_group_metrics_need_a_group_of_two():
+    # one response per prompt (rollout.n = 1): every group would count as zero-spread, so nothing is logged
+    assert compute_group_metrics(t([1, 0, 1]), torch.tensor([0, 1, 2])) == {}
+    assert compute_group_metrics(t([]), torch.tensor([], dtype=torch.long)) == {}
 
 
 def test_timing_per_token():
@@ -157,13 +173,39 @@ def test_rollout_probs_diff_hand_computed():
     mask = torch.tensor([[1, 1], [1, 0]])  # the masked 0.6 gap must not count
     metrics = compute_rollout_probs_diff(rollout, old, mask)
     # diffs [0.1, 0, 0.3]: mean 2/15; squared deviations 1/900 + 16/900 + 25/900, unbiased var 21/900
+    # Pearson of old [0.4, 0.2, 0.6] and rollout [0.5, 0.2, 0.9]: deviations [0, -0.2, 0.2] (Σ² 0.08)
+    # and [-1, -10, 11] / 30 (Σ² 222/900), Σ products 0.14
     assert metrics == pytest.approx(
         {
+            "training/rollout_probs_diff_valid": 1.0,
             "training/rollout_probs_diff_max": 0.3,
             "training/rollout_probs_diff_mean": 2 / 15,
             "training/rollout_probs_diff_std": math.sqrt(21 / 900),
+            "training/rollout_actor_probs_pearson_corr": 0.14 / math.sqrt(0.08 * 222 / 900),
         }
     )
+
+
+def test_rollout_probs_correlation_is_nan_when_undefined():
+    lone = compute_rollout_probs_diff(t([[-1.0, 0.0]]), t([[-1.0, 0.0]]), torch.tensor([[1, 0]]))
+    assert math.isnan(lone["training/rollout_actor_probs_pearson_corr"])
+    constant = compute_rollout_probs_diff(t([[-1.0, -1.0]]), t([[-2.0, -1.0]]), torch.tensor([[1, 1]]))
+    assert math.isnan(constant["training/rollout_actor_probs_pearson_corr"])
+
+
+def test_memory_metrics_are_gib_of_this_process_and_host():
+    metrics = memory_metrics()
+    assert metrics.keys() == {
+        "perf/max_memory_allocated_gb",
+        "perf/max_memory_reserved_gb",
+        "perf/cpu_memory_used_gb",
+    }
+    # on CPU both peaks are the process's peak RSS: at least what torch and this test hold (> 50 MiB)
+    if not torch.cuda.is_initialized():
+        assert metrics["perf/max_memory_allocated_gb"] == metrics["perf/max_memory_reserved_gb"] > 0.05
+    with open("/proc/meminfo") as meminfo:
+        total_gib = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1]) / 1024**2
+    assert 0 < metrics["perf/cpu_memory_used_gb"] < total_gib
 
 
 def test_reduce_update_steps_means_metrics_and_keeps_nan():
