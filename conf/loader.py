@@ -305,7 +305,8 @@ def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
     if config.use_critic:
         critic = config.critic.model
         _check_model(critic.path, critic.tokenizer_path, "critic.model", origins)
-    for key in ("data.train_files", "data.val_files"):
+    # trainer.val_only reads no training data (evaluating a checkpoint whose data has moved on).
+    for key in ("data.val_files",) if config.trainer.val_only else ("data.train_files", "data.val_files"):
         files = get_key(config, key)
         for name in [files] if isinstance(files, str) else files:
             _require(name, key, "data file", origins)

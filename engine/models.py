@@ -26,6 +26,10 @@ from transformers.utils import logging as transformers_logging
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
+# ppoflow loads and saves checkpoints every iteration; transformers' per-load "Loading weights" and
+# "Writing model shards" bars would bury the one line per iteration.
+transformers_logging.disable_progress_bar()
+
 
 class ModelLoadError(ValueError):
     """A model or tokenizer path that cannot be used, with the reason."""

@@ -18,7 +18,7 @@ from ppoflow.tasks.validation import validation_stage
 
 @dataclass(frozen=True)
 class Datasets:
-    train: StageResult
+    train: StageResult | None  # None when only validating (trainer.val_only)
     val: StageResult
 
 

@@ -6,7 +6,7 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
-from ppoflow.tasks.common import Run, TrainState, run_stage
+from ppoflow.tasks.common import Run, StageResult, TrainState, run_stage
 from ppoflow.tasks.console import report_iteration, report_run
 from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, source_digest
 from ppoflow.tasks.models import set_device
@@ -50,21 +50,24 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         seed=cfg.trainer.seed,
         source=model_source(cfg.actor_rollout_ref.model.path),
     )
-    data = Datasets(
-        *(
-            run_stage(
-                ingest_prompts,
-                run,
-                files=files,
-                split=split,
-                source_digest=source_digest(files),
-                data=ingest_settings(cfg.data, split),
-                tokenizer_state=base,
-            )[0]
-            for files, split in ((cfg.data.train_files, "train"), (cfg.data.val_files, "val"))
+
+    def ingest(files: str | list[str], split: str) -> StageResult:
+        result, _ = run_stage(
+            ingest_prompts,
+            run,
+            files=files,
+            split=split,
+            source_digest=source_digest(files),
+            data=ingest_settings(cfg.data, split),
+            tokenizer_state=base,
         )
+        return result
+
+    val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
+    data = Datasets(
+        train=None if val_only else ingest(cfg.data.train_files, "train"),
+        val=ingest(cfg.data.val_files, "val"),
     )
-    total = total_training_steps(cfg, data.train.ref.rows)
     state = TrainState(
         actor=base,
         critic=critic_state(base) if sc.use_critic else None,
@@ -74,22 +77,21 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     first = 1
     if cfg.trainer.resume_mode == "resume_path":
         first, state = resume_state(cfg.trainer.resume_from_path, state)
+    total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     tracking = Tracking(cfg, run.path, total)
     history = []
 
     def record(step: int, result) -> None:
-        history.append(report_iteration(step, total, result))
-        tracking.log(step, history[-1])
+        metrics = report_iteration(step, total, result)
+        history.append(metrics | {"step": step})
+        tracking.log(step, {k: v for k, v in metrics.items() if k != "wall_time"})
 
-    if cfg.trainer.val_only:  # verl: validate the model as it is, train nothing
+    if val_only or sc.val_before_train:  # verl validates a resumed model too, at the step it resumes from
         record(first - 1, validate(run, sc, first - 1, state.actor, data))
-    else:
-        if sc.val_before_train:  # verl validates a resumed model too, at the step it resumes from
-            record(first - 1, validate(run, sc, first - 1, state.actor, data))
-        for step in range(first, total + 1):
-            state, metrics = ppo_iteration(run, sc, step, total, state, data)
-            record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
-            record(step, metrics)
+    for step in range(first, total + 1):
+        state, metrics = ppo_iteration(run, sc, step, total, state, data)
+        record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
+        record(step, metrics)
     summary = report_run(finish_run(run), state.actor, history)
     tracking.finish(summary)
     return summary

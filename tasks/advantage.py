@@ -19,7 +19,7 @@ from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
 
 
-@task(name="compute_advantages", cache_key_fn=stage_cache_key)
+@task(name="compute_advantages", task_run_name="compute_advantages-step{step}", cache_key_fn=stage_cache_key)
 def advantage_stage(
     run: Run,
     step: int,

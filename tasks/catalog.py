@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -34,6 +35,7 @@ __all__ = [
     "connect_readonly",
     "query",
     "refresh_catalog",
+    "write_catalog",
     "table_violations",
 ]
 
@@ -82,20 +84,38 @@ def _recorded_tables(run_dir: Path) -> list[str] | None:
 @timed_io
 def refresh_catalog(run_dir: str | Path) -> Path:
     """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
+    run_dir = _checked_dir(run_dir)
+    present = _tables_with_files(run_dir)
+
+    def define(con: duckdb.DuckDBPyConnection) -> None:
+        for name in TABLES:
+            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
+        con.execute(f"CREATE VIEW updates AS {_UPDATES}")
+
+    final = write_catalog(run_dir, define)
+    write_json_atomic(run_dir / CATALOG_TABLES, present)
+    return final
+
+
+def _checked_dir(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
     if any(c in str(run_dir) for c in "*?[]{}"):
         raise ValueError(f"run directory {run_dir} contains glob characters; DuckDB cannot read it by glob")
+    return run_dir
+
+
+def write_catalog(run_dir: str | Path, define: Callable[[duckdb.DuckDBPyConnection], None]) -> Path:
+    """Build run_dir/catalog.duckdb with the views `define` creates, in a temp database renamed into
+    place (readers never see a half-made catalog and are never locked out); returns its path."""
+    run_dir = _checked_dir(run_dir)
     final = run_dir / CATALOG_NAME
-    present = _tables_with_files(run_dir)
     tmp = run_dir / f".{CATALOG_NAME}.{secrets.token_hex(6)}.tmp"
     try:
         con = duckdb.connect(str(tmp))
         try:
-            for name in TABLES:
-                con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
-            con.execute(f"CREATE VIEW updates AS {_UPDATES}")
+            define(con)
             con.execute("CHECKPOINT")
         finally:
             con.close()
@@ -104,7 +124,6 @@ def refresh_catalog(run_dir: str | Path) -> Path:
         # A WAL left by someone who opened the old catalog read-write would be replayed onto the new one.
         Path(f"{final}.wal").unlink(missing_ok=True)
         os.replace(tmp, final)
-        write_json_atomic(run_dir / CATALOG_TABLES, present)
         fd = os.open(run_dir, os.O_RDONLY)
         try:
             os.fsync(fd)

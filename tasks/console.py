@@ -93,6 +93,7 @@ def report_run(run, actor, history: list[dict[str, float]]) -> dict:
         "run_dir": str(run.path),
         "actor_checkpoint": str(checkpoint) if checkpoint else None,
         "val_scores": [s for s in scores if s is not None],
+        "validation": [[m["step"], s] for m, s in zip(history, scores, strict=True) if s is not None],
         "steps": len(history),
         "wall_times": [m["wall_time"] for m in history],
     }

@@ -63,7 +63,7 @@ class Rejected(Exception):
         self.kind, self.reason = kind, reason or kind
 
 
-@task(name="ingest_prompts", cache_key_fn=stage_cache_key)
+@task(name="ingest_prompts", task_run_name="ingest_prompts-{split}", cache_key_fn=stage_cache_key)
 def ingest_prompts(
     run: Run,
     files: str | list[str],

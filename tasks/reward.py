@@ -88,7 +88,7 @@ def aligned_components(scored: pa.Table) -> list[dict[str, float]]:
     return [{n: c.get(n, 0.0) for n in names} for c in rows]
 
 
-@task(name="score_rewards", cache_key_fn=stage_cache_key)
+@task(name="score_rewards", task_run_name="score_rewards-step{step}", cache_key_fn=stage_cache_key)
 def reward_stage(
     run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, reward: dict
 ) -> StageResult:

@@ -65,7 +65,7 @@ def sampling_params(rollout: dict, *, validation: bool) -> SamplingParams:
     )
 
 
-@task(name="generate_rollouts", cache_key_fn=stage_cache_key)
+@task(name="generate_rollouts", task_run_name="generate_rollouts-step{step}", cache_key_fn=stage_cache_key)
 def rollout_stage(
     run: Run,
     step: int,

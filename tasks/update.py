@@ -83,7 +83,7 @@ def run_update(
     return StageResult(f"{role}_update", (ref,), key, timer.seconds), state
 
 
-@task(name="update_critic", cache_key_fn=stage_cache_key)
+@task(name="update_critic", task_run_name="update_critic-step{step}", cache_key_fn=stage_cache_key)
 def critic_update_stage(
     run: Run,
     step: int,
@@ -101,7 +101,7 @@ def critic_update_stage(
     return run_update(run, "critic", inputs, trainer, save)
 
 
-@task(name="update_actor", cache_key_fn=stage_cache_key)
+@task(name="update_actor", task_run_name="update_actor-step{step}", cache_key_fn=stage_cache_key)
 def actor_update_stage(
     run: Run,
     step: int,

@@ -18,7 +18,7 @@ from .schemas import SCHEMAS
 from .storage import ArtifactRef, read_table, stage_path, write_table
 
 
-@task(name="validate", cache_key_fn=stage_cache_key)
+@task(name="validate", task_run_name="validate-step{step}", cache_key_fn=stage_cache_key)
 def validation_stage(
     run: Run,
     step: int,

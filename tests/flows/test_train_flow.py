@@ -17,14 +17,16 @@ from .conftest import train
 
 
 def task_states(flow_run_id) -> dict[str, str]:
-    """Final state of every task run of a flow run. State changes reach the API asynchronously, so
-    wait (briefly) until none is still shown as pending or running."""
+    """Final state of every task of a flow run, by task run name (a stage whose cached result was
+    invalid runs again under the same name: the later run wins). State changes reach the API
+    asynchronously, so wait (briefly) until none is still shown as pending or running."""
     deadline = time.monotonic() + 30
     while True:
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
             )
+        runs = sorted(runs, key=lambda run: run.created)
         states = {run.name: run.state.name for run in runs}
         if not {"Pending", "Running"} & set(states.values()) or time.monotonic() > deadline:
             return states

@@ -1,0 +1,262 @@
+"""ppoflow the Prefect way, for real: `scripts/stack up` starts a Prefect server and a process worker
+on 127.0.0.1, deploys prefect.yaml, and the tests drive it with the `prefect` CLI exactly as a user
+would: `prefect deployment run`, `prefect flow-run retry`, the scheduled retrain deployment. The last
+test stops the stack by process id and checks that nothing is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterId,
+)
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from ppoflow.tasks.catalog import query
+
+from .conftest import SMALL
+
+REPO = Path(__file__).resolve().parents[2]
+DETERMINISTIC = ["trainer.num_threads=1"]
+
+
+@dataclass
+class Stack:
+    dir: Path
+    env: dict[str, str]
+    api: str
+
+    def prefect(self, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(REPO / ".venv/bin/prefect"), *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def run_deployment(self, name: str, params: dict, job_env: dict | None = None) -> str:
+        """`prefect deployment run NAME --param k=v … --watch`; returns the flow run id."""
+        args = ["deployment", "run", name, "--watch", "--watch-interval", "1", "--watch-timeout", "500"]
+        for key, value in params.items():
+            args += ["--param", f"{key}={json.dumps(value)}"]
+        if job_env:
+            args += ["--job-variable", f"env={json.dumps(job_env)}"]
+        out = self.prefect(*args)
+        found = re.search(r"UUID: ([0-9a-f-]{36})", out.stdout)
+        assert found, out.stdout + out.stderr
+        return found.group(1)
+
+    def client(self):
+        return _Client(self.api)
+
+    def pids(self) -> dict[str, int]:
+        return {p.stem: int(p.read_text()) for p in self.dir.glob("*.pid")}
+
+
+class _Client:
+    """A synchronous Prefect client pointed at the stack's server (not the test harness's)."""
+
+    def __init__(self, api: str):
+        self.api = api
+
+    def __enter__(self):
+        self.settings = temporary_settings(updates={PREFECT_API_URL: self.api})
+        self.settings.__enter__()
+        self.client = get_client(sync_client=True)
+        return self.client.__enter__()
+
+    def __exit__(self, *exc):
+        self.client.__exit__(*exc)
+        self.settings.__exit__(*exc)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    """The documented local stack on a free loopback port, with its own PREFECT_HOME. The worker
+    inherits PPOFLOW_CACHE, so flow runs find the tiny base model built by the session."""
+    stack_dir = tmp_path_factory.mktemp("stack")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {
+        "PPOFLOW_STACK_DIR": str(stack_dir),
+        "PPOFLOW_STACK_PORT": str(port),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+    }
+    up = subprocess.run(
+        ["bash", "scripts/stack", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    client_env = env | {"PREFECT_API_URL": api, "PREFECT_HOME": str(stack_dir / "prefect-home")}
+    stack = Stack(stack_dir, client_env, api)
+    pgids = list(stack.pids().values())
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"http://127.0.0.1:{port}" in up.stdout
+        yield stack
+    finally:  # a safety net: the last test stops the stack and checks it
+        subprocess.run(["bash", "scripts/stack", "down"], cwd=REPO, env=env, capture_output=True, timeout=120)
+        for pgid in pgids:
+            if _group_alive(pgid):
+                os.killpg(pgid, 9)
+
+
+def _flow_run(stack: Stack, flow_run_id: str):
+    with stack.client() as client:
+        return client.read_flow_run(flow_run_id)
+
+
+def _wait_terminal(stack: Stack, flow_run_id: str, timeout: float = 500):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _flow_run(stack, flow_run_id)
+        if run.state.is_final() and run.state.name != "AwaitingRetry":
+            return run
+        time.sleep(1)
+    raise TimeoutError(f"flow run {flow_run_id} did not finish in {timeout} s")
+
+
+def _task_runs(stack: Stack, flow_run_id: str):
+    with stack.client() as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return sorted(runs, key=lambda r: r.created)
+
+
+def _artifacts(stack: Stack, flow_run_id: str) -> dict[str, list]:
+    with stack.client() as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    by_type: dict[str, list] = {}
+    for artifact in sorted(found, key=lambda a: a.created):
+        by_type.setdefault(artifact.type, []).append(artifact)
+    return by_type
+
+
+def _small(run_dir: Path, *extra: str) -> dict:
+    return {"overrides": [*SMALL, *DETERMINISTIC, f"trainer.default_local_dir={run_dir}", *extra]}
+
+
+def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifacts(stack, tmp_path):
+    run_dir = tmp_path / "run"
+    flow_run_id = stack.run_deployment("ppo-train/default", _small(run_dir))
+    assert _flow_run(stack, flow_run_id).state.name == "Completed"
+    # The override took effect: 2 iterations of 32 prompts, validation before and after each.
+    assert query(run_dir, "SELECT count(*), count(DISTINCT iter) FROM rollouts")[1] == [(64, 2)]
+    assert query(run_dir, "SELECT list(step ORDER BY step) FROM metrics")[1] == [([1, 2],)]
+    assert query(run_dir, "SELECT count(DISTINCT iter) FROM validation")[1] == [(3,)]
+    artifacts = _artifacts(stack, flow_run_id)
+    table = json.loads(artifacts["table"][-1].data)
+    assert [row["step"] for row in table] == [0, 1, 2]
+    logged = dict(query(run_dir, 'SELECT step, "critic/score/mean" FROM metrics')[1])
+    assert [row["critic/score/mean"] for row in table[1:]] == [
+        pytest.approx(logged[s], rel=1e-4) for s in (1, 2)
+    ]
+    assert artifacts["progress"][-1].data == pytest.approx(100.0)
+    summary = next(a.data for a in artifacts["markdown"] if a.key.endswith("-summary"))
+    assert "Validation score" in summary and str(run_dir) in summary and "| 2 |" in summary
+    links = [a.data for a in artifacts["markdown"] if a.key.endswith(("-run-dir", "-checkpoint"))]
+    assert f"file://{run_dir}" in links[0] or f"file://{run_dir}" in links[1]
+    assert any("checkpoints/iter=000002/actor" in link for link in links)
+
+
+def test_a_failed_run_retried_continues_at_the_failed_stage(stack, tmp_path):
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "fault-fired"
+    fault = {"PPOFLOW_FAULT": "actor_update@2:raise", "PPOFLOW_FAULT_ONCE": str(marker)}
+    flow_run_id = stack.run_deployment("ppo-train/default", _small(run_dir), job_env=fault)
+    assert _flow_run(stack, flow_run_id).state.name == "Failed" and marker.is_file()
+    done = {p: p.stat().st_ino for p in run_dir.glob("iter=*/*/*.parquet")}
+    assert any("iter=000002/advantage" in str(p) for p in done)
+    first_attempt = {r.id for r in _task_runs(stack, flow_run_id)}
+
+    retried = stack.prefect("flow-run", "retry", flow_run_id)
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    run = _wait_terminal(stack, flow_run_id)
+    assert run.state.name == "Completed" and run.run_count == 2
+
+    second = [(r.name, r.state.name) for r in _task_runs(stack, flow_run_id) if r.id not in first_attempt]
+    names = [name for name, _ in second]
+    failed_at = names.index("update_actor-step2")
+    before, after = second[:failed_at], second[failed_at:]
+    assert before and {state for _, state in before} == {"Cached"}, before
+    assert {state for _, state in after} == {"Completed"}, after
+    assert [n for n, _ in after if not n.startswith("record_metrics")] == [
+        "update_actor-step2",
+        "validate-step2",
+    ]
+    # The finished stages' files were served, not rewritten.
+    assert {p: p.stat().st_ino for p in done} == done
+
+
+def test_retrain_deployment_is_scheduled_and_runs_through_the_worker(stack, tmp_path):
+    """The cron schedule is on the server (its scheduler has queued runs); a run with no new data
+    trains nothing and says so (tests/flows/test_retrain.py covers the rounds themselves)."""
+    with stack.client() as client:
+        deployment = client.read_deployment_by_name("retrain/nightly")
+        scheduled = client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        )
+    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
+    assert scheduled and {r.state.name for r in scheduled} == {"Scheduled"}
+    incoming, root = tmp_path / "incoming", tmp_path / "retrain"
+    incoming.mkdir()
+    flow_run_id = stack.run_deployment("retrain/nightly", {"data_dir": str(incoming), "run_dir": str(root)})
+    assert _flow_run(stack, flow_run_id).state.name == "Completed"
+    said = next(a.data for a in _artifacts(stack, flow_run_id)["markdown"] if a.key.endswith("-retrain"))
+    assert "no new data" in said and "nothing to train" in said
+    assert not (root / "rounds").exists()
+    assert query(root, "SELECT count(*) FROM promotions")[1] == [(0,)]
+
+
+def test_stack_down_stops_every_process_it_started(stack):
+    pids = stack.pids()
+    assert set(pids) == {"server", "worker"} and all(_alive(p) for p in pids.values())
+    down = subprocess.run(
+        ["bash", "scripts/stack", "down"],
+        cwd=REPO,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(_alive(pid) or _group_alive(pid) for pid in pids.values())
+    assert not list(stack.dir.glob("*.pid"))

@@ -1,0 +1,102 @@
+"""Scheduled retraining, round by round, through the real retrain and evaluate flows: new data is
+taken in once, trained on from the champion, and promoted only when it validates better."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, sample_addition_problems
+from ppoflow.tasks.catalog import query
+
+# The embedded default (batch 256) for 4 iterations per round, one torch thread for exact repeats.
+ROUND = {"iterations": 4, "overrides": ["trainer.num_threads=1"]}
+
+
+def addition_file(path: Path, rows: int, seed: int) -> Path:
+    """A data file in verl's dataset format for the built-in addition task."""
+    records = [
+        {
+            "prompt": p.prompt,
+            "data_source": ADDITION_DATA_SOURCE,
+            "reward_model": {"ground_truth": p.answer},
+            "extra_info": {"index": i},
+        }
+        for i, p in enumerate(sample_addition_problems(rows, seed=seed))
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def retrain(incoming: Path, root: Path, **params):
+    from ppoflow.flows.retrain import retrain as retrain_flow
+
+    return retrain_flow(data_dir=str(incoming), run_dir=str(root), **(ROUND | params))
+
+
+def promotions(root: Path) -> list[dict]:
+    columns, rows = query(root, "SELECT * FROM promotions ORDER BY round")
+    return [dict(zip(columns, row, strict=True)) for row in rows]
+
+
+def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
+    prefect_server, tiny_model_dir, tmp_path
+):
+    incoming, root = tmp_path / "incoming", tmp_path / "retrain"
+    incoming.mkdir()
+
+    addition_file(incoming / "batch-1.jsonl", 512, seed=11)
+    first = retrain(incoming, root)
+    [row] = promotions(root)
+    assert first["decision"] == row["decision"] == "promoted", row["reason"]
+    assert row["incumbent"] == "base" and row["candidate_score"] > row["champion_score"]
+    assert (row["first_step"], row["last_step"]) == (1, 4)
+    champion = json.loads((root / "champion.json").read_text())
+    assert champion["checkpoint"] == row["candidate_checkpoint"] and champion["step"] == 4
+    assert (root / "champion").resolve() == Path(champion["checkpoint"])
+    assert Path(champion["actor"], "config.json").is_file()
+
+    # The same bytes under another name, and no other file: nothing is trained.
+    (incoming / "batch-1-copy.jsonl").write_bytes((incoming / "batch-1.jsonl").read_bytes())
+    (incoming / ".batch-2.jsonl.partial").write_text("{not yet complete")
+    second = retrain(incoming, root)
+    assert second["trained"] is False and "no new data" in second["reason"]
+    assert len(promotions(root)) == 1 and not (root / "rounds/round=000002").exists()
+
+    addition_file(incoming / "batch-2.jsonl", 512, seed=12)
+    third = retrain(incoming, root)
+    rows = promotions(root)
+    assert [r["round"] for r in rows] == [1, 2]
+    row = rows[1]
+    # It continued from the champion: steps 5..8, incumbent scored on the same validation set again.
+    assert row["incumbent"] == champion["checkpoint"] and (row["first_step"], row["last_step"]) == (5, 8)
+    assert row["champion_score"] == pytest.approx(champion["score"])
+    expected = "promoted" if row["candidate_score"] > row["champion_score"] else "kept"
+    assert third["decision"] == row["decision"] == expected
+    assert (
+        f"{row['candidate_score']:.4f}" in row["reason"] and f"{row['champion_score']:.4f}" in row["reason"]
+    )
+    files = query(root, "SELECT version, path FROM dataset_files ORDER BY version")[1]
+    assert [(v, Path(p).name) for v, p in files] == [(1, "batch-1.jsonl"), (2, "batch-2.jsonl")]
+    steps = query(
+        root, "SELECT round, list(iter ORDER BY iter) FROM round_metrics GROUP BY round ORDER BY round"
+    )
+    assert steps[1] == [(1, [1, 2, 3, 4]), (2, [5, 6, 7, 8])]
+
+    # evaluate validates the champion with its run's settings and gets its recorded score.
+    from ppoflow.flows.evaluate import evaluate
+
+    now = json.loads((root / "champion.json").read_text())
+    assert now["round"] == (2 if expected == "promoted" else 1)
+    result = evaluate(run_dir=str(root))
+    assert result["checkpoint"] == now["checkpoint"] and result["step"] == now["step"]
+    assert result["val_score"] == pytest.approx(now["score"])
+
+
+def test_evaluate_without_a_champion_says_so(prefect_server, tmp_path):
+    from ppoflow.flows.evaluate import evaluate
+
+    with pytest.raises(FileNotFoundError, match="no champion in .* yet: run the retrain flow first"):
+        evaluate(run_dir=str(tmp_path))

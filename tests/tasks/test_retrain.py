@@ -1,0 +1,126 @@
+"""Retraining bookkeeping: the promotion rule, content-addressed intake, the champion pointer."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from ppoflow.tasks.catalog import query
+from ppoflow.tasks.retrain import (
+    DataFile,
+    decide,
+    find_new_data,
+    next_round,
+    read_champion,
+    record_round,
+    refresh_retrain_catalog,
+    round_overrides,
+    round_scores,
+)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "incumbent", "margin", "decision", "phrase"),
+    [
+        (0.80, 0.70, 0.0, "promoted", "better by +0.1000"),
+        (0.70, 0.70, 0.0, "kept", "a tie keeps the champion"),
+        (0.65, 0.70, 0.0, "kept", "a regression of -0.0500"),
+        (0.72, 0.70, 0.05, "kept", "is not more than min_improvement=0.05"),
+        (0.76, 0.70, 0.05, "promoted", "better by +0.0600"),
+        (math.nan, 0.70, 0.0, "kept", "no validation score"),
+        (None, 0.70, 0.0, "kept", "no validation score"),
+    ],
+)
+def test_promotion_rule(candidate, incumbent, margin, decision, phrase):
+    got, reason = decide(candidate, incumbent, margin)
+    assert got == decision and phrase in reason
+
+
+def _promotion(root: Path, step: int, score: float, decision: str = "promoted") -> dict:
+    checkpoint = root / f"rounds/round=000001/checkpoints/iter={step:06d}"
+    (checkpoint / "actor").mkdir(parents=True, exist_ok=True)
+    return {
+        "decision": decision,
+        "reason": "test",
+        "candidate_score": score,
+        "champion_score": 0.5,
+        "candidate_checkpoint": str(checkpoint),
+        "incumbent": "base",
+        "first_step": 1,
+        "last_step": step,
+        "flow_run_id": None,
+    }
+
+
+def test_files_are_taken_in_once_by_content(tmp_path):
+    data, root = tmp_path / "incoming", tmp_path / "root"
+    data.mkdir()
+    root.mkdir()
+    (data / "a.jsonl").write_text('{"x": 1}\n')
+    (data / "b.json").write_text("[]")
+    (data / "notes.txt").write_text("not data")
+    (data / ".c.jsonl").write_text("being written")
+    new, skipped = find_new_data(data, root)
+    assert [Path(f.path).name for f in new] == ["a.jsonl", "b.json"] and skipped == 0
+    record_round(root, 1, new, _promotion(root, 4, 0.7))
+    (data / "a-renamed.jsonl").write_bytes((data / "a.jsonl").read_bytes())
+    assert find_new_data(data, root) == ([], 3)
+    (data / "a.jsonl").write_text('{"x": 2}\n')  # edited in place: new content, new version
+    new, skipped = find_new_data(data, root)
+    assert [Path(f.path).name for f in new] == ["a.jsonl"] and skipped == 2
+    assert next_round(root) == 2
+
+
+def test_a_missing_data_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="retraining data folder .*nowhere does not exist"):
+        find_new_data(tmp_path / "nowhere", tmp_path)
+
+
+def test_the_champion_follows_the_last_promotion_and_is_repaired_from_the_table(tmp_path):
+    assert read_champion(tmp_path) is None
+    files = [DataFile(str(tmp_path / "f.jsonl"), "0" * 64, 10)]
+    record_round(tmp_path, 1, files, _promotion(tmp_path, 4, 0.7))
+    record_round(tmp_path, 2, files, _promotion(tmp_path, 8, 0.6, decision="kept"))
+    champion = read_champion(tmp_path)
+    assert (champion.round, champion.step, champion.score) == (1, 4, 0.7)
+    pointer = json.loads((tmp_path / "champion.json").read_text())
+    assert pointer["checkpoint"] == champion.checkpoint and pointer["actor"].endswith("iter=000004/actor")
+    assert (tmp_path / "champion").resolve() == Path(champion.checkpoint)
+    # A crash between the promotions row and the pointer: the next read rewrites the pointer.
+    (tmp_path / "champion.json").unlink()
+    (tmp_path / "champion").unlink()
+    assert read_champion(tmp_path) == champion
+    assert json.loads((tmp_path / "champion.json").read_text()) == pointer
+    assert query(tmp_path, "SELECT list(decision ORDER BY round) FROM promotions")[1] == [
+        (["promoted", "kept"],)
+    ]
+
+
+def test_an_empty_retraining_directory_has_empty_views(tmp_path):
+    refresh_retrain_catalog(tmp_path)
+    for view in ("promotions", "dataset_files", "round_metrics"):
+        assert query(tmp_path, f"SELECT count(*) FROM {view}")[1] == [(0,)]
+
+
+def test_round_overrides_continue_from_the_champion(tmp_path):
+    record_round(tmp_path, 1, [], _promotion(tmp_path, 4, 0.7))
+    champion = read_champion(tmp_path)
+    files = [DataFile("/data/new.jsonl", "1" * 64, 5)]
+    overrides = round_overrides(tmp_path, 2, files, champion, iterations=3, test_freq=0)
+    assert f"trainer.default_local_dir={tmp_path}/rounds/round=000002" in overrides
+    assert 'data.train_files=["/data/new.jsonl"]' in overrides
+    assert "trainer.total_training_steps=7" in overrides and "trainer.test_freq=3" in overrides
+    assert f"trainer.resume_from_path={champion.checkpoint}" in overrides
+    first = round_overrides(tmp_path, 1, files, None, iterations=3, test_freq=1)
+    assert "trainer.total_training_steps=3" in first and not any("resume" in o for o in first)
+
+
+def test_round_scores_need_the_incumbents_validation():
+    summary = {"validation": [[4, 0.7], [7, 0.8]]}
+    assert round_scores(summary, 5, 7) == (0.7, 0.8)
+    assert round_scores({"validation": [[4, 0.7]]}, 5, 7) == (0.7, None)
+    with pytest.raises(RuntimeError, match="did not validate the incumbent at step 4"):
+        round_scores({"validation": [[7, 0.8]]}, 5, 7)
