@@ -1,4 +1,4 @@
-"""The `ppoflow` command: train, query, show, config, schema."""
+"""The `ppoflow` command: train, query, show, diagnose, report, config, schema."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ examples:
   ppoflow config trainer.experiment_name=x               # print the effective config
   ppoflow schema rollouts                                # the documented columns of a table
   ppoflow show runs/demo --worst 3                       # responses, rewards and per-token values
+  ppoflow diagnose runs/demo                             # health checks; exit 1 on a warning
+  ppoflow report runs/demo                               # PNG charts and report.md in runs/demo/report/
 """
 
 
@@ -58,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--worst", type=int, metavar="N", help="the N lowest-scoring responses")
     which.add_argument("--random", type=int, metavar="N", help="N responses at random (default 3)")
     show.add_argument("--seed", type=int, default=0, help="seed of --random")
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="health checks over a run's metrics and rows: findings, causes, config keys to change",
+    )
+    diagnose.add_argument("run_dir", type=Path)
+    diagnose.add_argument("--format", choices=["text", "json"], default="text")
+    report = commands.add_parser("report", help="PNG charts of a run's metrics and a markdown summary")
+    report.add_argument("run_dir", type=Path)
+    report.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
     return parser
@@ -82,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             return _schema(args)
         case "show":
             return _show(args)
+        case "diagnose":
+            return _diagnose(args)
+        case "report":
+            return _report(args)
         case _:
             _parser().print_help()
             return 0
@@ -185,6 +200,51 @@ def _show(args) -> int:
         return 2
     console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
     render(console, iteration, pick(rows, mode, count, args.seed), run_tokenizer(args.run_dir))
+    return 0
+
+
+SEVERITY_STYLE = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "cyan"}
+
+
+def _diagnose(args) -> int:
+    """Exit 0 when nothing is a warning or worse, 1 when something is, 2 for bad input."""
+    import json
+
+    from rich.console import Console
+    from rich.text import Text
+
+    from ppoflow.tasks.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
+
+    try:
+        run = load_run(args.run_dir)
+    except RunDirError as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    findings = diagnose(run)
+    code = exit_code(findings)
+    if args.format == "json":
+        iters = sorted({i for series in run.metrics.values() for i in series})
+        out = {"run_dir": str(args.run_dir), "iterations": iters, "exit_code": code}
+        print(json.dumps(out | {"findings": [f.to_dict() for f in findings]}, indent=1, default=str))
+        return code
+    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    for line in render_text(args.run_dir, run, findings):
+        word = line.split(" ", 1)[0]
+        console.print(Text(line, style=SEVERITY_STYLE.get(word, "")), soft_wrap=True)
+    return code
+
+
+def _report(args) -> int:
+    from ppoflow.tasks.diagnose import RunDirError
+    from ppoflow.tasks.report import write_report
+
+    try:
+        written = write_report(args.run_dir, args.out)
+    except RunDirError as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
     return 0
 
 

@@ -1,10 +1,12 @@
-"""`ppoflow train` with no arguments, end to end under Prefect: validation accuracy visibly rises."""
+"""`ppoflow train` with no arguments, end to end under Prefect: validation accuracy visibly rises, and
+`ppoflow diagnose` finds nothing to warn about."""
 
 from __future__ import annotations
 
 import pytest
 
 from ppoflow.tasks.catalog import query
+from ppoflow.tasks.diagnose import diagnose, load_run, render_text
 
 
 @pytest.mark.slow
@@ -21,3 +23,8 @@ def test_embedded_default_raises_greedy_accuracy_within_20_iterations(
     base, best = accuracy[0], max(accuracy[i] for i in range(1, 21))
     assert best >= base + 0.15, accuracy
     assert len(summary["val_scores"]) == 21
+    run = load_run(tmp_path)
+    findings = diagnose(run)
+    assert [f for f in findings if f.severity != "info"] == [], "\n".join(
+        render_text(tmp_path, run, findings)
+    )

@@ -1,0 +1,405 @@
+"""`ppoflow diagnose`: every check on hand-built metric rows at its thresholds' edges, then on small
+real runs of the tiny model that exhibit each finding (lr 1e-6, lr 0.05, a reward that is always 0,
+GRPO groups without spread, one on-policy step per iteration, training on 32 prompts)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ppoflow.tasks.catalog import query
+from ppoflow.tasks.diagnose import (
+    CHECKS,
+    Finding,
+    RunData,
+    check_aggressive_updates,
+    check_critic_fit,
+    check_entropy,
+    check_group_spread,
+    check_learning_rate,
+    check_policy_not_moving,
+    check_reference_kl,
+    check_response_length,
+    check_reward_signal,
+    check_truncation,
+    check_validation_vs_reward,
+    diagnose,
+    exit_code,
+    fitted_change,
+    load_run,
+)
+
+from .conftest import train
+
+# A verl-signature reward that pays nothing, whatever the response.
+ZERO_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return 0.0
+"""
+NO_VALIDATION = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
+RUNS = {
+    # Actor lr 1e-6: gradients but no movement. Critic lr 1.0: the critic diverges.
+    # max_response_length 2 cuts every two-digit sum.
+    "still": [
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "critic.optim.lr=1.0",
+        "data.max_response_length=2",
+        "trainer.total_training_steps=3",
+        *NO_VALIDATION,
+    ],
+    # Actor lr 0.05 with a KL loss: one iteration jumps, the policy turns deterministic and empty.
+    "collapse": [
+        "actor_rollout_ref.actor.optim.lr=0.05",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "trainer.total_training_steps=3",
+        "data.val_max_samples=20",
+    ],
+    "zero_ppo": ["custom_reward_function.path={zero}", *NO_VALIDATION],
+    "zero_grpo": [
+        "custom_reward_function.path={zero}",
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        *NO_VALIDATION,
+    ],
+    # One mini-batch, one epoch: each update is on-policy, ppo_kl and clipfrac are 0 by construction.
+    "on_policy": [
+        "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        *NO_VALIDATION,
+    ],
+    # The same 32 prompts every iteration at lr 1e-3: training reward up, validation down.
+    "overfit": [
+        "data.train_max_samples=32",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "trainer.total_training_steps=4",
+    ],
+}
+_DONE: dict[str, object] = {}
+
+
+def real_run(tmp_path_factory, name: str):
+    """The run directory of RUNS[name], trained once per session (test_report shares them)."""
+    if name not in _DONE:
+        zero = tmp_path_factory.mktemp("reward") / "zero_reward.py"
+        zero.write_text(textwrap.dedent(ZERO_REWARD))
+        run_dir = tmp_path_factory.mktemp(name)
+        train(run_dir, *(o.format(zero=zero) for o in RUNS[name]))
+        _DONE[name] = run_dir
+    return _DONE[name]
+
+
+@pytest.fixture(scope="module")
+def runs(prefect_server, tiny_model_dir, tmp_path_factory):
+    return lambda name: real_run(tmp_path_factory, name)
+
+
+def metric(run_dir, name: str) -> list[float]:
+    return [row[0] for row in query(run_dir, f'SELECT "{name}" FROM metrics ORDER BY iter')[1]]
+
+
+def by_check(findings: list[Finding]) -> dict[str, Finding]:
+    return {f.check: f for f in findings}
+
+
+def evidence(finding: Finding, name: str) -> tuple[float, ...]:
+    return next(e.values for e in finding.evidence if e.metric == name)
+
+
+# Hand-built runs: metric -> values at iterations 1, 2, …; rows likewise; config as nested keys.
+
+
+def hand(metrics=None, rows=None, start=1, **settings) -> RunData:
+    config: dict = {}
+    for key, value in settings.items():
+        node = config
+        *parents, leaf = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    as_iters = {k: {start + i: float(v) for i, v in enumerate(vs)} for k, vs in (metrics or {}).items()}
+    row_iters = {k: {start + i: float(v) for i, v in enumerate(vs)} for k, vs in (rows or {}).items()}
+    return RunData(as_iters, row_iters, config)
+
+
+OFF_POLICY = {
+    "data__train_batch_size": 32,
+    "actor_rollout_ref__actor__ppo_mini_batch_size": 16,
+    "actor_rollout_ref__actor__ppo_epochs": 4,
+}
+ON_POLICY = OFF_POLICY | {
+    "actor_rollout_ref__actor__ppo_mini_batch_size": 32,
+    "actor_rollout_ref__actor__ppo_epochs": 1,
+}
+
+
+def test_fitted_change_is_the_least_squares_slope_times_the_span():
+    assert fitted_change([(0, 1.0), (1, 3.0), (2, 2.0)]) == pytest.approx(1.0)  # slope 0.5 over 2
+    assert fitted_change([(1, 0.0), (3, 1.0)]) == pytest.approx(1.0)
+    assert fitted_change([(1, 5.0)]) == 0.0
+
+
+def test_policy_not_moving_edges_and_the_on_policy_case():
+    still = {"actor/ppo_kl": [9e-4, -9e-4], "actor/pg_clipfrac": [9e-4, 0.0], "actor/grad_norm": [1.0, 1.0]}
+    (finding,) = check_policy_not_moving(hand(still, **OFF_POLICY))
+    assert finding.severity == "warning" and "learning rate" in finding.causes[0]
+    assert check_policy_not_moving(hand(still | {"actor/ppo_kl": [9e-4, 1e-3]}, **OFF_POLICY)) == []
+    assert check_policy_not_moving(hand(still | {"actor/pg_clipfrac": [1e-3, 0]}, **OFF_POLICY)) == []
+    (zero_grad,) = check_policy_not_moving(hand(still | {"actor/grad_norm": [0.0, 0.0]}, **OFF_POLICY))
+    assert "advantage is 0" in zero_grad.causes[0]
+    assert "actor_rollout_ref.actor.optim.lr" not in zero_grad.config_keys
+    (expected,) = check_policy_not_moving(hand(still, **ON_POLICY))
+    assert expected.severity == "info" and "as expected" in expected.title
+    # The update table's row count (one per optimizer step) outranks the config.
+    (counted,) = check_policy_not_moving(hand(still, rows={"actor_update/steps": [1, 1]}, **OFF_POLICY))
+    assert counted.severity == "info"
+
+
+def test_aggressive_updates_edges():
+    calm = {"actor/ppo_kl": [0.5, 0.1], "actor/pg_clipfrac": [0.3, 0.1]}
+    assert check_aggressive_updates(hand(calm)) == []
+    (clipped,) = check_aggressive_updates(hand(calm | {"actor/pg_clipfrac": [0.1, 0.3001]}))
+    assert clipped.severity == "warning" and "[2]" in clipped.title
+    (kl_one,) = check_aggressive_updates(hand(calm | {"actor/ppo_kl": [1.0, 0.1]}))
+    assert kl_one.severity == "warning"
+    (jump,) = check_aggressive_updates(hand(calm | {"actor/ppo_kl": [1.01, 0.1]}))
+    assert jump.severity == "critical"
+
+
+def test_learning_rate_too_small_needs_a_gradient():
+    still = {"actor/ppo_kl": [1e-4, 1e-4], "actor/pg_clipfrac": [0, 0], "actor/lr": [1e-6, 1e-6]}
+    (small,) = check_learning_rate(hand(still | {"actor/grad_norm": [1e-3, 1e-3]}, **OFF_POLICY))
+    assert "lr 1e-06 is too small" in small.title
+    assert small.config_keys == {
+        "actor_rollout_ref.actor.optim.lr": "raise it ×10, then watch ppo_kl and pg_clipfrac"
+    }
+    assert check_learning_rate(hand(still | {"actor/grad_norm": [9.9e-4, 9.9e-4]}, **OFF_POLICY)) == []
+    assert check_learning_rate(hand(still | {"actor/grad_norm": [1.0, 1.0]}, **ON_POLICY)) == []
+
+
+def test_learning_rate_too_large_or_an_exploding_gradient():
+    jump = {"actor/ppo_kl": [0.51, 0.01], "actor/lr": [0.05, 0.05]}
+    clip = {"actor_rollout_ref__actor__grad_clip": 1.0}
+    (large,) = check_learning_rate(hand(jump | {"actor/grad_norm": [10.0, 0.0]}, **clip))
+    assert "too large" in large.title and "iteration(s) [1]" in large.title
+    (exploding,) = check_learning_rate(hand(jump | {"actor/grad_norm": [10.01, 0.0]}, **clip))
+    assert exploding.title.startswith("exploding gradient")
+    assert check_learning_rate(hand({"actor/ppo_kl": [0.5, 0.5], "actor/grad_norm": [1, 1]})) == []
+
+
+def test_reward_signal_edges_and_the_explained_variance_note():
+    (everywhere,) = check_reward_signal(
+        hand(
+            {"critic/vf_explained_var": [-2e5, -1.5e5]},
+            rows={"rewards/score_std": [0, 0], "rewards/score_mean": [0, 0]},
+        )
+    )
+    assert everywhere.severity == "critical" and "scores 0 in every iteration" in everywhere.title
+    assert evidence(everywhere, "critic/vf_explained_var") == (-2e5, -1.5e5)
+    assert any("vf_explained_var is meaningless" in c for c in everywhere.causes)
+    (later,) = check_reward_signal(
+        hand(rows={"rewards/score_std": [0.4, 9e-7], "rewards/score_mean": [0.5, 1]})
+    )
+    assert later.severity == "warning" and "scores 1 in iteration(s) [2]" in later.title
+    assert not any("explained" in c for c in later.causes)  # no critic, no note
+    assert check_reward_signal(hand(rows={"rewards/score_std": [1e-6, 0.3]})) == []
+
+
+def test_critic_fit_edges():
+    returns = {"advantages/returns_var": [0.2, 0.2, 0.2]}
+    loss = {"critic/vf_loss": [0.2, 0.2, 0.2]}
+    (bad,) = check_critic_fit(hand(loss | {"critic/vf_explained_var": [0.0, -0.11, -0.2]}, rows=returns))
+    assert bad.severity == "warning" and "iterations [2, 3]" in bad.title  # iteration 1: untrained critic
+    edge = loss | {"critic/vf_explained_var": [0.0, -0.1, -0.2]}
+    assert check_critic_fit(hand(edge, rows=returns)) == []
+    flat = {"advantages/returns_var": [0.2, 9e-5, 9e-5]}  # the seed's case: no variance, no verdict
+    assert check_critic_fit(hand(loss | {"critic/vf_explained_var": [0, -2e5, -2e5]}, rows=flat)) == []
+    diverging = {"critic/vf_loss": [1.0, 5.0, 10.0], "critic/vf_explained_var": [0.0, -3.0, -9.0]}
+    (blowup,) = check_critic_fit(hand(diverging, rows=returns))
+    assert blowup.severity == "critical" and "×10" in blowup.title
+    assert "lower" in blowup.config_keys["critic.optim.lr"]
+
+
+def test_entropy_edges():
+    assert check_entropy(hand({"actor/entropy": [0.5, 0.05]})) == []  # exactly a tenth
+    (warning,) = check_entropy(hand({"actor/entropy": [0.5, 0.0499, 0.2]}))
+    assert warning.severity == "warning" and "iteration 2" in warning.title
+    (critical,) = check_entropy(hand({"actor/entropy": [0.005, 9.9e-4]}))
+    assert critical.severity == "critical"
+
+
+def test_response_length_and_truncation_edges():
+    assert check_response_length(hand({"response_length/mean": [2.5, 1.25]})) == []
+    (short,) = check_response_length(
+        hand({"response_length/mean": [2.5, 1.24]}, rows={"rollouts/empty": [0, 0.5]})
+    )
+    assert "(50% empty)" in short.title
+    assert check_truncation(hand(rows={"rollouts/truncated": [0.1, 0.0]})) == []
+    (cut,) = check_truncation(hand(rows={"rollouts/truncated": [0.0, 0.1001]}, data__max_response_length=2))
+    assert "(2 tokens)" in cut.title and "[2]" in cut.title
+
+
+def test_reference_kl_edges():
+    assert check_reference_kl(hand({"actor/kl_loss": [0.5, 1.0]})) == []
+    (rising,) = check_reference_kl(hand({"actor/kl_loss": [0.5, 1.01]}))
+    assert rising.severity == "warning" and "actor_rollout_ref.actor.kl_loss_coef" in rising.config_keys
+    assert check_reference_kl(hand({"actor/reward_kl_penalty": [6.0, 5.5]})) == []  # falling back
+    (penalty,) = check_reference_kl(hand({"actor/reward_kl_penalty": [1.0, 5.01]}))
+    assert penalty.severity == "critical" and "algorithm.kl_ctrl.kl_coef" in penalty.config_keys
+
+
+def test_validation_vs_reward_edges():
+    # Rewards on a 0..5 scale: rising means a fitted +0.25 at least, flat means at most +0.05.
+    scale = {"rewards/score_range": [5.0, 5.0, 5.0]}
+    train_up = {"critic/score/mean": [0.0, 0.125, 0.25]}
+    flat_val = {"validation/score_mean": [1.0, 1.0, 1.0, 1.0]}
+    (finding,) = check_validation_vs_reward(hand(train_up, rows=scale | flat_val))
+    assert "stays flat" in finding.title
+    slow_train = {"critic/score/mean": [0.0, 0.12, 0.24]}
+    assert check_validation_vs_reward(hand(slow_train, rows=scale | flat_val)) == []
+    val_up = {"validation/score_mean": [1.0, 1.0, 1.0, 1.0625]}  # fitted +0.0563 over iterations 0-3
+    assert check_validation_vs_reward(hand(train_up, rows=scale | val_up)) == []
+    short = {"validation/score_mean": [1.0, 0.5]}
+    assert check_validation_vs_reward(hand(train_up, rows=scale | short)) == []
+
+
+def test_group_spread_edges():
+    grpo = {"algorithm__adv_estimator": "grpo", "actor_rollout_ref__rollout__n": 4}
+    half = {"critic/score/zero_spread_group_ratio": [0.5, 0.5]}
+    assert check_group_spread(hand(half, **grpo)) == []
+    (most,) = check_group_spread(hand({"critic/score/zero_spread_group_ratio": [0.75, 0.5]}, **grpo))
+    assert most.severity == "warning" and "62%" in most.title
+    every = {"critic/score/zero_spread_group_ratio": [1.0, 1.0]}
+    assert check_group_spread(hand(every, **grpo))[0].severity == "critical"
+    assert check_group_spread(hand(every, **grpo | {"algorithm__adv_estimator": "gae"})) == []
+    assert check_group_spread(hand(every, **grpo | {"actor_rollout_ref__rollout__n": 1})) == []
+
+
+def test_exit_code_counts_warnings_not_infos():
+    info = Finding("x", "info", "t", (), ())
+    assert exit_code([]) == 0 and exit_code([info]) == 0
+    assert exit_code([info, Finding("y", "warning", "t", (), ())]) == 1
+    assert exit_code([Finding("z", "critical", "t", (), ())]) == 1
+
+
+def test_every_check_is_quiet_on_an_empty_run():
+    assert [f for check in CHECKS for f in check(hand())] == []
+
+
+# Real runs of the tiny model.
+
+
+def test_lr_1e6_policy_not_moving_lr_too_small_critic_diverging_truncation(runs):
+    run_dir = runs("still")
+    found = by_check(diagnose(load_run(run_dir)))
+    kl, grad = metric(run_dir, "actor/ppo_kl"), metric(run_dir, "actor/grad_norm")
+    assert max(map(abs, kl)) < 1e-3 and min(grad) > 0.1
+    assert found["policy_not_moving"].severity == "warning"
+    assert evidence(found["policy_not_moving"], "actor/ppo_kl") == pytest.approx(kl, rel=1e-5)
+    assert evidence(found["policy_not_moving"], "actor_update/steps") == (4.0, 4.0, 4.0)  # 2 epochs × 2
+    assert "lr 1e-06 is too small" in found["learning_rate"].title
+    ev, loss = metric(run_dir, "critic/vf_explained_var"), metric(run_dir, "critic/vf_loss")
+    assert max(ev[1:]) < -0.1 and loss[-1] / loss[0] >= 10
+    assert found["critic_not_fitting"].severity == "critical"
+    truncated = query(run_dir, "SELECT avg((finish_reason = 'length')::DOUBLE) FROM rollouts GROUP BY iter")[
+        1
+    ]
+    assert min(t for (t,) in truncated) > 0.3  # every two-digit sum is cut at 2 tokens
+    assert "(2 tokens)" in found["response_truncation"].title
+    assert "aggressive_updates" not in found and "entropy_collapse" not in found
+
+
+def test_lr_005_aggressive_updates_collapse_and_kl_to_reference(runs):
+    run_dir = runs("collapse")
+    found = by_check(diagnose(load_run(run_dir)))
+    kl, entropy = metric(run_dir, "actor/ppo_kl"), metric(run_dir, "actor/entropy")
+    assert kl[0] > 1.0 and found["aggressive_updates"].severity == "critical"
+    assert min(entropy[1:]) < 1e-3 and found["entropy_collapse"].severity == "critical"
+    assert "too large" in found["learning_rate"].title
+    lengths = metric(run_dir, "response_length/mean")
+    assert lengths[-1] < 0.5 * lengths[0] and "response_length_collapse" in found
+    kl_loss = metric(run_dir, "actor/kl_loss")
+    assert kl_loss[-1] > 1.0 and kl_loss[-1] > kl_loss[0]
+    assert (
+        found["reference_kl_runaway"].title.endswith("rising")
+        and "actor/kl_loss" in found["reference_kl_runaway"].title
+    )
+    assert "policy_not_moving" not in found  # a still policy after a jump is collapse, not a small lr
+
+
+def test_zero_reward_is_no_signal_and_explained_variance_is_called_meaningless(runs):
+    run_dir = runs("zero_ppo")
+    assert query(run_dir, "SELECT count(DISTINCT score), max(score) FROM rewards")[1] == [(1, 0.0)]
+    found = by_check(diagnose(load_run(run_dir)))
+    reward = found["reward_constant"]
+    assert reward.severity == "critical" and "every response scores 0 in every iteration" in reward.title
+    assert evidence(reward, "critic/vf_explained_var") == tuple(metric(run_dir, "critic/vf_explained_var"))
+    assert any("meaningless" in c for c in reward.causes)
+    assert "critic_not_fitting" not in found  # returns without variance say nothing about the critic
+    assert "advantage is 0" in found["policy_not_moving"].causes[0]
+
+
+def test_grpo_with_zero_reward_has_no_group_spread(runs):
+    run_dir = runs("zero_grpo")
+    found = by_check(diagnose(load_run(run_dir)))
+    assert metric(run_dir, "critic/score/zero_spread_group_ratio") == [1.0, 1.0]
+    groups = query(run_dir, "SELECT count(DISTINCT group_id) FROM rollouts WHERE iter = 1")[1][0][0]
+    assert groups == 8
+    zero = found["zero_spread_groups"]
+    assert zero.severity == "critical" and "100% of grpo groups (n=4)" in zero.title
+    assert found["reward_constant"].severity == "critical"
+
+
+def test_one_minibatch_one_epoch_is_policy_not_moving_as_expected(runs):
+    run_dir = runs("on_policy")
+    assert metric(run_dir, "actor/ppo_kl") == [0.0, 0.0] and metric(run_dir, "actor/pg_clipfrac") == [
+        0.0,
+        0.0,
+    ]
+    findings = diagnose(load_run(run_dir))
+    assert [(f.check, f.severity) for f in findings] == [("policy_not_moving", "info")]
+    assert evidence(findings[0], "actor_update/steps") == (1.0, 1.0)
+    assert exit_code(findings) == 0
+
+
+def test_training_on_32_prompts_rises_while_validation_falls(runs):
+    run_dir = runs("overfit")
+    train_reward = metric(run_dir, "critic/score/mean")
+    val = [
+        v for _, v in query(run_dir, "SELECT iter, avg(score) FROM validation GROUP BY iter ORDER BY iter")[1]
+    ]
+    assert train_reward[-1] > train_reward[0] and val[-1] < val[0]
+    (finding,) = [f for f in diagnose(load_run(run_dir)) if f.severity != "info"]
+    assert finding.check == "validation_diverges" and "validation falls" in finding.title
+    assert evidence(finding, "validation/score_mean") == pytest.approx(val, rel=1e-5)
+
+
+def ppoflow(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ppoflow", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_text_json_and_exit_codes(runs, tmp_path):
+    still, quiet = runs("still"), runs("on_policy")
+    text = ppoflow("diagnose", str(still))
+    assert text.returncode == 1, text.stderr
+    assert "CRITICAL critic_not_fitting" in text.stdout and "WARNING  policy_not_moving" in text.stdout
+    assert "actor_rollout_ref.actor.optim.lr: 1e-06 → raise it ×10" in text.stdout
+    as_json = json.loads(ppoflow("diagnose", str(still), "--format", "json").stdout)
+    assert as_json["exit_code"] == 1 and as_json["iterations"] == [1, 2, 3]
+    checks = {f["check"]: f for f in as_json["findings"]}
+    assert {"policy_not_moving", "learning_rate", "critic_not_fitting", "response_truncation"} <= set(checks)
+    kl = next(e for e in checks["policy_not_moving"]["evidence"] if e["metric"] == "actor/ppo_kl")
+    assert kl["iters"] == [1, 2, 3] and kl["values"] == pytest.approx(metric(still, "actor/ppo_kl"), rel=1e-5)
+    ok = ppoflow("diagnose", str(quiet))
+    assert ok.returncode == 0 and "INFO     policy_not_moving" in ok.stdout
+    not_a_run = ppoflow("diagnose", str(tmp_path))
+    assert not_a_run.returncode == 2 and "not a ppoflow run directory" in not_a_run.stderr
+    assert "Traceback" not in not_a_run.stderr

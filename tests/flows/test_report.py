@@ -1,0 +1,121 @@
+"""`ppoflow report` and summary_markdown on real runs of the tiny model (shared with test_diagnose):
+one valid PNG per panel whose curves hold the run's numbers, and a markdown summary that quotes them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from ppoflow.tasks.catalog import query
+from ppoflow.tasks.report import ACTOR, panel_figures, sparkline, summary_markdown, write_report
+
+from .test_diagnose import real_run
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def runs(prefect_server, tiny_model_dir, tmp_path_factory):
+    return lambda name: real_run(tmp_path_factory, name)
+
+
+def column(run_dir, sql: str) -> list:
+    return [row[0] for row in query(run_dir, sql)[1]]
+
+
+def test_sparkline_scales_between_min_and_max():
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([2.0, 2.0]) == "▁▁" and sparkline([]) == ""
+
+
+def test_report_writes_one_valid_png_per_panel_and_report_md(runs, tmp_path):
+    run_dir = runs("overfit")
+    written = write_report(run_dir, tmp_path / "out")
+    names = sorted(p.name for p in written)
+    panels = ["actor.png", "critic.png", "rewards.png", "timings.png", "validation.png"]
+    assert names == sorted([*panels, "report.md"])
+    for name in panels:
+        data = (tmp_path / "out" / name).read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 10_000, name
+        with Image.open(tmp_path / "out" / name) as image:
+            image.verify()
+        with Image.open(tmp_path / "out" / name) as image:
+            low, high = image.convert("L").getextrema()
+            assert image.width >= 600 and image.height >= 300 and high - low > 100, name  # not blank
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert all(f"]({name})" in report for name in panels)
+    assert report.startswith(summary_markdown(run_dir))
+
+
+def test_panels_plot_the_runs_numbers(runs):
+    run_dir = runs("overfit")
+    figures = panel_figures(run_dir)
+    assert list(figures) == ["actor", "critic", "rewards", "validation", "timings"]
+    actor = {ax.get_title(): ax for ax in figures["actor"].axes}
+    assert list(actor) == list(ACTOR)
+    kl = column(run_dir, 'SELECT "actor/ppo_kl" FROM metrics ORDER BY iter')
+    assert list(actor["actor/ppo_kl"].lines[0].get_ydata()) == pytest.approx(kl)
+    critic = {ax.get_title(): ax for ax in figures["critic"].axes}
+    values_vs_returns = critic["values vs returns (mean, min–max)"]
+    returns = column(run_dir, 'SELECT "critic/returns/mean" FROM metrics ORDER BY iter')
+    lines = {line.get_label(): line for line in values_vs_returns.lines}
+    assert list(lines["returns R"].get_ydata()) == pytest.approx(returns)
+    (val_ax,) = figures["validation"].axes
+    val = column(run_dir, "SELECT avg(score) FROM validation GROUP BY iter ORDER BY iter")
+    val_line = next(line for line in val_ax.lines if line.get_label().startswith("validation"))
+    assert list(val_line.get_xdata()) == [0, 1, 2, 3, 4] and list(val_line.get_ydata()) == pytest.approx(val)
+    (timing_ax,) = figures["timings"].axes
+    stages = {t.get_text() for t in timing_ax.get_legend().get_texts()}
+    assert {"rollout", "reward", "advantage", "actor_update", "critic_update", "validation"} <= stages
+
+
+def test_grpo_report_has_no_critic_panel(runs, tmp_path):
+    run_dir = runs("zero_grpo")
+    written = {p.name for p in write_report(run_dir, tmp_path)}
+    assert written == {"actor.png", "rewards.png", "timings.png", "report.md"}
+    assert "No data for: critic, validation." in (tmp_path / "report.md").read_text()
+
+
+def test_summary_markdown_quotes_the_runs_numbers_and_findings(runs):
+    run_dir = runs("overfit")
+    text = summary_markdown(run_dir)
+    val = column(run_dir, "SELECT avg(score) FROM validation GROUP BY iter ORDER BY iter")
+    assert f"{val[0]:.4g} → {val[-1]:.4g}" in text and f"`{sparkline(val)}`" in text
+    for iteration, score in enumerate(val):
+        assert f"| {iteration} | {score:.4g} |" in text
+    last = query(run_dir, 'SELECT "critic/score/mean", "actor/entropy" FROM metrics WHERE iter = 4')[1][0]
+    assert "(iteration 4)" in text
+    assert (
+        f"| `critic/score/mean` | {last[0]:.4g} |" in text and f"| `actor/entropy` | {last[1]:.4g} |" in text
+    )
+    assert "**warning** `validation_diverges`" in text
+    assert "change `data.train_max_samples`: 32 → -1 (every prompt)" in text
+    assert f"{run_dir.resolve()}/checkpoints/iter=000004/actor" in text
+    assert f"ppoflow query {run_dir.resolve()}" in text
+
+
+def test_report_module_does_not_import_prefect():
+    code = "import sys, ppoflow.tasks.report; print('prefect' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_cli_report_default_folder_and_bad_input(runs, tmp_path):
+    run_dir = runs("collapse")
+    out = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "report", str(run_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert str(run_dir / "report" / "actor.png") in out.stdout
+    assert (run_dir / "report" / "validation.png").stat().st_size > 0
+    assert "`entropy_collapse`" in (run_dir / "report" / "report.md").read_text()
+    bad = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "not a ppoflow run directory" in bad.stderr
