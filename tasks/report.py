@@ -159,7 +159,8 @@ def validation_panel(run: RunData, curve: dict[str, list[tuple[int, float]]]) ->
 
 
 def timings_panel(run: RunData) -> Figure | None:
-    stages = sorted(m for m in run.metrics if m.startswith("timing_s/"))
+    """timing_s/<stage> stacked; timing_s/step (verl's whole step, the stages' sum) as a line on top."""
+    stages = sorted(m for m in run.metrics if m.startswith("timing_s/") and m != "timing_s/step")
     if not stages:
         return None
     iters = sorted({i for m in stages for i in run.metrics[m]})
@@ -167,6 +168,7 @@ def timings_panel(run: RunData) -> Figure | None:
     fig.set_size_inches(7.5, 4.0)
     stacks = [[run.metrics[m].get(i, 0.0) for i in iters] for m in stages]
     ax.stackplot(iters, stacks, labels=[m.removeprefix("timing_s/") for m in stages], alpha=0.8)
+    _plot(ax, run.series("timing_s/step"), "step (total)", color="black", linewidth=1)
     ax.set_ylabel("seconds")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig

@@ -70,6 +70,17 @@ def test_panels_plot_the_runs_numbers(runs):
     (timing_ax,) = figures["timings"].axes
     stages = {t.get_text() for t in timing_ax.get_legend().get_texts()}
     assert {"rollout", "reward", "advantage", "actor_update", "critic_update", "validation"} <= stages
+    # The stacked stages add up to verl's timing_s/step, drawn as the line on top.
+    (total,) = [line for line in timing_ax.lines if line.get_label() == "step (total)"]
+    step = column(run_dir, 'SELECT "timing_s/step" FROM metrics ORDER BY iter')
+    assert list(total.get_ydata()) == pytest.approx(step)
+    stage_sums = column(
+        run_dir,
+        "SELECT "
+        + " + ".join(f'"timing_s/{s}"' for s in sorted(stages - {"step (total)"}))
+        + " FROM metrics ORDER BY iter",
+    )
+    assert stage_sums == pytest.approx(step)
 
 
 def test_grpo_report_has_no_critic_panel(runs, tmp_path):
