@@ -16,4 +16,4 @@ start=$(date +%s)
   trainer.val_before_train=true "trainer.default_local_dir=$run"
 echo "wall: $(( $(date +%s) - start )) s for $steps steps"
 .venv/bin/ppoflow query "$run" 'SELECT iter, round(avg(score), 4) AS val_score, round(avg(components['"'"'correctness'"'"']), 4) AS accuracy FROM validation GROUP BY iter ORDER BY iter'
-.venv/bin/ppoflow query "$run" 'SELECT round(sum("perf/total_num_tokens") / sum("timing_s/rollout")) AS generation_tokens_per_s, round(sum("perf/total_num_tokens") / sum("timing_s/actor_update")) AS actor_training_tokens_per_s, round(median("perf/time_per_step"), 2) AS median_step_s FROM metrics'
+.venv/bin/ppoflow query "$run" 'SELECT round(1000 / median("timing_per_token_ms/rollout")) AS generation_tokens_per_s, round(1000 / median("timing_per_token_ms/actor_update")) AS actor_training_tokens_per_s, round(median("perf/time_per_step"), 2) AS median_step_s FROM metrics'

@@ -26,8 +26,14 @@ from ppoflow.tasks.trainer_state import data_position, record_trainer_state, res
 
 @flow(name="ppo-train", log_prints=False)
 def ppo_train(config_file: str | None = None, overrides: list[str] | None = None) -> dict:
-    """Train with PPO (or GRPO and relatives) as configured: `config_file` holds overrides in verl's
-    key names, `overrides` are dotted `key=value` strings applied on top."""
+    """Train with PPO (or GRPO and relatives) as configured.
+
+    Args:
+        config_file: YAML file of overrides in verl's key names, e.g. conf/gsm8k_cpu.yaml (None: the
+            embedded default, when the actor is the built-in model).
+        overrides: Dotted key=value overrides applied on top, e.g. ["trainer.total_training_steps=5",
+            "actor_rollout_ref.actor.optim.lr=1e-4"].
+    """
     return train(load_config(config_file, overrides or []))
 
 

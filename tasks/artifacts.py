@@ -1,6 +1,7 @@
 """Prefect artifacts of a training run (shown on the flow run's page in the UI): a table with one row
-of headline metrics per iteration, a progress bar, and at the end a markdown summary with the
-validation curve and where the data is, plus links to the run directory and the final checkpoint.
+of headline metrics per iteration, a progress bar, and at the end the markdown summary of
+`ppoflow report` (validation curve, final metrics, diagnose findings, where the data is), plus links
+to the run directory and the final checkpoint.
 
 Created only inside a Prefect flow run; every other use of ppoflow leaves them out.
 """
@@ -21,7 +22,8 @@ from prefect.artifacts import (
 )
 from prefect.context import FlowRunContext
 
-from .console import EXAMPLE_QUERY, validation_score
+from .console import validation_score
+from .report import summary_markdown
 
 TABLE_COLUMNS = (
     "critic/score/mean",
@@ -34,7 +36,6 @@ TABLE_COLUMNS = (
     "response_length/mean",
     "perf/time_per_step",
 )
-SPARK = "▁▂▃▄▅▆▇█"
 
 
 def artifact_key(run_path: Path, what: str) -> str:
@@ -47,15 +48,6 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, float):
         return None if math.isnan(value) or math.isinf(value) else float(f"{value:.5g}")
     return value
-
-
-def sparkline(values: list[float]) -> str:
-    """One character per value, scaled between the smallest and the largest."""
-    if not values:
-        return ""
-    low, high = min(values), max(values)
-    span = high - low or 1.0
-    return "".join(SPARK[round((v - low) / span * (len(SPARK) - 1))] for v in values)
 
 
 class PrefectArtifacts:
@@ -88,7 +80,7 @@ class PrefectArtifacts:
 
     def finish(self, summary: dict[str, Any]) -> None:
         create_markdown_artifact(
-            summary_markdown(self.run_path, self.rows, summary),
+            summary_markdown(self.run_path),
             key=artifact_key(self.run_path, "summary"),
             description=f"ppoflow run {self.run_path}",
         )
@@ -101,29 +93,3 @@ class PrefectArtifacts:
                 link_text="final actor checkpoint",
                 key=artifact_key(self.run_path, "checkpoint"),
             )
-
-
-def summary_markdown(run_path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> str:
-    curve = [(r["step"], r["val"]) for r in rows if r["val"] is not None]
-    lines = [f"# ppoflow run `{run_path.name}`", ""]
-    if curve:
-        first, last = curve[0][1], curve[-1][1]
-        best_step, best = max(curve, key=lambda c: c[1])
-        lines += [
-            f"Validation score {first:.3f} → {last:.3f} (best {best:.3f} at step {best_step})  "
-            f"`{sparkline([v for _, v in curve])}`",
-            "",
-            "| step | validation score |",
-            "|---:|---:|",
-            *(f"| {step} | {value:.4f} |" for step, value in curve),
-            "",
-        ]
-    lines += [
-        "## Where the data is",
-        "",
-        f"- run directory: `{run_path}`",
-        f"- final actor checkpoint: `{summary.get('actor_checkpoint')}`",
-        f"- DuckDB catalog: `{run_path / 'catalog.duckdb'}`",
-        f'- try: `ppoflow query {run_path} "{EXAMPLE_QUERY}"`',
-    ]
-    return "\n".join(lines) + "\n"

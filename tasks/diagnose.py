@@ -518,8 +518,11 @@ def check_validation_vs_reward(run: RunData) -> list[Finding]:
         "reward hacking: the training reward pays for something validation does not",
         "sampling (temperature 1) and greedy validation diverge",
     )
+    capped = run.setting("data.train_max_samples", -1) not in (-1, None)
     keys = {
-        "data.train_max_samples": "-1 (every prompt)",
+        "data.train_max_samples" if capped else "data.train_files": (
+            "raise it, or -1 for every prompt" if capped else "more distinct prompts"
+        ),
         LR: "lower it",
         "custom_reward_function.path": "check the reward cannot be gamed",
     }

@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from typing import TYPE_CHECKING
 
 from .catalog import connect_readonly
 from .console import EXAMPLE_QUERY
 from .diagnose import CLIPFRAC_HIGH, KL_HIGH, RunData, diagnose, load_run
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PANELS", "panel_figures", "sparkline", "summary_markdown", "validation_curve", "write_report"]
 
@@ -61,6 +61,11 @@ def validation_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def _grid(title: str, n: int, cols: int = 3) -> tuple[Figure, list]:
+    # matplotlib (~0.5 s to import) only when drawing: summary_markdown runs at the end of every flow run.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     cols = min(cols, n)
     rows = math.ceil(n / cols)
     fig = Figure(figsize=(4.4 * cols, 3.1 * rows), layout="constrained")

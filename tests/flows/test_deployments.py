@@ -191,7 +191,8 @@ def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifa
     ]
     assert artifacts["progress"][-1].data == pytest.approx(100.0)
     summary = next(a.data for a in artifacts["markdown"] if a.key.endswith("-summary"))
-    assert "Validation score" in summary and str(run_dir) in summary and "| 2 |" in summary
+    assert "**Validation**" in summary and str(run_dir) in summary and "| 2 |" in summary
+    assert "**Diagnose**" in summary and "**Final metrics** (iteration 2)" in summary
     links = [a.data for a in artifacts["markdown"] if a.key.endswith(("-run-dir", "-checkpoint"))]
     assert f"file://{run_dir}" in links[0] or f"file://{run_dir}" in links[1]
     assert any("checkpoints/iter=000002/actor" in link for link in links)
@@ -236,6 +237,10 @@ def test_retrain_deployment_is_scheduled_and_runs_through_the_worker(stack, tmp_
         )
     assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
     assert scheduled and {r.state.name for r in scheduled} == {"Scheduled"}
+    schema = deployment.parameter_openapi_schema["properties"]
+    assert "champion" in schema["iterations"]["description"] and schema["iterations"]["exclusiveMinimum"] == 0
+    refused = stack.prefect("deployment", "run", "retrain/nightly", "--param", "iterations=0")
+    assert refused.returncode != 0 and "iterations" in refused.stdout + refused.stderr
     incoming, root = tmp_path / "incoming", tmp_path / "retrain"
     incoming.mkdir()
     flow_run_id = stack.run_deployment("retrain/nightly", {"data_dir": str(incoming), "run_dir": str(root)})

@@ -103,7 +103,7 @@ def test_summary_markdown_quotes_the_runs_numbers_and_findings(runs):
         f"| `critic/score/mean` | {last[0]:.4g} |" in text and f"| `actor/entropy` | {last[1]:.4g} |" in text
     )
     assert "**warning** `validation_diverges`" in text
-    assert "change `data.train_max_samples`: 32 → -1 (every prompt)" in text
+    assert "change `data.train_max_samples`: 32 → raise it, or -1 for every prompt" in text
     assert f"{run_dir.resolve()}/checkpoints/iter=000004/actor" in text
     assert f"ppoflow query {run_dir.resolve()}" in text
 
