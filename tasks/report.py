@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 from .catalog import connect_readonly
 from .console import EXAMPLE_QUERY
-from .diagnose import CLIPFRAC_HIGH, KL_HIGH, RunData, diagnose, load_run
+from .diagnose import diagnose, load_run
+from .diagnose_checks import CLIPFRAC_HIGH, KL_HIGH
+from .diagnose_run import RunData
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -12,10 +12,9 @@ import textwrap
 import pytest
 
 from ppoflow.tasks.catalog import query
-from ppoflow.tasks.diagnose import (
+from ppoflow.tasks.diagnose import diagnose, exit_code, load_run
+from ppoflow.tasks.diagnose_checks import (
     CHECKS,
-    Finding,
-    RunData,
     check_aggressive_updates,
     check_critic_fit,
     check_entropy,
@@ -27,11 +26,9 @@ from ppoflow.tasks.diagnose import (
     check_reward_signal,
     check_truncation,
     check_validation_vs_reward,
-    diagnose,
-    exit_code,
     fitted_change,
-    load_run,
 )
+from ppoflow.tasks.diagnose_run import Finding, RunData
 
 from .conftest import train
 

@@ -1,0 +1,60 @@
+"""What `ppoflow diagnose` reads and reports: a run's metrics, raw-row statistics and config
+(RunData), and the Findings its checks return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Severity = Literal["info", "warning", "critical"]
+SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A metric (or config key) and its values at the iterations that matter (no iterations for a
+    config value)."""
+
+    metric: str
+    iters: tuple[int, ...]
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    title: str
+    evidence: tuple[Evidence, ...]
+    causes: tuple[str, ...]
+    config_keys: dict[str, str] = field(default_factory=dict)
+    """verl key -> what to do with it (current value first where known)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RunData:
+    """What the checks read. metrics: metrics-table column -> {iter: value} (finite values only);
+    rows: a statistic of the raw rows ("rewards/score_std", …) -> {iter: value}; config: config.yaml."""
+
+    metrics: dict[str, dict[int, float]]
+    rows: dict[str, dict[int, float]]
+    config: dict[str, Any]
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        """(iter, value) in iteration order, from the metrics table, else from the raw rows."""
+        return sorted((self.metrics.get(name) or self.rows.get(name) or {}).items())
+
+    def setting(self, key: str, default: Any = None) -> Any:
+        node: Any = self.config
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return default if node is None else node
+
+    def advise(self, changes: dict[str, str]) -> dict[str, str]:
+        """verl key -> "current → what to do" (just what to do when the key is unset)."""
+        return {k: w if self.setting(k) is None else f"{self.setting(k)} → {w}" for k, w in changes.items()}
