@@ -7,26 +7,27 @@ from pathlib import Path
 from typing import Annotated
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
 from ppoflow.conf import load_config
 from ppoflow.flows.train import train
-from ppoflow.tasks.artifacts import artifact_key
+from ppoflow.tasks.artifacts import publish_markdown
 from ppoflow.tasks.console import say
+from ppoflow.tasks.ingest import NotEnoughData
 from ppoflow.tasks.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.retrain import (
     BASE,
     decide,
+    decision_markdown,
     find_new_data,
     next_round,
-    read_champion,
     record_round,
     refresh_retrain_catalog,
     round_overrides,
     round_scores,
+    sync_champion_pointer,
 )
 
 take_stock = task(find_new_data, name="find_new_data", cache_policy=NO_CACHE)
@@ -53,64 +54,53 @@ def retrain(
         overrides: Dotted key=value overrides applied on top, e.g. data.train_batch_size=64.
     """
     overrides = list(overrides or [])
-    load_config(config_file, overrides)  # a bad config fails here, before anything is written
+    settings = load_config(config_file, overrides)  # a bad config fails here, before anything is written
     root = Path(run_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)
     acquire_run_lock(root)
     try:
-        return _retrain(root, data_dir, iterations, min_improvement, config_file, overrides)
+        champion = sync_champion_pointer(root)
+        new, skipped = take_stock(data_dir, root)
+        holder = champion.describe() if champion else BASE
+        if not new:
+            return _nothing_to_do(
+                root, f"no new data in {data_dir} ({skipped} file(s), all taken in before)", holder, champion
+            )
+        number = next_round(root)
+        start = champion.step if champion else 0
+        say(f"round {number}: {len(new)} new file(s) in {data_dir}; {iterations} iterations from {holder}")
+        test_freq = settings.trainer.test_freq
+        round_cfg = load_config(
+            config_file, [*overrides, *round_overrides(root, number, new, champion, iterations, test_freq)]
+        )
+        try:
+            summary = train(round_cfg)
+        except NotEnoughData as error:  # the files stay new: the next run trains on them and what follows
+            return _nothing_to_do(root, f"{error}; waiting for more data", holder, champion)
+        incumbent, candidate = round_scores(summary, start + 1, start + iterations)
+        decision, reason = decide(candidate, incumbent, min_improvement)
+        row = record_round(
+            root,
+            number,
+            new,
+            {
+                "decision": decision,
+                "reason": reason,
+                "candidate_score": candidate,
+                "champion_score": incumbent,
+                "candidate_checkpoint": str(Path(summary["actor_checkpoint"]).parent),
+                "incumbent": champion.checkpoint if champion else BASE,
+                "first_step": start + 1,
+                "last_step": start + iterations,
+                "train_rows": summary["train_rows"],
+                "rejected_rows": summary["train_rejected"],
+                "flow_run_id": str(flow_run.id) if flow_run.id else None,
+            },
+        )
     finally:
         release_run_lock(root)
-
-
-def _retrain(
-    root: Path, data_dir: str, iterations: int, min_improvement: float, config_file, overrides: list[str]
-) -> dict:
-    champion = read_champion(root)
-    new, skipped = take_stock(data_dir, root)
-    holder = (
-        f"round {champion.round} (step {champion.step}, score {champion.score:.4f})" if champion else BASE
-    )
-    if not new:
-        message = (
-            f"no new data in {data_dir} ({skipped} file(s), all taken in before): nothing to train; "
-            f"the champion stays {holder}"
-        )
-        refresh_retrain_catalog(root)
-        say(message)
-        _markdown(root, "retrain", f"# Retraining: nothing to do\n\n{message}\n")
-        return {"trained": False, "reason": message, "champion": champion.checkpoint if champion else None}
-    number = next_round(root)
-    start = champion.step if champion else 0
-    say(f"round {number}: {len(new)} new file(s) in {data_dir}; {iterations} iterations from {holder}")
-    cfg = load_config(
-        config_file,
-        [
-            *overrides,
-            *round_overrides(root, number, new, champion, iterations, _test_freq(config_file, overrides)),
-        ],
-    )
-    summary = train(cfg)
-    incumbent, candidate = round_scores(summary, start + 1, start + iterations)
-    decision, reason = decide(candidate, incumbent, min_improvement)
-    row = record_round(
-        root,
-        number,
-        new,
-        {
-            "decision": decision,
-            "reason": reason,
-            "candidate_score": candidate,
-            "champion_score": incumbent,
-            "candidate_checkpoint": str(Path(summary["actor_checkpoint"]).parent),
-            "incumbent": champion.checkpoint if champion else BASE,
-            "first_step": start + 1,
-            "last_step": start + iterations,
-            "flow_run_id": str(flow_run.id) if flow_run.id else None,
-        },
-    )
     say(f"round {number}: {decision} — {reason}")
-    _markdown(root, "retrain", _decision_markdown(root, row, summary))
+    publish_markdown(root, "retrain", decision_markdown(root, row, summary))
     return {
         "trained": True,
         "round": number,
@@ -120,22 +110,9 @@ def _retrain(
     }
 
 
-def _test_freq(config_file, overrides: list[str]) -> int:
-    return load_config(config_file, overrides).trainer.test_freq
-
-
-def _decision_markdown(root: Path, row: dict, summary: dict) -> str:
-    curve = " → ".join(f"{score:.3f}" for _, score in summary["validation"])
-    return (
-        f"# Retraining round {row['round']}: {row['decision']}\n\n"
-        f"{row['reason']}\n\n"
-        f"- validation curve of the round: {curve}\n"
-        f"- candidate: `{row['candidate_checkpoint']}`\n"
-        f"- champion now: `{root / 'champion.json'}`\n"
-        f'- every decision: `ppoflow query {root} "SELECT * FROM promotions ORDER BY round"`\n'
-    )
-
-
-def _markdown(root: Path, what: str, text: str) -> None:
-    if flow_run.id:
-        create_markdown_artifact(text, key=artifact_key(root, what), description=f"ppoflow {what} {root}")
+def _nothing_to_do(root: Path, why: str, holder: str, champion) -> dict:
+    message = f"{why}: nothing to train; the champion stays {holder}"
+    refresh_retrain_catalog(root)
+    say(message)
+    publish_markdown(root, "retrain", f"# Retraining: nothing to do\n\n{message}\n")
+    return {"trained": False, "reason": message, "champion": champion.checkpoint if champion else None}

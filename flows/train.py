@@ -8,7 +8,7 @@ from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
 from ppoflow.tasks.common import Run, StageResult, TrainState, run_stage
 from ppoflow.tasks.console import report_iteration, report_run
-from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, source_digest
+from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, require_full_batch, source_digest
 from ppoflow.tasks.models import set_device
 from ppoflow.tasks.prepare import (
     close_run,
@@ -74,6 +74,8 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         train=None if val_only else ingest(cfg.data.train_files, "train"),
         val=ingest(cfg.data.val_files, "val"),
     )
+    if data.train is not None:
+        require_full_batch(data.train, cfg.data.train_files, cfg.data.train_batch_size)
     state = TrainState(
         actor=base,
         critic=critic_state(base) if sc.use_critic else None,
@@ -92,12 +94,21 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         history.append(metrics | {"step": step})
         tracking.log(step, {k: v for k, v in metrics.items() if k != "wall_time"})
 
-    if val_only or sc.val_before_train:  # verl validates a resumed model too, at the step it resumes from
-        record(first - 1, validate(run, sc, first - 1, state.actor, data))
-    for step in range(first, total + 1):
-        state, metrics = ppo_iteration(run, sc, step, total, state, data)
-        record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
-        record(step, metrics)
+    try:
+        if val_only or sc.val_before_train:  # verl validates a resumed model too, at its step
+            record(first - 1, validate(run, sc, first - 1, state.actor, data))
+        for step in range(first, total + 1):
+            state, metrics = ppo_iteration(run, sc, step, total, state, data)
+            record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
+            record(step, metrics)
+    except BaseException:
+        tracking.fail()
+        raise
     summary = report_run(finish_run(run), state.actor, history)
+    if data.train is not None:
+        summary |= {
+            "train_rows": int(data.train.value("rows")),
+            "train_rejected": int(data.train.value("rejected")),
+        }
     tracking.finish(summary)
     return summary

@@ -8,6 +8,8 @@ Created only inside a Prefect flow run; every other use of ppoflow leaves them o
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
 import re
 from pathlib import Path
@@ -25,6 +27,8 @@ from prefect.context import FlowRunContext
 from .console import validation_score
 from .report import summary_markdown
 
+logger = logging.getLogger(__name__)
+TABLE_UPDATES = 100
 TABLE_COLUMNS = (
     "critic/score/mean",
     "actor/ppo_kl",
@@ -39,9 +43,19 @@ TABLE_COLUMNS = (
 
 
 def artifact_key(run_path: Path, what: str) -> str:
-    """Prefect artifact keys allow lower-case letters, digits and dashes: '<run dir name>-<what>'."""
+    """Prefect artifact keys allow lower-case letters, digits and dashes: '<run dir name>-<hash of its
+    path>-<what>', so two runs with the same folder name keep separate artifacts."""
     slug = re.sub(r"[^a-z0-9]+", "-", run_path.name.lower()).strip("-") or "run"
-    return f"ppoflow-{slug}-{what}"
+    digest = hashlib.sha256(str(run_path.resolve()).encode()).hexdigest()[:6]
+    return f"ppoflow-{slug}-{digest}-{what}"
+
+
+def publish_markdown(run_path: Path, what: str, text: str) -> None:
+    """A markdown artifact on the current flow run's page (nothing outside a flow run)."""
+    if PrefectArtifacts.active():
+        create_markdown_artifact(
+            text, key=artifact_key(run_path, what), description=f"ppoflow {what} {run_path}"
+        )
 
 
 def _rounded(value: Any) -> Any:
@@ -68,22 +82,26 @@ class PrefectArtifacts:
         row = {"step": step, "val": _rounded(validation_score(metrics))}
         row |= {name: _rounded(metrics.get(name)) for name in TABLE_COLUMNS}
         self.rows.append(row)
-        create_table_artifact(
-            self.rows,
-            key=artifact_key(self.run_path, "metrics"),
-            description=(
-                f"Headline metrics per iteration of {self.run_path}; every metric: "
-                f'`ppoflow query {self.run_path} "SELECT * FROM metrics ORDER BY step"`'
-            ),
-        )
+        # Each publication stores the whole table: past TABLE_UPDATES rows, publish every k-th step.
+        every = math.ceil(self.total / TABLE_UPDATES)
+        if len(self.rows) <= TABLE_UPDATES or step % every == 0 or step >= self.total:
+            create_table_artifact(
+                self.rows,
+                key=artifact_key(self.run_path, "metrics"),
+                description=(
+                    f"Headline metrics per iteration of {self.run_path}; every metric: "
+                    f'`ppoflow query {self.run_path} "SELECT * FROM metrics ORDER BY step"`'
+                ),
+            )
         update_progress_artifact(self.progress_id, 100.0 * min(step, self.total) / self.total)
 
     def finish(self, summary: dict[str, Any]) -> None:
-        create_markdown_artifact(
-            summary_markdown(self.run_path),
-            key=artifact_key(self.run_path, "summary"),
-            description=f"ppoflow run {self.run_path}",
-        )
+        try:
+            text = summary_markdown(self.run_path)
+        except Exception as error:  # a summary that cannot be made must not fail a finished run
+            logger.warning("ppoflow: no summary for %s: %s", self.run_path, error)
+            text = f"# ppoflow run `{self.run_path}`\n\n(no summary: {error})\n"
+        publish_markdown(self.run_path, "summary", text)
         create_link_artifact(
             f"file://{self.run_path}", link_text="run directory", key=artifact_key(self.run_path, "run-dir")
         )
@@ -93,3 +111,6 @@ class PrefectArtifacts:
                 link_text="final actor checkpoint",
                 key=artifact_key(self.run_path, "checkpoint"),
             )
+
+    def fail(self) -> None:
+        """Nothing to close: the table and progress show how far the run got."""

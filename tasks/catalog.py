@@ -148,7 +148,7 @@ def connect_readonly(
     for attempt in range(retries + 1):
         con = duckdb.connect(":memory:")
         try:
-            con.execute(f"ATTACH {_literal(str(path))} AS {_ALIAS} (READ_ONLY)")
+            con.execute(f"ATTACH {sql_literal(str(path))} AS {_ALIAS} (READ_ONLY)")
             con.execute(f"USE {_ALIAS}")
             return con
         except duckdb.IOException as exc:
@@ -219,12 +219,12 @@ def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
         files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
         if not files:
             return _empty_sql(con, name, with_iter=False)
-        paths = ", ".join(_literal(str(f)) for f in files)
+        paths = ", ".join(sql_literal(str(f)) for f in files)
         return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
     pattern = f"iter=*/{STAGES[name]}/*.parquet"
     if not any(run_dir.glob(pattern)):  # read_parquet errors on a glob that matches nothing
         return _empty_sql(con, name, with_iter=True)
-    source = _literal(f"{run_dir}/{pattern}")
+    source = sql_literal(f"{run_dir}/{pattern}")
     return (
         f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet({source}, "
         "hive_partitioning=false, union_by_name=true, filename=true)"
@@ -256,5 +256,5 @@ def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def _literal(text: str) -> str:
+def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"

@@ -90,6 +90,22 @@ def ingest_prompts(
     return StageResult("ingest", refs + rejects_ref, current_cache_key(), timer.seconds, values)
 
 
+class NotEnoughData(ValueError):
+    """The training prompts cannot fill one batch."""
+
+
+def require_full_batch(train: StageResult, files: str | list[str], batch_size: int) -> None:
+    """Fail before anything trains when the ingested training prompts cannot fill one batch of
+    data.train_batch_size (a run would otherwise stop at its first rollout, or train 0 steps)."""
+    rows, rejected = int(train.value("rows")), int(train.value("rejected"))
+    if rows < batch_size:
+        names = ", ".join([files] if isinstance(files, str) else files)
+        raise NotEnoughData(
+            f"data.train_files ({names}) hold {rows} usable prompts ({rejected} rows rejected), fewer than "
+            f"data.train_batch_size={batch_size}: one batch cannot be filled"
+        )
+
+
 def ingest_settings(data, split: str) -> dict:
     """The data.* keys ingest reads for `split` (so that, e.g., a new train_batch_size keeps its
     cache), with data.train_max_samples / val_max_samples as "max_samples"."""

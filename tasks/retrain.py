@@ -2,17 +2,18 @@
 
 A retraining directory (the `run_dir` of the retrain flow) holds:
 
-    dataset_files.parquet   every data file ever taken in: its dataset version, path, sha256, size
-    promotions.parquet      one row per decision (promoted or kept), both scores and the reason
+    promotions.parquet      one row per round: the decision (promoted or kept), both scores, the
+                            reason, and the data files it took in (the only record: one write)
     champion.json           the champion: its checkpoint folder, actor directory, score and round
     champion -> rounds/round=000001/checkpoints/iter=000005   (a symlink to the same folder)
     rounds/round=NNNNNN/    one ppoflow run directory per round, with its own catalog
     evaluations/            validation-only runs of the evaluate flow
-    catalog.duckdb          views promotions, dataset_files and round_metrics (every round's metrics)
+    catalog.duckdb          views promotions, dataset_files (one row per file taken in) and
+                            round_metrics (every round's metrics rows)
 
 Files are content-addressed: a file whose bytes were taken in before (under any name) is not taken
 in again. The promotions table is the record; champion.json and the symlink are derived from its last
-promoted row (and rewritten from it if a crash left them behind).
+promoted row (and rewritten from it, under the retraining lock, if a crash left them behind).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,46 +31,42 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .catalog import write_catalog
+from .catalog import sql_literal, write_catalog
+from .schemas import doc_field
 from .storage import read_json, write_json_atomic, write_table
 
 DATA_SUFFIXES = (".json", ".jsonl")
-LEDGER = "dataset_files.parquet"
 PROMOTIONS = "promotions.parquet"
 CHAMPION = "champion.json"
 CHAMPION_LINK = "champion"
 BASE = "base"
 """The incumbent of the first round: the configured base model, not a checkpoint."""
 
-
-def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = False) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc})
-
-
-LEDGER_SCHEMA = pa.schema(
+DATA_FILE = pa.struct(
     [
-        _f("version", pa.int32(), "Dataset version: the retraining round that took the file in."),
-        _f("path", pa.string(), "Absolute path of the file when it was taken in."),
-        _f("sha256", pa.string(), "Content digest; a file with a digest seen before is not taken in again."),
-        _f("bytes", pa.int64(), "File size."),
-        _f("taken_at", pa.timestamp("us", tz="UTC"), "When the round that trained on it finished."),
+        doc_field("path", pa.string(), "Absolute path of the file when it was taken in."),
+        doc_field("sha256", pa.string(), "Content digest: a file with a digest seen before is skipped."),
+        doc_field("bytes", pa.int64(), "File size."),
     ]
 )
 PROMOTIONS_SCHEMA = pa.schema(
     [
-        _f("round", pa.int32(), "Retraining round (rounds/round=NNNNNN)."),
-        _f("decided_at", pa.timestamp("us", tz="UTC"), "When the decision was made."),
-        _f("decision", pa.string(), "'promoted' (the candidate is the new champion) or 'kept'."),
-        _f("reason", pa.string(), "Why, with both scores."),
-        _f("candidate_score", pa.float64(), "Validation score of the candidate (after the round).", True),
-        _f("champion_score", pa.float64(), "Validation score of the incumbent, on the same validation set."),
-        _f("candidate_checkpoint", pa.string(), "checkpoints/iter=NNNNNN folder of the candidate."),
-        _f("incumbent", pa.string(), "Checkpoint folder of the champion the round started from, or 'base'."),
-        _f("first_step", pa.int32(), "First PPO iteration of the round (global step)."),
-        _f("last_step", pa.int32(), "Last PPO iteration of the round (global step)."),
-        _f("dataset_version", pa.int32(), "Version of the data trained on (see dataset_files)."),
-        _f("data_files", pa.int32(), "Number of new files in that version."),
-        _f("flow_run_id", pa.string(), "Prefect flow run that made the decision.", True),
+        doc_field("round", pa.int32(), "Retraining round (rounds/round=NNNNNN); also the dataset version."),
+        doc_field("decided_at", pa.timestamp("us", tz="UTC"), "When the decision was made."),
+        doc_field("decision", pa.string(), "'promoted' (the candidate is the new champion) or 'kept'."),
+        doc_field("reason", pa.string(), "Why, with both scores."),
+        doc_field("candidate_score", pa.float64(), "Validation score of the candidate.", nullable=True),
+        doc_field("champion_score", pa.float64(), "Validation score of the incumbent, same validation set."),
+        doc_field("candidate_checkpoint", pa.string(), "checkpoints/iter=NNNNNN folder of the candidate."),
+        doc_field("incumbent", pa.string(), "Checkpoint folder the round started from, or 'base'."),
+        doc_field("first_step", pa.int32(), "First PPO iteration of the round (global step)."),
+        doc_field("last_step", pa.int32(), "Last PPO iteration of the round (global step)."),
+        doc_field("train_rows", pa.int64(), "Prompts ingested from the round's files."),
+        doc_field(
+            "rejected_rows", pa.int64(), "Rows of those files rejected at ingest (the round's rejects)."
+        ),
+        doc_field("files", pa.list_(DATA_FILE), "The data files the round took in: its dataset version."),
+        doc_field("flow_run_id", pa.string(), "Prefect flow run that made the decision.", nullable=True),
     ]
 )
 
@@ -94,6 +92,9 @@ class Champion:
         """Hugging Face directory of the champion's weights (loads in plain transformers)."""
         return str(Path(self.checkpoint) / "actor")
 
+    def describe(self) -> str:
+        return f"round {self.round} (step {self.step}, score {self.score:.4f})"
+
 
 def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -103,9 +104,11 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _read(root: Path, name: str, schema: pa.Schema) -> pa.Table:
-    path = root / name
-    return pq.read_table(path, schema=schema) if path.is_file() else schema.empty_table()
+def _promotions(root: Path) -> pa.Table:
+    path = root / PROMOTIONS
+    return (
+        pq.read_table(path, schema=PROMOTIONS_SCHEMA) if path.is_file() else PROMOTIONS_SCHEMA.empty_table()
+    )
 
 
 def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int]:
@@ -117,7 +120,7 @@ def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int
         raise FileNotFoundError(
             f"retraining data folder {folder} does not exist; create it and drop .json/.jsonl files there"
         )
-    seen = set(_read(root, LEDGER, LEDGER_SCHEMA)["sha256"].to_pylist())
+    seen = {f["sha256"] for files in _promotions(root)["files"].to_pylist() for f in files}
     new: list[DataFile] = []
     skipped = 0
     for path in sorted(folder.iterdir()):
@@ -133,8 +136,7 @@ def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int
 
 
 def next_round(root: Path) -> int:
-    rounds = _read(root, PROMOTIONS, PROMOTIONS_SCHEMA)["round"].to_pylist()
-    return max(rounds, default=0) + 1
+    return max(_promotions(root)["round"].to_pylist(), default=0) + 1
 
 
 def round_dir(root: Path, number: int) -> Path:
@@ -142,39 +144,37 @@ def round_dir(root: Path, number: int) -> Path:
 
 
 def read_champion(root: Path) -> Champion | None:
-    """The champion as the promotions table records it (None before the first promotion); repairs
-    champion.json and the symlink if a crash left them out of step with the table."""
-    promoted = [
-        r for r in _read(root, PROMOTIONS, PROMOTIONS_SCHEMA).to_pylist() if r["decision"] == "promoted"
-    ]
+    """The champion as the promotions table records it: its last promoted candidate (None before
+    the first promotion)."""
+    promoted = [r for r in _promotions(root).to_pylist() if r["decision"] == "promoted"]
     if not promoted:
         return None
     last = promoted[-1]
-    champion = Champion(
-        last["round"], last["last_step"], last["candidate_checkpoint"], last["candidate_score"]
-    )
+    return Champion(last["round"], last["last_step"], last["candidate_checkpoint"], last["candidate_score"])
+
+
+def sync_champion_pointer(root: Path) -> Champion | None:
+    """Make champion.json and the `champion` symlink match the promotions table (after a promotion,
+    or when a crash left them behind). Call it only under the retraining lock."""
+    champion = read_champion(root)
     pointer = root / CHAMPION
-    if not pointer.is_file() or read_json(pointer).get("checkpoint") != champion.checkpoint:
-        _write_pointer(root, champion)
+    if champion is not None and (
+        not pointer.is_file() or read_json(pointer).get("checkpoint") != champion.checkpoint
+    ):
+        write_json_atomic(
+            pointer,
+            {
+                "round": champion.round,
+                "step": champion.step,
+                "checkpoint": champion.checkpoint,
+                "actor": champion.actor,
+                "score": champion.score,
+            },
+        )
+        tmp = root / f".{CHAMPION_LINK}.{secrets.token_hex(6)}.tmp"
+        os.symlink(os.path.relpath(champion.checkpoint, root), tmp)
+        os.replace(tmp, root / CHAMPION_LINK)  # atomic: readers see the old champion or the new one
     return champion
-
-
-def _write_pointer(root: Path, champion: Champion) -> None:
-    write_json_atomic(
-        root / CHAMPION,
-        {
-            "round": champion.round,
-            "step": champion.step,
-            "checkpoint": champion.checkpoint,
-            "actor": champion.actor,
-            "score": champion.score,
-        },
-    )
-    link = root / CHAMPION_LINK
-    tmp = root / f".{CHAMPION_LINK}.tmp"
-    tmp.unlink(missing_ok=True)
-    os.symlink(os.path.relpath(champion.checkpoint, root), tmp)
-    os.replace(tmp, link)  # atomic: readers see the old champion or the new one
 
 
 def decide(candidate: float | None, incumbent: float, min_improvement: float) -> tuple[str, str]:
@@ -192,69 +192,48 @@ def decide(candidate: float | None, incumbent: float, min_improvement: float) ->
     return "kept", f"{line}: {candidate - incumbent:+.4f} is not more than min_improvement={min_improvement}"
 
 
-def record_round(
-    root: Path,
-    number: int,
-    files: list[DataFile],
-    promotion: dict,
-) -> dict:
-    """Append the decision to promotions.parquet (the record), then the files to dataset_files.parquet,
-    then point champion.json at the champion; refresh the catalog."""
-    now = datetime.now(UTC)
+def record_round(root: Path, number: int, files: list[DataFile], promotion: dict) -> dict:
+    """Append the round's row (decision and the files it took in) to promotions.parquet in one
+    atomic write, then point champion.json at the champion and refresh the catalog."""
     row = {
         "round": number,
-        "decided_at": now,
-        "dataset_version": number,
-        "data_files": len(files),
+        "decided_at": datetime.now(UTC),
+        "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in files],
     } | promotion
-    _append(root, PROMOTIONS, PROMOTIONS_SCHEMA, [row])
-    ledger = [
-        {"version": number, "path": f.path, "sha256": f.sha256, "bytes": f.bytes, "taken_at": now}
-        for f in files
-    ]
-    _append(root, LEDGER, LEDGER_SCHEMA, ledger)
-    read_champion(root)
+    table = pa.concat_tables([_promotions(root), pa.Table.from_pylist([row], schema=PROMOTIONS_SCHEMA)])
+    write_table(table, root, PROMOTIONS, PROMOTIONS_SCHEMA)
+    sync_champion_pointer(root)
     refresh_retrain_catalog(root)
     return row
 
 
-def _append(root: Path, name: str, schema: pa.Schema, rows: list[dict]) -> None:
-    table = pa.concat_tables([_read(root, name, schema), pa.Table.from_pylist(rows, schema=schema)])
-    write_table(table, root, name, schema)
-
-
 def refresh_retrain_catalog(root: Path) -> Path:
-    """root/catalog.duckdb: promotions, dataset_files, and round_metrics (every round's metrics rows,
-    with their round)."""
+    """root/catalog.duckdb: promotions, dataset_files (one row per file taken in, with its version)
+    and round_metrics (every round's metrics rows, with their round)."""
 
     def define(con: duckdb.DuckDBPyConnection) -> None:
-        for view, name, schema in (
-            ("promotions", PROMOTIONS, PROMOTIONS_SCHEMA),
-            ("dataset_files", LEDGER, LEDGER_SCHEMA),
-        ):
-            path = root / name
-            if path.is_file():
-                con.execute(f"CREATE VIEW {view} AS SELECT * FROM read_parquet({_literal(str(path))})")
-            else:
-                con.register(f"_{view}", schema.empty_table())
-                con.execute(f"CREATE TABLE {view} AS SELECT * FROM _{view}")
-        pattern = root / "rounds" / "round=*" / "iter=*" / "metrics" / "*.parquet"
+        path = root / PROMOTIONS
+        if path.is_file():
+            con.execute(f"CREATE VIEW promotions AS SELECT * FROM read_parquet({sql_literal(str(path))})")
+        else:
+            con.register("_promotions", PROMOTIONS_SCHEMA.empty_table())
+            con.execute("CREATE TABLE promotions AS SELECT * FROM _promotions")
+        con.execute(
+            "CREATE VIEW dataset_files AS SELECT round AS version, unnest(files, recursive := true), "
+            "decided_at AS taken_at FROM promotions"
+        )
         if any(root.glob("rounds/round=*/iter=*/metrics/*.parquet")):
+            pattern = sql_literal(str(root / "rounds/round=*/iter=*/metrics/*.parquet"))
             con.execute(
                 "CREATE VIEW round_metrics AS SELECT "
                 r"CAST(regexp_extract(filename, 'round=(\d+)', 1) AS INTEGER) AS round, "
                 r"CAST(regexp_extract(filename, 'iter=(\d+)', 1) AS INTEGER) AS iter, * EXCLUDE (filename) "
-                f"FROM read_parquet({_literal(str(pattern))}, union_by_name=true, filename=true, "
-                "hive_partitioning=false)"
+                f"FROM read_parquet({pattern}, union_by_name=true, filename=true, hive_partitioning=false)"
             )
         else:
             con.execute("CREATE TABLE round_metrics (round INTEGER, iter INTEGER, step INTEGER)")
 
     return write_catalog(root, define)
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def round_overrides(
@@ -279,7 +258,22 @@ def round_overrides(
 
 def round_scores(summary: dict, first_step: int, last_step: int) -> tuple[float, float | None]:
     """(incumbent's score, candidate's score) from a round's validation curve."""
-    scores = dict((int(step), score) for step, score in summary["validation"])
+    scores = {int(step): score for step, score in summary["validation"]}
     if first_step - 1 not in scores:
         raise RuntimeError(f"the round did not validate the incumbent at step {first_step - 1}")
     return scores[first_step - 1], scores.get(last_step)
+
+
+def decision_markdown(root: Path, row: dict, summary: dict) -> str:
+    curve = " → ".join(f"{score:.3f}" for _, score in summary["validation"])
+    files = "".join(f"  - `{f['path']}`\n" for f in row["files"])
+    return (
+        f"# Retraining round {row['round']}: {row['decision']}\n\n"
+        f"{row['reason']}\n\n"
+        f"- data: {len(row['files'])} new file(s), {row['train_rows']} prompts, "
+        f"{row['rejected_rows']} rows rejected at ingest\n{files}"
+        f"- validation curve of the round: {curve}\n"
+        f"- candidate: `{row['candidate_checkpoint']}`\n"
+        f"- champion now: `{root / CHAMPION}`\n"
+        f'- every decision: `ppoflow query {root} "SELECT * FROM promotions ORDER BY round"`\n'
+    )

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 
-def _f(name: str, type_: pa.DataType, doc: str, *, nullable: bool = False) -> pa.Field:
+def doc_field(name: str, type_: pa.DataType, doc: str, *, nullable: bool = False) -> pa.Field:
     return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
 
 
@@ -43,133 +43,149 @@ _MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]
 
 def _key() -> list[pa.Field]:
     return [
-        _f("prompt_id", pa.string(), "Stable id of the prompt (prompts.prompt_id)."),
-        _f("sample_idx", pa.int32(), "Index of this response among the prompt's n samples (0..n-1)."),
+        doc_field("prompt_id", pa.string(), "Stable id of the prompt (prompts.prompt_id)."),
+        doc_field("sample_idx", pa.int32(), "Index of this response among the prompt's n samples (0..n-1)."),
     ]
 
 
 def _scored() -> list[pa.Field]:
     return [
-        _f("ground_truth", pa.string(), "Reference answer the reward function compares against."),
-        _f("score", pa.float64(), "Total reward of the response (what the advantage estimator sees)."),
-        _f("components", _COMPONENTS, "Each named reward component (e.g. correct, format)."),
-        _f("error", pa.string(), "Why scoring failed; null when it worked.", nullable=True),
+        doc_field("ground_truth", pa.string(), "Reference answer the reward function compares against."),
+        doc_field("score", pa.float64(), "Total reward of the response (what the advantage estimator sees)."),
+        doc_field("components", _COMPONENTS, "Each named reward component (e.g. correct, format)."),
+        doc_field("error", pa.string(), "Why scoring failed; null when it worked.", nullable=True),
     ]
 
 
 def _step() -> list[pa.Field]:
     return [
-        _f("epoch", pa.int32(), "PPO epoch over this iteration's batch (0-based)."),
-        _f("mini_batch", pa.int32(), "Mini-batch index within the epoch (one optimizer step each)."),
+        doc_field("epoch", pa.int32(), "PPO epoch over this iteration's batch (0-based)."),
+        doc_field("mini_batch", pa.int32(), "Mini-batch index within the epoch (one optimizer step each)."),
     ]
 
 
 SCHEMAS: dict[str, pa.Schema] = {
     "prompts": _schema(
         "prompts",
-        _f("prompt_id", pa.string(), "Stable id of the prompt, unique across splits (set by ingest)."),
-        _f("split", pa.string(), "'train' or 'val'."),
-        _f("row_index", pa.int64(), "Row of the prompt in its source file (0-based)."),
-        _f("data_source", pa.string(), "Dataset name; selects the reward function and groups metrics."),
-        _f("ability", pa.string(), "Task category, as in verl's data format (e.g. 'math')."),
-        _f("prompt_text", pa.string(), "Raw text prompt; null when prompt_messages is set.", nullable=True),
-        _f(
+        doc_field("prompt_id", pa.string(), "Stable id of the prompt, unique across splits (set by ingest)."),
+        doc_field("split", pa.string(), "'train' or 'val'."),
+        doc_field("row_index", pa.int64(), "Row of the prompt in its source file (0-based)."),
+        doc_field(
+            "data_source", pa.string(), "Dataset name; selects the reward function and groups metrics."
+        ),
+        doc_field("ability", pa.string(), "Task category, as in verl's data format (e.g. 'math')."),
+        doc_field(
+            "prompt_text", pa.string(), "Raw text prompt; null when prompt_messages is set.", nullable=True
+        ),
+        doc_field(
             "prompt_messages",
             _MESSAGES,
             "Chat prompt (role, content); null for a text prompt.",
             nullable=True,
         ),
-        _f("ground_truth", pa.string(), "Reference answer for the reward function."),
-        _f("extra_info", pa.string(), "Any other fields of the source row, as JSON text."),
+        doc_field("ground_truth", pa.string(), "Reference answer for the reward function."),
+        doc_field("extra_info", pa.string(), "Any other fields of the source row, as JSON text."),
     ),
     "rejects": _schema(
         "rejects",
-        _f("source", pa.string(), "File the rejected record came from."),
-        _f("line", pa.int64(), "Line (JSONL) or row (parquet) of the record in its source."),
-        _f("reason", pa.string(), "Why the record was not turned into a prompt."),
-        _f("raw", pa.string(), "The record as read, to help fix the source."),
+        doc_field("source", pa.string(), "File the rejected record came from."),
+        doc_field("line", pa.int64(), "Line (JSONL) or row (parquet) of the record in its source."),
+        doc_field("reason", pa.string(), "Why the record was not turned into a prompt."),
+        doc_field("raw", pa.string(), "The record as read, to help fix the source."),
     ),
     "rollouts": _schema(
         "rollouts",
         *_key(),
-        _f("group_id", pa.int32(), "Samples of one prompt in this batch share it (GRPO's baseline group)."),
-        _f("data_source", pa.string(), "Dataset name of the prompt."),
-        _f("prompt_text", pa.string(), "The prompt as rendered for the tokenizer (chat template applied)."),
-        _f("response_text", pa.string(), "Decoded response (special tokens removed)."),
-        _f("prompt_ids", _I32, "Token ids of the prompt, unpadded."),
-        _f("response_ids", _I32, "Token ids of the response, unpadded (EOS included when generated)."),
-        _f("rollout_log_probs", _F32, "Per-token log-probs reported by the rollout engine."),
-        _f("old_log_probs", _F32, "Per-token log-probs of the actor before this iteration's update."),
-        _f(
+        doc_field(
+            "group_id", pa.int32(), "Samples of one prompt in this batch share it (GRPO's baseline group)."
+        ),
+        doc_field("data_source", pa.string(), "Dataset name of the prompt."),
+        doc_field(
+            "prompt_text", pa.string(), "The prompt as rendered for the tokenizer (chat template applied)."
+        ),
+        doc_field("response_text", pa.string(), "Decoded response (special tokens removed)."),
+        doc_field("prompt_ids", _I32, "Token ids of the prompt, unpadded."),
+        doc_field("response_ids", _I32, "Token ids of the response, unpadded (EOS included when generated)."),
+        doc_field("rollout_log_probs", _F32, "Per-token log-probs reported by the rollout engine."),
+        doc_field("old_log_probs", _F32, "Per-token log-probs of the actor before this iteration's update."),
+        doc_field(
             "ref_log_probs",
             _F32,
             "Per-token log-probs of the reference model; null without one.",
             nullable=True,
         ),
-        _f("prompt_length", pa.int32(), "len(prompt_ids)."),
-        _f(
+        doc_field("prompt_length", pa.int32(), "len(prompt_ids)."),
+        doc_field(
             "response_length",
             pa.int32(),
             "len(response_ids); lists are unpadded (the response mask is all ones).",
         ),
-        _f("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (max length hit)."),
-        _f("policy_version", pa.int32(), "Iteration of the actor state that generated the response."),
-        _f("seed", pa.int64(), "Sampling seed of this response."),
+        doc_field("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (max length hit)."),
+        doc_field("policy_version", pa.int32(), "Iteration of the actor state that generated the response."),
+        doc_field("seed", pa.int64(), "Sampling seed of this response."),
     ),
     "rewards": _schema(
         "rewards",
         *_key(),
-        _f("data_source", pa.string(), "Dataset name; selects the reward function."),
+        doc_field("data_source", pa.string(), "Dataset name; selects the reward function."),
         *_scored(),
     ),
     "advantages": _schema(
         "advantages",
         *_key(),
-        _f(
+        doc_field(
             "values",
             _F32,
             "Critic values V(s_t) per response token; null for critic-free estimators.",
             nullable=True,
         ),
-        _f(
+        doc_field(
             "token_level_rewards",
             _F32,
             "Score on the last token, minus the per-token KL penalty if in reward.",
         ),
-        _f("advantages", _F32, "Per-token advantages as the actor loss uses them."),
-        _f("returns", _F32, "Per-token returns (the critic's regression targets)."),
-        _f("kl", _F32, "Per-token KL estimate of old vs ref policy, when computed.", nullable=True),
-        _f("train_weight", pa.int32(), "Times the row enters the update: 1, or PF-PPO's count (>= 0)."),
+        doc_field("advantages", _F32, "Per-token advantages as the actor loss uses them."),
+        doc_field("returns", _F32, "Per-token returns (the critic's regression targets)."),
+        doc_field("kl", _F32, "Per-token KL estimate of old vs ref policy, when computed.", nullable=True),
+        doc_field(
+            "train_weight", pa.int32(), "Times the row enters the update: 1, or PF-PPO's count (>= 0)."
+        ),
     ),
     "actor_update": _schema(
         "actor_update",
         *_step(),
-        _f("pg_loss", pa.float64(), "Policy-gradient loss of the step."),
-        _f("pg_clipfrac", pa.float64(), "Fraction of tokens whose ratio was clipped."),
-        _f("pg_clipfrac_lower", pa.float64(), "Fraction clipped by dual-clip's lower bound (clip_ratio_c)."),
-        _f("ppo_kl", pa.float64(), "Mean approximate KL of the current policy vs old_log_probs."),
-        _f("entropy", pa.float64(), "Mean token entropy of the current policy."),
-        _f("grad_norm", pa.float64(), "Gradient norm before clipping."),
-        _f("lr", pa.float64(), "Learning rate used for the step."),
-        _f("kl_loss", pa.float64(), "KL-to-reference loss when use_kl_loss; null otherwise.", nullable=True),
+        doc_field("pg_loss", pa.float64(), "Policy-gradient loss of the step."),
+        doc_field("pg_clipfrac", pa.float64(), "Fraction of tokens whose ratio was clipped."),
+        doc_field(
+            "pg_clipfrac_lower", pa.float64(), "Fraction clipped by dual-clip's lower bound (clip_ratio_c)."
+        ),
+        doc_field("ppo_kl", pa.float64(), "Mean approximate KL of the current policy vs old_log_probs."),
+        doc_field("entropy", pa.float64(), "Mean token entropy of the current policy."),
+        doc_field("grad_norm", pa.float64(), "Gradient norm before clipping."),
+        doc_field("lr", pa.float64(), "Learning rate used for the step."),
+        doc_field(
+            "kl_loss", pa.float64(), "KL-to-reference loss when use_kl_loss; null otherwise.", nullable=True
+        ),
     ),
     "critic_update": _schema(
         "critic_update",
         *_step(),
-        _f("vf_loss", pa.float64(), "Value-function loss of the step."),
-        _f("vf_clipfrac", pa.float64(), "Fraction of tokens whose value prediction was clipped."),
-        _f("vpred_mean", pa.float64(), "Mean predicted value over response tokens."),
-        _f("grad_norm", pa.float64(), "Gradient norm before clipping."),
-        _f("lr", pa.float64(), "Learning rate used for the step."),
+        doc_field("vf_loss", pa.float64(), "Value-function loss of the step."),
+        doc_field("vf_clipfrac", pa.float64(), "Fraction of tokens whose value prediction was clipped."),
+        doc_field("vpred_mean", pa.float64(), "Mean predicted value over response tokens."),
+        doc_field("grad_norm", pa.float64(), "Gradient norm before clipping."),
+        doc_field("lr", pa.float64(), "Learning rate used for the step."),
     ),
     "validation": _schema(
         "validation",
         *_key(),
-        _f("data_source", pa.string(), "Dataset name; validation scores are reported per data_source."),
-        _f("prompt_text", pa.string(), "The prompt as rendered for the tokenizer."),
-        _f("response_text", pa.string(), "Decoded response."),
-        _f("response_length", pa.int32(), "Number of response tokens."),
-        _f("finish_reason", pa.string(), "'stop' or 'length'."),
+        doc_field(
+            "data_source", pa.string(), "Dataset name; validation scores are reported per data_source."
+        ),
+        doc_field("prompt_text", pa.string(), "The prompt as rendered for the tokenizer."),
+        doc_field("response_text", pa.string(), "Decoded response."),
+        doc_field("response_length", pa.int32(), "Number of response tokens."),
+        doc_field("finish_reason", pa.string(), "'stop' or 'length'."),
         *_scored(),
     ),
 }
@@ -363,7 +379,9 @@ INVARIANTS: dict[str, list[str]] = {
     "metrics": [_unique("metrics", "iter")],
 }
 
-_STEP = _f("step", pa.int64(), "Global training step (the iteration number when one update per iteration).")
+_STEP = doc_field(
+    "step", pa.int64(), "Global training step (the iteration number when one update per iteration)."
+)
 
 
 def metrics_table(metrics: dict[str, float], step: int) -> pa.Table:
@@ -398,7 +416,7 @@ def describe(table_name: str) -> str:
     lines = [f"### {table_name}", "", TABLE_DOCS[_known(table_name)], ""]
     schema = empty_table(table_name).schema
     if table_name in ITERATION_TABLES:
-        schema = schema.insert(0, _f("iter", pa.int32(), "Iteration (from the iter=NNNNNN folder)."))
+        schema = schema.insert(0, doc_field("iter", pa.int32(), "Iteration (from the iter=NNNNNN folder)."))
     lines += ["| column | type | nullable | doc |", "|---|---|---|---|"]
     for field in schema:
         doc = _cell((field.metadata or {}).get(b"doc", b"").decode())

@@ -1,7 +1,7 @@
 """trainer.logger: where each iteration's metrics go besides the metrics table (always written) and
 the console line (always printed). verl's `Tracking` with the same backend names.
 
-A backend has `log(step, metrics)` and `finish(summary)`; `Tracking` fans out to the configured ones
+A backend has `log(step, metrics)`, `finish(summary)` and `fail()`; `Tracking` fans out to the configured ones
 and to the Prefect artifacts when the run happens inside a Prefect flow run.
 """
 
@@ -15,6 +15,8 @@ class Backend(Protocol):
     def log(self, step: int, metrics: dict[str, float]) -> None: ...
 
     def finish(self, summary: dict[str, Any]) -> None: ...
+
+    def fail(self) -> None: ...
 
 
 def _backends(cfg, run_path: Path, total: int) -> list[Backend]:
@@ -43,3 +45,8 @@ class Tracking:
     def finish(self, summary: dict[str, Any]) -> None:
         for backend in self.backends:
             backend.finish(summary)
+
+    def fail(self) -> None:
+        """The run raised: close what stays open (a wandb run is marked failed)."""
+        for backend in self.backends:
+            backend.fail()

@@ -79,6 +79,9 @@ class WandbLogger:
         self.run.summary.update({k: v for k, v in summary.items() if v is not None})
         self.run.finish()
 
+    def fail(self) -> None:
+        self.run.finish(exit_code=1)
+
     def _generations(self, step: int):
         """The first trainer.log_val_generations validation rows of `step` as a wandb Table (verl's
         val/generations), read from the step's validation parquet; None when there is none."""

@@ -251,9 +251,18 @@ def test_retrain_deployment_is_scheduled_and_runs_through_the_worker(stack, tmp_
     assert query(root, "SELECT count(*) FROM promotions")[1] == [(0,)]
 
 
-def test_stack_down_stops_every_process_it_started(stack):
+def test_stack_down_stops_every_process_it_started(stack, tmp_path):
     pids = stack.pids()
     assert set(pids) == {"server", "worker"} and all(_alive(p) for p in pids.values())
+    second = subprocess.run(
+        ["bash", "scripts/stack", "up"],
+        cwd=REPO,
+        env=stack.env | {"PPOFLOW_STACK_DIR": str(tmp_path / "second")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1 and "already serves a Prefect API" in second.stderr
     down = subprocess.run(
         ["bash", "scripts/stack", "down"],
         cwd=REPO,

@@ -142,3 +142,15 @@ def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, t
     assert query(tmp_path, "SELECT DISTINCT iter FROM validation")[1] == [(0,)]
     assert query(tmp_path, "SELECT count(*) FROM rollouts")[1] == [(0,)]
     assert len(summary["val_scores"]) == 1
+
+
+def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
+    prefect_server, tiny_model_dir, tmp_path
+):
+    from ppoflow.tasks.ingest import NotEnoughData
+
+    with pytest.raises(
+        NotEnoughData, match=r"hold 20 usable prompts \(0 rows rejected\).*train_batch_size=32"
+    ):
+        train(tmp_path, "data.train_max_samples=20")
+    assert not list(tmp_path.glob("iter=*"))  # not even the validation before training ran

@@ -47,9 +47,17 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     incoming, root = tmp_path / "incoming", tmp_path / "retrain"
     incoming.mkdir()
 
+    # Too few prompts for one batch (train_batch_size 256): nothing trains, the file stays new.
+    addition_file(incoming / "batch-0.jsonl", 100, seed=10)
+    waiting = retrain(incoming, root)
+    assert waiting["trained"] is False and "hold 100 usable prompts" in waiting["reason"]
+    assert "waiting for more data" in waiting["reason"] and promotions(root) == []
+
     addition_file(incoming / "batch-1.jsonl", 512, seed=11)
     first = retrain(incoming, root)
     [row] = promotions(root)
+    assert [Path(f["path"]).name for f in row["files"]] == ["batch-0.jsonl", "batch-1.jsonl"]
+    assert (row["train_rows"], row["rejected_rows"]) == (612, 0)
     assert first["decision"] == row["decision"] == "promoted", row["reason"]
     assert row["incumbent"] == "base" and row["candidate_score"] > row["champion_score"]
     assert (row["first_step"], row["last_step"]) == (1, 4)
@@ -79,7 +87,8 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
         f"{row['candidate_score']:.4f}" in row["reason"] and f"{row['champion_score']:.4f}" in row["reason"]
     )
     files = query(root, "SELECT version, path FROM dataset_files ORDER BY version")[1]
-    assert [(v, Path(p).name) for v, p in files] == [(1, "batch-1.jsonl"), (2, "batch-2.jsonl")]
+    names = [(v, Path(p).name) for v, p in files]
+    assert names == [(1, "batch-0.jsonl"), (1, "batch-1.jsonl"), (2, "batch-2.jsonl")]
     steps = query(
         root, "SELECT round, list(iter ORDER BY iter) FROM round_metrics GROUP BY round ORDER BY round"
     )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ppoflow.tasks.catalog import query
+from ppoflow.tasks.evaluation import plan_evaluation
 from ppoflow.tasks.retrain import (
     DataFile,
     decide,
@@ -19,7 +20,9 @@ from ppoflow.tasks.retrain import (
     refresh_retrain_catalog,
     round_overrides,
     round_scores,
+    sync_champion_pointer,
 )
+from ppoflow.tasks.trainer_state import STATE_FILE
 
 
 @pytest.mark.parametrize(
@@ -51,6 +54,8 @@ def _promotion(root: Path, step: int, score: float, decision: str = "promoted") 
         "incumbent": "base",
         "first_step": 1,
         "last_step": step,
+        "train_rows": 512,
+        "rejected_rows": 0,
         "flow_run_id": None,
     }
 
@@ -89,11 +94,20 @@ def test_the_champion_follows_the_last_promotion_and_is_repaired_from_the_table(
     pointer = json.loads((tmp_path / "champion.json").read_text())
     assert pointer["checkpoint"] == champion.checkpoint and pointer["actor"].endswith("iter=000004/actor")
     assert (tmp_path / "champion").resolve() == Path(champion.checkpoint)
-    # A crash between the promotions row and the pointer: the next read rewrites the pointer.
+    # A crash between the promotions row and the pointer: reading leaves the files alone, the next
+    # retraining run (under its lock) rewrites them from the table.
     (tmp_path / "champion.json").unlink()
     (tmp_path / "champion").unlink()
-    assert read_champion(tmp_path) == champion
+    assert read_champion(tmp_path) == champion and not (tmp_path / "champion.json").exists()
+    assert sync_champion_pointer(tmp_path) == champion
     assert json.loads((tmp_path / "champion.json").read_text()) == pointer
+    assert (tmp_path / "champion").resolve() == Path(champion.checkpoint)
+    assert not list(tmp_path.glob(".champion*"))
+    files = query(tmp_path, "SELECT version, path, sha256, bytes FROM dataset_files ORDER BY version")[1]
+    assert files == [
+        (1, str(tmp_path / "f.jsonl"), "0" * 64, 10),
+        (2, str(tmp_path / "f.jsonl"), "0" * 64, 10),
+    ]
     assert query(tmp_path, "SELECT list(decision ORDER BY round) FROM promotions")[1] == [
         (["promoted", "kept"],)
     ]
@@ -124,3 +138,29 @@ def test_round_scores_need_the_incumbents_validation():
     assert round_scores({"validation": [[4, 0.7]]}, 5, 7) == (0.7, None)
     with pytest.raises(RuntimeError, match="did not validate the incumbent at step 4"):
         round_scores({"validation": [[7, 0.8]]}, 5, 7)
+
+
+def test_evaluations_of_different_models_or_settings_never_share_a_folder(tmp_path):
+    checkpoint = tmp_path / "runs/a/checkpoints/iter=000004"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / STATE_FILE).write_text("{}")
+    (tmp_path / "runs/a/config.yaml").write_text("")
+    hf_dirs = [tmp_path / "x/actor", tmp_path / "y/actor"]
+    for folder in hf_dirs:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    plan = plan_evaluation(str(checkpoint), tmp_path, None, [])
+    assert plan.config_file == str(tmp_path / "runs/a/config.yaml")
+    assert (
+        f"trainer.resume_from_path={checkpoint}" in plan.overrides
+        and "trainer.val_only=true" in plan.overrides
+    )
+    assert plan.run_dir.name.startswith("a-iter=000004-")
+    again = plan_evaluation(str(checkpoint), tmp_path, None, [])
+    other_settings = plan_evaluation(str(checkpoint), tmp_path, None, ["data.val_files=[v.jsonl]"])
+    first_hf, second_hf = (plan_evaluation(str(f), tmp_path, None, []) for f in hf_dirs)
+    assert again.run_dir == plan.run_dir
+    assert len({plan.run_dir, other_settings.run_dir, first_hf.run_dir, second_hf.run_dir}) == 4
+    assert f"actor_rollout_ref.model.path={hf_dirs[0]}" in first_hf.overrides
+    with pytest.raises(FileNotFoundError, match="neither a ppoflow checkpoint folder"):
+        plan_evaluation(str(tmp_path / "runs"), tmp_path, None, [])
