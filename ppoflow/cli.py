@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 from pathlib import Path
@@ -81,6 +82,20 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # inside the try: a reader that left shows up at the last flush too
+    except BrokenPipeError:
+        # The reader closed the pipe (`ppoflow diagnose --format json | head -1`). git and coreutils
+        # die of SIGPIPE there, which the shell reports as 141 (128 + 13): `set -o pipefail` scripts
+        # already expect it from `yes | head`, while 0, 1 or 2 would claim a diagnose verdict on output
+        # that was cut off. stdout goes to devnull so the interpreter's flush at exit cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     match args.command:
         case "train":
@@ -130,6 +145,8 @@ def _train(args) -> int:
     except (RunLocked, StateUnavailable) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 3
+    except BrokenPipeError:  # an OSError, but the reader of the log left: main's exit 141
+        raise
     except (ValueError, OSError, RuntimeError) as error:  # bad data, a failing reward, a full disk
         print(f"ppoflow: training stopped: {error}", file=sys.stderr)
         return 1
@@ -168,14 +185,27 @@ def _print_rows(columns: list[str], rows: list[tuple], fmt: str) -> None:
 
         print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str, indent=1))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table(*columns)
         for row in rows:
             table.add_row(*(_cell(v) for v in row))
-        Console(width=None if sys.stdout.isatty() else 200).print(table)
+        _console(200, highlight=True).print(table)
         print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+
+
+def _console(width: int, *, highlight: bool = False):
+    """A rich Console, `width` columns wide when not on a terminal, that leaves a closed pipe to main:
+    rich's own handler exits with status 1, which for diagnose would read as "a warning found"."""
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else width, highlight=highlight)
+    console.on_broken_pipe = _reraise_broken_pipe  # type: ignore[method-assign]
+    return console
+
+
+def _reraise_broken_pipe() -> None:
+    raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 def _cell(value) -> str:
@@ -186,8 +216,6 @@ def _cell(value) -> str:
 
 
 def _show(args) -> int:
-    from rich.console import Console
-
     from ppoflow.show import load_rows, pick, render, run_tokenizer
 
     mode, count = next(
@@ -198,7 +226,7 @@ def _show(args) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
-    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    console = _console(160)
     render(console, iteration, pick(rows, mode, count, args.seed), run_tokenizer(args.run_dir))
     return 0
 
@@ -210,7 +238,6 @@ def _diagnose(args) -> int:
     """Exit 0 when nothing is a warning or worse, 1 when something is, 2 for bad input."""
     import json
 
-    from rich.console import Console
     from rich.text import Text
 
     from ppoflow.tasks.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
@@ -227,7 +254,7 @@ def _diagnose(args) -> int:
         out = {"run_dir": str(args.run_dir), "iterations": iters, "exit_code": code}
         print(json.dumps(out | {"findings": [f.to_dict() for f in findings]}, indent=1, default=str))
         return code
-    console = Console(width=None if sys.stdout.isatty() else 200, highlight=False)
+    console = _console(200)
     for line in render_text(args.run_dir, run, findings):
         word = line.split(" ", 1)[0]
         console.print(Text(line, style=SEVERITY_STYLE.get(word, "")), soft_wrap=True)

@@ -20,6 +20,14 @@ class RunDirError(ValueError):
     """Not a run directory, or one without a finished iteration."""
 
 
+class RunInProgress(RunDirError):
+    """A run directory whose first iteration has not finished yet."""
+
+
+class ValidationOnlyRun(RunDirError):
+    """A run that validated a model and trained nothing (trainer.val_only): no metrics to diagnose."""
+
+
 ROW_STATS = {
     "rewards/score_std": "SELECT iter, stddev_pop(score) FROM rewards GROUP BY iter",
     "rewards/score_mean": "SELECT iter, avg(score) FROM rewards GROUP BY iter",
@@ -34,7 +42,9 @@ ROW_STATS = {
     "advantages/returns_var": (
         "SELECT iter, var_pop(r) FROM (SELECT iter, unnest(returns) AS r FROM advantages) GROUP BY iter"
     ),
+    "rewards/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM rewards GROUP BY iter",
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
+    "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
     "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
 }
 """Per-iteration statistics of the raw rows that the metrics table does not hold (or holds only
@@ -43,28 +53,54 @@ from the update's side)."""
 
 def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
     """The run's metrics, raw-row statistics and config. RunDirError when run_dir is not a run
-    directory or (with require_metrics) has no finished iteration."""
+    directory, RunInProgress before the first iteration writes the catalog; with require_metrics,
+    also RunInProgress or ValidationOnlyRun when no training iteration has finished."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").is_file() or not (run_dir / CATALOG_NAME).is_file():
-        raise RunDirError(
-            f"{run_dir} is not a ppoflow run directory (it needs config.yaml and {CATALOG_NAME})"
-        )
+    if not run_dir.exists():
+        raise RunDirError(f"{run_dir} does not exist")
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{run_dir} is not a ppoflow run directory: it has no config.yaml")
     config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    if not (run_dir / CATALOG_NAME).is_file():  # the first iteration's metrics stage writes it
+        raise RunInProgress(
+            f"{run_dir}: run in progress: no iteration has finished yet (no {CATALOG_NAME}; or the run "
+            "stopped before one did)"
+        )
     try:
         with connect_readonly(run_dir) as con:
             table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
             rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
     except duckdb.Error as error:
         raise RunDirError(f"{run_dir}: cannot read the catalog: {error}") from error
-    if require_metrics and table.num_rows == 0:
-        raise RunDirError(f"{run_dir} has no metrics yet: no iteration has finished")
     iters = table["iter"].to_pylist()
     metrics = {
         name: _by_iter(zip(iters, table[name].to_pylist(), strict=True))
         for name in table.column_names
         if name not in ("iter", "step")
     }
-    return RunData({k: v for k, v in metrics.items() if v}, rows, config)
+    run = RunData({k: v for k, v in metrics.items() if v}, rows, config)
+    if require_metrics:
+        require_iteration(run_dir, run)
+    return run
+
+
+def require_iteration(run_dir: str | Path, run: RunData) -> None:
+    """ValidationOnlyRun or RunInProgress when the run has no finished training iteration."""
+    if run.metrics:
+        return
+    if validation_only(run):
+        raise ValidationOnlyRun(
+            f"{run_dir}: validation-only run: nothing to diagnose; see "
+            f'`ppoflow query {run_dir} "SELECT * FROM validation"`'
+        )
+    raise RunInProgress(f"{run_dir}: run in progress: no iteration has finished yet")
+
+
+def validation_only(run: RunData) -> bool:
+    """trainer.val_only, or validation rows without a finished training iteration."""
+    return bool(run.setting("trainer.val_only", False)) or (
+        not run.metrics and bool(run.rows.get("validation/score_mean"))
+    )
 
 
 def _by_iter(pairs) -> dict[int, float]:

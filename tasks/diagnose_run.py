@@ -1,13 +1,15 @@
 """What `ppoflow diagnose` reads and reports: a run's metrics, raw-row statistics and config
-(RunData), and the Findings its checks return."""
+(RunData), the Findings its checks return, and the helpers the checks share to build their evidence."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
+LR = "actor_rollout_ref.actor.optim.lr"
 
 
 @dataclass(frozen=True)
@@ -58,3 +60,29 @@ class RunData:
     def advise(self, changes: dict[str, str]) -> dict[str, str]:
         """verl key -> "current → what to do" (just what to do when the key is unset)."""
         return {k: w if self.setting(k) is None else f"{self.setting(k)} → {w}" for k, w in changes.items()}
+
+
+Points = list[tuple[int, float]]
+"""(iter, value) in iteration order, as RunData.series returns them."""
+
+
+def values_of(points: Points) -> list[float]:
+    return [v for _, v in points]
+
+
+def evidence_of(metric: str, points: Points) -> Evidence:
+    return Evidence(metric, tuple(i for i, _ in points), tuple(float(f"{v:.6g}") + 0.0 for _, v in points))
+
+
+def settings_evidence(run: RunData, *keys: str) -> tuple[Evidence, ...]:
+    return tuple(Evidence(k, (), (run.setting(k),)) for k in keys if run.setting(k) is not None)
+
+
+def fitted_change(points: Points) -> float:
+    """Least-squares slope × span of the iterations: how much the series moved, robust to one noisy end."""
+    if len(points) < 2:
+        return 0.0
+    xs, ys = [float(i) for i, _ in points], values_of(points)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return slope * (xs[-1] - xs[0])

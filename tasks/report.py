@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from .catalog import connect_readonly
 from .console import EXAMPLE_QUERY
-from .diagnose import diagnose, load_run
-from .diagnose_checks import CLIPFRAC_HIGH, KL_HIGH
+from .diagnose import diagnose, load_run, require_iteration, validation_only
+from .diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
 from .diagnose_run import RunData
 
 if TYPE_CHECKING:
@@ -39,6 +39,9 @@ FINAL_METRICS = (
     "perf/time_per_step",
 )
 SPARK = "▁▂▃▄▅▆▇█"
+VALIDATION_QUERY = "SELECT iter, data_source, avg(score) FROM validation GROUP BY ALL ORDER BY ALL"
+ITERATION_TICKS = 12
+"""Up to this many iterations, each gets its tick; beyond, matplotlib picks integer ticks."""
 
 
 def sparkline(values: list[float]) -> str:
@@ -62,11 +65,11 @@ def validation_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     return curve
 
 
-def _grid(title: str, n: int, cols: int = 3) -> tuple[Figure, list]:
+def _grid(title: str, n: int, iters: list[int], cols: int = 3) -> tuple[Figure, list]:
     # matplotlib (~0.5 s to import) only when drawing: summary_markdown runs at the end of every flow run.
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FixedLocator, MaxNLocator
 
     cols = min(cols, n)
     rows = math.ceil(n / cols)
@@ -77,31 +80,50 @@ def _grid(title: str, n: int, cols: int = 3) -> tuple[Figure, list]:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.set_xlabel("iteration")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # A tick at each iteration while they fit; MaxNLocator alone falls back to fractional ticks
+        # (0.945 … 1.05) when the axis spans a single iteration.
+        few = len(iters) <= ITERATION_TICKS
+        ax.xaxis.set_major_locator(FixedLocator(iters) if few else MaxNLocator(integer=True))
+        if len(iters) == 1:
+            ax.set_xlim(iters[0] - 1, iters[0] + 1)
     return fig, axes
+
+
+def _iterations(run: RunData, curve: dict[str, list[tuple[int, float]]] | None = None) -> list[int]:
+    """Every iteration with a metric (or a validation score, given the curve)."""
+    found = {i for series in run.metrics.values() for i in series}
+    return sorted(found | {i for points in (curve or {}).values() for i, _ in points})
 
 
 def _plot(ax, points: list[tuple[int, float]], label: str | None = None, **style) -> None:
     if points:
+        size = 3 if len(points) > 1 else 6  # a lone point is all there is to see
         ax.plot(
-            [i for i, _ in points], [v for _, v in points], marker="o", markersize=3, label=label, **style
+            [i for i, _ in points], [v for _, v in points], marker="o", markersize=size, label=label, **style
         )
 
 
 def _band(ax, run: RunData, prefix: str, label: str, color: str) -> None:
     """prefix/mean as a line over a shaded prefix/min..prefix/max band."""
+    mean = run.series(f"{prefix}/mean")
     low, high = dict(run.series(f"{prefix}/min")), dict(run.series(f"{prefix}/max"))
-    iters = [i for i, _ in run.series(f"{prefix}/mean") if i in low and i in high]
-    if iters:
+    inside = [(i, v) for i, v in mean if i in low and i in high]
+    iters = [i for i, _ in inside]
+    if len(inside) > 1:
         ax.fill_between(iters, [low[i] for i in iters], [high[i] for i in iters], color=color, alpha=0.15)
-    _plot(ax, run.series(f"{prefix}/mean"), label, color=color)
+    elif inside:  # a band over one iteration has no width: min–max as an error bar
+        ((i, v),) = inside
+        ax.errorbar(
+            [i], [v], yerr=[[v - low[i]], [high[i] - v]], fmt="none", color=color, alpha=0.4, capsize=8
+        )
+    _plot(ax, mean, label, color=color)
 
 
 def actor_panel(run: RunData) -> Figure | None:
     metrics = [m for m in ACTOR if run.series(m)]
     if not metrics:
         return None
-    fig, axes = _grid("actor", len(metrics))
+    fig, axes = _grid("actor", len(metrics), _iterations(run))
     for ax, metric in zip(axes, metrics, strict=True):
         points = run.series(metric)
         _plot(ax, points, color="tab:blue")
@@ -116,7 +138,7 @@ def actor_panel(run: RunData) -> Figure | None:
 def critic_panel(run: RunData) -> Figure | None:
     if not run.series("critic/vf_loss") and not run.series("critic/values/mean"):
         return None  # critic-free estimators (GRPO, RLOO, …)
-    fig, (loss, ev, values, clip) = _grid("critic", 4, cols=2)
+    fig, (loss, ev, values, clip) = _grid("critic", 4, _iterations(run), cols=2)
     _plot(loss, run.series("critic/vf_loss"), color="tab:blue")
     loss.set_title("critic/vf_loss", fontsize=10)
     _plot(ev, run.series("critic/vf_explained_var"), color="tab:blue")
@@ -134,7 +156,7 @@ def critic_panel(run: RunData) -> Figure | None:
 def rewards_panel(run: RunData) -> Figure | None:
     if not run.series("critic/score/mean"):
         return None
-    fig, (score, length, clip) = _grid("rewards and response lengths", 3)
+    fig, (score, length, clip) = _grid("rewards and response lengths", 3, _iterations(run))
     _band(score, run, "critic/score", "score (mean, min–max)", "tab:blue")
     with_kl = run.series("critic/rewards/mean")
     if any(abs(v - run.metrics["critic/score/mean"].get(i, v)) > 1e-6 for i, v in with_kl):
@@ -155,11 +177,13 @@ def rewards_panel(run: RunData) -> Figure | None:
 def validation_panel(run: RunData, curve: dict[str, list[tuple[int, float]]]) -> Figure | None:
     if not curve:
         return None
-    fig, (ax,) = _grid("validation (greedy) vs training reward (sampled)", 1)
+    training = run.series("critic/score/mean")
+    title = "validation (greedy)" + (" vs training reward (sampled)" if training else "")
+    fig, (ax,) = _grid(title, 1, _iterations(run, curve))
     fig.set_size_inches(7.5, 4.0)
     for source, points in curve.items():
         _plot(ax, points, f"validation {source}")
-    _plot(ax, run.series("critic/score/mean"), "training critic/score/mean", color="grey", linestyle="--")
+    _plot(ax, training, "training critic/score/mean", color="grey", linestyle="--")
     ax.set_ylabel("mean score")
     ax.legend(fontsize=8)
     return fig
@@ -171,10 +195,17 @@ def timings_panel(run: RunData) -> Figure | None:
     if not stages:
         return None
     iters = sorted({i for m in stages for i in run.metrics[m]})
-    fig, (ax,) = _grid("seconds per stage (stacked)", 1)
+    fig, (ax,) = _grid("seconds per stage (stacked)", 1, iters)
     fig.set_size_inches(7.5, 4.0)
     stacks = [[run.metrics[m].get(i, 0.0) for i in iters] for m in stages]
-    ax.stackplot(iters, stacks, labels=[m.removeprefix("timing_s/") for m in stages], alpha=0.8)
+    labels = [m.removeprefix("timing_s/") for m in stages]
+    if len(iters) > 1:
+        ax.stackplot(iters, stacks, labels=labels, alpha=0.8)
+    else:  # a stackplot over one x is a zero-width area: draw a stacked bar
+        bottom = 0.0
+        for (height,), label in zip(stacks, labels, strict=True):
+            ax.bar(iters, [height], bottom=bottom, width=0.5, label=label, alpha=0.8)
+            bottom += height
     _plot(ax, run.series("timing_s/step"), "step (total)", color="black", linewidth=1)
     ax.set_ylabel("seconds")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -192,7 +223,9 @@ PANELS: dict[str, Callable[[RunData, dict], Figure | None]] = {
 
 def panel_figures(run_dir: str | Path) -> dict[str, Figure]:
     """Panel name -> figure, for the panels the run has data for (no critic panel without a critic)."""
-    run, curve = load_run(run_dir), validation_curve(run_dir)
+    run, curve = load_run(run_dir, require_metrics=False), validation_curve(run_dir)
+    if not validation_only(run):  # a validation-only run still has its validation panel
+        require_iteration(run_dir, run)
     figures = {name: draw(run, curve) for name, draw in PANELS.items()}
     return {name: fig for name, fig in figures.items() if fig is not None}
 
@@ -205,6 +238,9 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, fig in figures.items():
+        # Constrained layout sizes the margins for the tick labels of the previous draw: the first
+        # draw settles the ticks (they depend on the axes' size), the second lays out the final ones.
+        fig.canvas.draw()
         fig.savefig(out / f"{name}.png", dpi=100)
         written.append(out / f"{name}.png")
     charts = "\n".join(f"![{name}]({name}.png)" for name in figures)
@@ -241,6 +277,8 @@ def _validation_section(curve: dict[str, list[tuple[int, float]]]) -> list[str]:
 
 def _metrics_section(run: RunData) -> list[str]:
     last = max((i for series in run.metrics.values() for i in series), default=None)
+    if last is None and validation_only(run):
+        return ["**Final metrics**: none, a validation-only run (trainer.val_only) trains nothing."]
     if last is None:
         return ["**Final metrics**: no iteration has finished."]
     lines = [f"**Final metrics** (iteration {last})", "", "| metric | value |", "|---|---:|"]
@@ -263,13 +301,13 @@ def _findings_section(run: RunData) -> list[str]:
     return lines
 
 
-def _data_section(run_dir: Path) -> list[str]:
+def _data_section(run_dir: Path, example_query: str) -> list[str]:
     actors = sorted(run_dir.glob("checkpoints/iter=*/actor"))
     lines = [
         "**Where the data is**",
         "",
         f"- run directory: `{run_dir}` (parquet per stage under `iter=NNNNNN/`)",
-        f'- DuckDB catalog: `{run_dir / "catalog.duckdb"}`; try `ppoflow query {run_dir} "{EXAMPLE_QUERY}"`',
+        f'- DuckDB catalog: `{run_dir / "catalog.duckdb"}`; try `ppoflow query {run_dir} "{example_query}"`',
     ]
     if actors:
         lines.append(f"- final actor checkpoint (Hugging Face format): `{actors[-1]}`")
@@ -293,6 +331,6 @@ def summary_markdown(run_dir: Path) -> str:
         _validation_section(validation_curve(run_dir)),
         _metrics_section(run),
         _findings_section(run),
-        _data_section(run_dir),
+        _data_section(run_dir, VALIDATION_QUERY if validation_only(run) else EXAMPLE_QUERY),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -53,6 +54,29 @@ def test_query_errors_name_the_views(small_run):
     out = ppoflow("query", str(run_dir), "SELECT * FROM rollout")
     assert out.returncode == 2
     assert "rollouts" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_output_piped_into_head_exits_141_without_a_traceback(small_run):
+    """`ppoflow query … | head -1`: 200k rows overflow the pipe buffer, so the writes after head has
+    gone fail; ppoflow exits 141 as a SIGPIPE-killed coreutils command would (seen with pipefail)."""
+    run_dir, _, _ = small_run
+    command = shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "ppoflow",
+            "query",
+            str(run_dir),
+            "SELECT * FROM range(200000)",
+            "--format",
+            "csv",
+        ]
+    )
+    out = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command} | head -1"], capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout == "range\n"
+    assert out.returncode == 141 and out.stderr == "", out.stderr
 
 
 def test_schema_documents_the_tables():

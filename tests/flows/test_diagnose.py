@@ -1,34 +1,45 @@
 """`ppoflow diagnose`: every check on hand-built metric rows at its thresholds' edges, then on small
 real runs of the tiny model that exhibit each finding (lr 1e-6, lr 0.05, a reward that is always 0,
-GRPO groups without spread, one on-policy step per iteration, training on 32 prompts)."""
+GRPO groups without spread, one on-policy step per iteration, training on 32 prompts), and the
+errors for directories with nothing to diagnose (missing, in progress, validation only)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.diagnose import diagnose, exit_code, load_run
-from ppoflow.tasks.diagnose_checks import (
-    CHECKS,
+from ppoflow.tasks.catalog import CATALOG_NAME, query, refresh_catalog
+from ppoflow.tasks.diagnose import (
+    RunDirError,
+    RunInProgress,
+    ValidationOnlyRun,
+    diagnose,
+    exit_code,
+    load_run,
+)
+from ppoflow.tasks.diagnose_checks import CHECKS
+from ppoflow.tasks.diagnose_policy import (
     check_aggressive_updates,
-    check_critic_fit,
     check_entropy,
-    check_group_spread,
     check_learning_rate,
     check_policy_not_moving,
     check_reference_kl,
+)
+from ppoflow.tasks.diagnose_rewards import (
+    check_critic_fit,
+    check_group_spread,
     check_response_length,
     check_reward_signal,
     check_truncation,
     check_validation_vs_reward,
-    fitted_change,
 )
-from ppoflow.tasks.diagnose_run import Finding, RunData
+from ppoflow.tasks.diagnose_run import Finding, RunData, fitted_change
 
 from .conftest import train
 
@@ -77,6 +88,10 @@ RUNS = {
         "actor_rollout_ref.actor.optim.lr=1e-3",
         "trainer.total_training_steps=4",
     ],
+    # Validation only (verl's trainer.val_only): validation rows at iteration 0, no metrics.
+    "val_only": ["trainer.val_only=true", "data.val_max_samples=20"],
+    # One iteration (test_report: one point per curve).
+    "one_iteration": ["trainer.total_training_steps=1", "data.val_max_samples=20"],
 }
 _DONE: dict[str, object] = {}
 
@@ -266,6 +281,65 @@ def test_validation_vs_reward_edges():
     assert check_validation_vs_reward(hand(train_up, rows=scale | short)) == []
 
 
+def diverging(train, val, *, train_sem=None, val_sem=None, score_range=1.0) -> RunData:
+    """Training reward at iterations 1…, validation from iteration 0 (before training), each with a
+    per-iteration standard error as ROW_STATS computes it from the raw rows."""
+    rows = {
+        "validation/score_mean": dict(enumerate(val)),
+        "rewards/score_range": {i + 1: score_range for i in range(len(train))},
+    }
+    if train_sem is not None:
+        rows["rewards/score_sem"] = {i + 1: s for i, s in enumerate(train_sem)}
+    if val_sem is not None:
+        rows["validation/score_sem"] = dict(enumerate(val_sem))
+    return RunData({"critic/score/mean": {i + 1: v for i, v in enumerate(train)}}, rows, {})
+
+
+def test_validation_vs_reward_is_quiet_on_the_healthy_smoke_runs_noise():
+    # The 3-step smoke run (32 training responses per iteration, 100 validation prompts): both
+    # trends are within about one standard error, so nothing diverges.
+    smoke = diverging(
+        [0.465625, 0.409375, 0.521875],
+        [0.64, 0.622, 0.622, 0.577],
+        train_sem=[0.0794, 0.0768, 0.0807],
+        val_sem=[0.0443, 0.0446, 0.0446, 0.0451],
+        score_range=0.9,
+    )
+    assert fitted_change(smoke.series("validation/score_mean")) == pytest.approx(-0.0567)
+    assert check_validation_vs_reward(smoke) == []
+    # The same series without their standard errors was the false positive.
+    noiseless = diverging([0.465625, 0.409375, 0.521875], [0.64, 0.622, 0.622, 0.577], score_range=0.9)
+    assert "validation falls" in check_validation_vs_reward(noiseless)[0].title
+
+
+def test_validation_vs_reward_noise_edges():
+    # Validation falls 0.3 (fitted): beyond 2 × 0.149, not beyond 2 × 0.151.
+    falling, rising = [0.3, 0.2, 0.1, 0.0], [0.0, 0.5, 1.0]
+    (finding,) = check_validation_vs_reward(
+        diverging(rising, falling, train_sem=[0.1] * 3, val_sem=[0.149] * 4)
+    )
+    assert "validation falls (fitted -0.3, standard error 0.15)" in finding.title
+    assert evidence(finding, "validation/score_sem") == (0.149,) * 4
+    assert (
+        check_validation_vs_reward(diverging(rising, falling, train_sem=[0.1] * 3, val_sem=[0.151] * 4)) == []
+    )
+    # A flat validation: the training rise (0.2) must exceed 2 standard errors on its own.
+    flat = [0.5] * 4
+    (flat_finding,) = check_validation_vs_reward(
+        diverging([0.0, 0.1, 0.2], flat, train_sem=[0.099] * 3, val_sem=[0.0] * 4)
+    )
+    assert "stays flat" in flat_finding.title
+    assert check_validation_vs_reward(diverging([0.0, 0.1, 0.2], flat, train_sem=[0.101] * 3)) == []
+    # A validation fall beyond its noise makes the gap: a training rise (+0.12) within its own
+    # noise (2 × 0.08) is enough, as in the 32-prompt run below.
+    (gap,) = check_validation_vs_reward(
+        diverging([0.4, 0.48, 0.52], [0.64, 0.5, 0.45, 0.43, 0.43], train_sem=[0.08] * 3, val_sem=[0.044] * 5)
+    )
+    assert "the gap widens by" in gap.title
+    # Three validation points are too few, however clear the fall.
+    assert check_validation_vs_reward(diverging(rising, [0.9, 0.5, 0.1])) == []
+
+
 def test_group_spread_edges():
     grpo = {"algorithm__adv_estimator": "grpo", "actor_rollout_ref__rollout__n": 4}
     half = {"critic/score/zero_spread_group_ratio": [0.5, 0.5]}
@@ -375,6 +449,12 @@ def test_training_on_32_prompts_rises_while_validation_falls(runs):
     (finding,) = [f for f in diagnose(load_run(run_dir)) if f.severity != "info"]
     assert finding.check == "validation_diverges" and "validation falls" in finding.title
     assert evidence(finding, "validation/score_mean") == pytest.approx(val, rel=1e-5)
+    # 100 validation prompts: the fall (0.64 → 0.433) is several standard errors (≈ 0.044) deep.
+    sem = query(
+        run_dir, "SELECT stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter ORDER BY iter"
+    )[1]
+    assert evidence(finding, "validation/score_sem") == pytest.approx([s for (s,) in sem], rel=1e-5)
+    assert fitted_change(list(enumerate(val))) < -2 * max(s for (s,) in sem)
 
 
 def ppoflow(*args: str) -> subprocess.CompletedProcess:
@@ -400,3 +480,50 @@ def test_cli_text_json_and_exit_codes(runs, tmp_path):
     not_a_run = ppoflow("diagnose", str(tmp_path))
     assert not_a_run.returncode == 2 and "not a ppoflow run directory" in not_a_run.stderr
     assert "Traceback" not in not_a_run.stderr
+
+
+def test_load_run_says_what_is_wrong(runs, tmp_path):
+    with pytest.raises(RunDirError, match="does not exist"):
+        load_run(tmp_path / "missing")
+    with pytest.raises(RunDirError, match="not a ppoflow run directory: it has no config.yaml"):
+        load_run(tmp_path)
+    (tmp_path / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    with pytest.raises(RunInProgress, match="run in progress: no iteration has finished yet"):
+        load_run(tmp_path)  # started: config.yaml, no catalog yet
+    refresh_catalog(tmp_path)
+    with pytest.raises(RunInProgress, match="run in progress: no iteration has finished yet"):
+        load_run(tmp_path)  # a catalog whose metrics are empty
+    val_only = runs("val_only")
+    with pytest.raises(ValidationOnlyRun, match="validation-only run: nothing to diagnose") as raised:
+        load_run(val_only)
+    assert f'`ppoflow query {val_only} "SELECT * FROM validation"`' in str(raised.value)
+    # Validation rows without metrics read as validation-only even when the config does not say so:
+    # the same catalog (its views name the val_only run's files) under a config without val_only.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    shutil.copy(val_only / CATALOG_NAME, copy / CATALOG_NAME)
+    with pytest.raises(ValidationOnlyRun):
+        load_run(copy)
+    scores = dict(query(val_only, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])
+    assert load_run(copy, require_metrics=False).rows["validation/score_mean"] == pytest.approx(scores)
+    cli = ppoflow("diagnose", str(val_only))
+    assert cli.returncode == 2 and "validation-only run" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_cli_exits_141_when_the_reader_closes_the_pipe(runs):
+    """`ppoflow diagnose … | head -1`: a pipe whose reader has gone, as head leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        for fmt in ("json", "text"):
+            out = subprocess.run(
+                [sys.executable, "-m", "ppoflow", "diagnose", str(runs("on_policy")), "--format", fmt],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=120,
+            )
+            assert out.returncode == 141 and out.stderr == "", (fmt, out.stderr)
+    finally:
+        os.close(write)

@@ -67,6 +67,8 @@ def test_panels_plot_the_runs_numbers(runs):
     val = column(run_dir, "SELECT avg(score) FROM validation GROUP BY iter ORDER BY iter")
     val_line = next(line for line in val_ax.lines if line.get_label().startswith("validation"))
     assert list(val_line.get_xdata()) == [0, 1, 2, 3, 4] and list(val_line.get_ydata()) == pytest.approx(val)
+    assert list(val_ax.get_xticks()) == [0, 1, 2, 3, 4]  # a tick at each iteration
+    assert list(actor["actor/ppo_kl"].get_xticks()) == [1, 2, 3, 4]
     (timing_ax,) = figures["timings"].axes
     stages = {t.get_text() for t in timing_ax.get_legend().get_texts()}
     assert {"rollout", "reward", "advantage", "actor_update", "critic_update", "validation"} <= stages
@@ -81,6 +83,35 @@ def test_panels_plot_the_runs_numbers(runs):
         + " FROM metrics ORDER BY iter",
     )
     assert stage_sums == pytest.approx(step)
+
+
+def test_one_iteration_draws_stacked_bars_and_integer_ticks(runs):
+    run_dir = runs("one_iteration")
+    figures = panel_figures(run_dir)
+    assert list(figures) == ["actor", "critic", "rewards", "validation", "timings"]
+    for name, fig in figures.items():
+        for ax in fig.axes:
+            ticks = [1] if name != "validation" else [0, 1]  # validation also before training
+            assert list(ax.get_xticks()) == ticks, (name, ax.get_title())
+    (timing_ax,) = figures["timings"].axes
+    assert not timing_ax.collections  # a stackplot over one x would be an invisible area
+    bars = [(bar.get_x() + bar.get_width() / 2, bar.get_y(), bar.get_height()) for bar in timing_ax.patches]
+    assert {x for x, _, _ in bars} == {1.0} and len(bars) >= 6
+    bottoms = [bottom for _, bottom, _ in bars]
+    assert bottoms == sorted(bottoms) and bottoms[0] == 0.0  # stacked
+    step = column(run_dir, 'SELECT "timing_s/step" FROM metrics')
+    assert [sum(height for _, _, height in bars)] == pytest.approx(step)
+
+
+def test_validation_only_run_has_its_validation_panel_and_summary(runs, tmp_path):
+    run_dir = runs("val_only")
+    written = {p.name for p in write_report(run_dir, tmp_path)}
+    assert written == {"validation.png", "report.md"}
+    report = (tmp_path / "report.md").read_text()
+    score = column(run_dir, "SELECT avg(score) FROM validation")[0]
+    assert f"| 0 | {score:.4g} |" in report and "validation-only run (trainer.val_only)" in report
+    assert "No data for: actor, critic, rewards, timings." in report
+    assert 'FROM validation GROUP BY ALL ORDER BY ALL"`' in report  # the query to try reads validation
 
 
 def test_grpo_report_has_no_critic_panel(runs, tmp_path):
