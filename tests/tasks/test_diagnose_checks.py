@@ -1,0 +1,269 @@
+"""`ppoflow diagnose`'s checks on hand-built metric rows, each at its thresholds' edges, with no
+Prefect run: the fitted change, every check in CHECKS, the noise-aware validation_diverges and the
+exit code. tests/flows/test_diagnose.py runs them on small real runs of the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+
+from ppoflow.tasks.diagnose import exit_code
+from ppoflow.tasks.diagnose_checks import CHECKS
+from ppoflow.tasks.diagnose_policy import (
+    check_aggressive_updates,
+    check_entropy,
+    check_learning_rate,
+    check_policy_not_moving,
+    check_reference_kl,
+)
+from ppoflow.tasks.diagnose_rewards import (
+    check_critic_fit,
+    check_group_spread,
+    check_response_length,
+    check_reward_signal,
+    check_truncation,
+    check_validation_vs_reward,
+)
+from ppoflow.tasks.diagnose_run import Finding, RunData, fitted_change
+
+
+def evidence(finding: Finding, name: str) -> tuple[float, ...]:
+    return next(e.values for e in finding.evidence if e.metric == name)
+
+
+# Hand-built runs: metric -> values at iterations 1, 2, …; rows likewise; config as nested keys.
+
+
+def hand(metrics=None, rows=None, start=1, **settings) -> RunData:
+    config: dict = {}
+    for key, value in settings.items():
+        node = config
+        *parents, leaf = key.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    as_iters = {k: {start + i: float(v) for i, v in enumerate(vs)} for k, vs in (metrics or {}).items()}
+    row_iters = {k: {start + i: float(v) for i, v in enumerate(vs)} for k, vs in (rows or {}).items()}
+    return RunData(as_iters, row_iters, config)
+
+
+OFF_POLICY = {
+    "data__train_batch_size": 32,
+    "actor_rollout_ref__actor__ppo_mini_batch_size": 16,
+    "actor_rollout_ref__actor__ppo_epochs": 4,
+}
+ON_POLICY = OFF_POLICY | {
+    "actor_rollout_ref__actor__ppo_mini_batch_size": 32,
+    "actor_rollout_ref__actor__ppo_epochs": 1,
+}
+
+
+def test_fitted_change_is_the_least_squares_slope_times_the_span():
+    assert fitted_change([(0, 1.0), (1, 3.0), (2, 2.0)]) == pytest.approx(1.0)  # slope 0.5 over 2
+    assert fitted_change([(1, 0.0), (3, 1.0)]) == pytest.approx(1.0)
+    assert fitted_change([(1, 5.0)]) == 0.0
+
+
+def test_policy_not_moving_edges_and_the_on_policy_case():
+    still = {"actor/ppo_kl": [9e-4, -9e-4], "actor/pg_clipfrac": [9e-4, 0.0], "actor/grad_norm": [1.0, 1.0]}
+    (finding,) = check_policy_not_moving(hand(still, **OFF_POLICY))
+    assert finding.severity == "warning" and "learning rate" in finding.causes[0]
+    assert check_policy_not_moving(hand(still | {"actor/ppo_kl": [9e-4, 1e-3]}, **OFF_POLICY)) == []
+    assert check_policy_not_moving(hand(still | {"actor/pg_clipfrac": [1e-3, 0]}, **OFF_POLICY)) == []
+    (zero_grad,) = check_policy_not_moving(hand(still | {"actor/grad_norm": [0.0, 0.0]}, **OFF_POLICY))
+    assert "advantage is 0" in zero_grad.causes[0]
+    assert "actor_rollout_ref.actor.optim.lr" not in zero_grad.config_keys
+    (expected,) = check_policy_not_moving(hand(still, **ON_POLICY))
+    assert expected.severity == "info" and "as expected" in expected.title
+    # The update table's row count (one per optimizer step) outranks the config.
+    (counted,) = check_policy_not_moving(hand(still, rows={"actor_update/steps": [1, 1]}, **OFF_POLICY))
+    assert counted.severity == "info"
+
+
+def test_aggressive_updates_edges():
+    calm = {"actor/ppo_kl": [0.5, 0.1], "actor/pg_clipfrac": [0.3, 0.1]}
+    assert check_aggressive_updates(hand(calm)) == []
+    (clipped,) = check_aggressive_updates(hand(calm | {"actor/pg_clipfrac": [0.1, 0.3001]}))
+    assert clipped.severity == "warning" and "[2]" in clipped.title
+    (kl_one,) = check_aggressive_updates(hand(calm | {"actor/ppo_kl": [1.0, 0.1]}))
+    assert kl_one.severity == "warning"
+    (jump,) = check_aggressive_updates(hand(calm | {"actor/ppo_kl": [1.01, 0.1]}))
+    assert jump.severity == "critical"
+
+
+def test_learning_rate_too_small_needs_a_gradient():
+    still = {"actor/ppo_kl": [1e-4, 1e-4], "actor/pg_clipfrac": [0, 0], "actor/lr": [1e-6, 1e-6]}
+    (small,) = check_learning_rate(hand(still | {"actor/grad_norm": [1e-3, 1e-3]}, **OFF_POLICY))
+    assert "lr 1e-06 is too small" in small.title
+    assert small.config_keys == {
+        "actor_rollout_ref.actor.optim.lr": "raise it ×10, then watch ppo_kl and pg_clipfrac"
+    }
+    assert check_learning_rate(hand(still | {"actor/grad_norm": [9.9e-4, 9.9e-4]}, **OFF_POLICY)) == []
+    assert check_learning_rate(hand(still | {"actor/grad_norm": [1.0, 1.0]}, **ON_POLICY)) == []
+
+
+def test_learning_rate_too_large_or_an_exploding_gradient():
+    jump = {"actor/ppo_kl": [0.51, 0.01], "actor/lr": [0.05, 0.05]}
+    clip = {"actor_rollout_ref__actor__grad_clip": 1.0}
+    (large,) = check_learning_rate(hand(jump | {"actor/grad_norm": [10.0, 0.0]}, **clip))
+    assert "too large" in large.title and "iteration(s) [1]" in large.title
+    (exploding,) = check_learning_rate(hand(jump | {"actor/grad_norm": [10.01, 0.0]}, **clip))
+    assert exploding.title.startswith("exploding gradient")
+    assert check_learning_rate(hand({"actor/ppo_kl": [0.5, 0.5], "actor/grad_norm": [1, 1]})) == []
+
+
+def test_reward_signal_edges_and_the_explained_variance_note():
+    (everywhere,) = check_reward_signal(
+        hand(
+            {"critic/vf_explained_var": [-2e5, -1.5e5]},
+            rows={"rewards/score_std": [0, 0], "rewards/score_mean": [0, 0]},
+        )
+    )
+    assert everywhere.severity == "critical" and "scores 0 in every iteration" in everywhere.title
+    assert evidence(everywhere, "critic/vf_explained_var") == (-2e5, -1.5e5)
+    assert any("vf_explained_var is meaningless" in c for c in everywhere.causes)
+    (later,) = check_reward_signal(
+        hand(rows={"rewards/score_std": [0.4, 9e-7], "rewards/score_mean": [0.5, 1]})
+    )
+    assert later.severity == "warning" and "scores 1 in iteration(s) [2]" in later.title
+    assert not any("explained" in c for c in later.causes)  # no critic, no note
+    assert check_reward_signal(hand(rows={"rewards/score_std": [1e-6, 0.3]})) == []
+
+
+def test_critic_fit_edges():
+    returns = {"advantages/returns_var": [0.2, 0.2, 0.2]}
+    loss = {"critic/vf_loss": [0.2, 0.2, 0.2]}
+    (bad,) = check_critic_fit(hand(loss | {"critic/vf_explained_var": [0.0, -0.11, -0.2]}, rows=returns))
+    assert bad.severity == "warning" and "iterations [2, 3]" in bad.title  # iteration 1: untrained critic
+    edge = loss | {"critic/vf_explained_var": [0.0, -0.1, -0.2]}
+    assert check_critic_fit(hand(edge, rows=returns)) == []
+    flat = {"advantages/returns_var": [0.2, 9e-5, 9e-5]}  # the seed's case: no variance, no verdict
+    assert check_critic_fit(hand(loss | {"critic/vf_explained_var": [0, -2e5, -2e5]}, rows=flat)) == []
+    diverging = {"critic/vf_loss": [1.0, 5.0, 10.0], "critic/vf_explained_var": [0.0, -3.0, -9.0]}
+    (blowup,) = check_critic_fit(hand(diverging, rows=returns))
+    assert blowup.severity == "critical" and "×10" in blowup.title
+    assert "lower" in blowup.config_keys["critic.optim.lr"]
+
+
+def test_entropy_edges():
+    assert check_entropy(hand({"actor/entropy": [0.5, 0.05]})) == []  # exactly a tenth
+    (warning,) = check_entropy(hand({"actor/entropy": [0.5, 0.0499, 0.2]}))
+    assert warning.severity == "warning" and "iteration 2" in warning.title
+    (critical,) = check_entropy(hand({"actor/entropy": [0.005, 9.9e-4]}))
+    assert critical.severity == "critical"
+
+
+def test_response_length_and_truncation_edges():
+    assert check_response_length(hand({"response_length/mean": [2.5, 1.25]})) == []
+    (short,) = check_response_length(
+        hand({"response_length/mean": [2.5, 1.24]}, rows={"rollouts/empty": [0, 0.5]})
+    )
+    assert "(50% empty)" in short.title
+    assert check_truncation(hand(rows={"rollouts/truncated": [0.1, 0.0]})) == []
+    (cut,) = check_truncation(hand(rows={"rollouts/truncated": [0.0, 0.1001]}, data__max_response_length=2))
+    assert "(2 tokens)" in cut.title and "[2]" in cut.title
+
+
+def test_reference_kl_edges():
+    assert check_reference_kl(hand({"actor/kl_loss": [0.5, 1.0]})) == []
+    (rising,) = check_reference_kl(hand({"actor/kl_loss": [0.5, 1.01]}))
+    assert rising.severity == "warning" and "actor_rollout_ref.actor.kl_loss_coef" in rising.config_keys
+    assert check_reference_kl(hand({"actor/reward_kl_penalty": [6.0, 5.5]})) == []  # falling back
+    (penalty,) = check_reference_kl(hand({"actor/reward_kl_penalty": [1.0, 5.01]}))
+    assert penalty.severity == "critical" and "algorithm.kl_ctrl.kl_coef" in penalty.config_keys
+
+
+def test_validation_vs_reward_edges():
+    # Rewards on a 0..5 scale: rising means a fitted +0.25 at least, flat means at most +0.05.
+    scale = {"rewards/score_range": [5.0, 5.0, 5.0]}
+    train_up = {"critic/score/mean": [0.0, 0.125, 0.25]}
+    flat_val = {"validation/score_mean": [1.0, 1.0, 1.0, 1.0]}
+    (finding,) = check_validation_vs_reward(hand(train_up, rows=scale | flat_val))
+    assert "stays flat" in finding.title
+    slow_train = {"critic/score/mean": [0.0, 0.12, 0.24]}
+    assert check_validation_vs_reward(hand(slow_train, rows=scale | flat_val)) == []
+    val_up = {"validation/score_mean": [1.0, 1.0, 1.0, 1.0625]}  # fitted +0.0563 over iterations 0-3
+    assert check_validation_vs_reward(hand(train_up, rows=scale | val_up)) == []
+    short = {"validation/score_mean": [1.0, 0.5]}
+    assert check_validation_vs_reward(hand(train_up, rows=scale | short)) == []
+
+
+def diverging(train, val, *, train_sem=None, val_sem=None, score_range=1.0) -> RunData:
+    """Training reward at iterations 1…, validation from iteration 0 (before training), each with a
+    per-iteration standard error as ROW_STATS computes it from the raw rows."""
+    rows = {
+        "validation/score_mean": dict(enumerate(val)),
+        "rewards/score_range": {i + 1: score_range for i in range(len(train))},
+    }
+    if train_sem is not None:
+        rows["rewards/score_sem"] = {i + 1: s for i, s in enumerate(train_sem)}
+    if val_sem is not None:
+        rows["validation/score_sem"] = dict(enumerate(val_sem))
+    return RunData({"critic/score/mean": {i + 1: v for i, v in enumerate(train)}}, rows, {})
+
+
+def test_validation_vs_reward_is_quiet_on_the_healthy_smoke_runs_noise():
+    # The 3-step smoke run (32 training responses per iteration, 100 validation prompts): both
+    # trends are within about one standard error, so nothing diverges.
+    smoke = diverging(
+        [0.465625, 0.409375, 0.521875],
+        [0.64, 0.622, 0.622, 0.577],
+        train_sem=[0.0794, 0.0768, 0.0807],
+        val_sem=[0.0443, 0.0446, 0.0446, 0.0451],
+        score_range=0.9,
+    )
+    assert fitted_change(smoke.series("validation/score_mean")) == pytest.approx(-0.0567)
+    assert check_validation_vs_reward(smoke) == []
+    # The same series without their standard errors was the false positive.
+    noiseless = diverging([0.465625, 0.409375, 0.521875], [0.64, 0.622, 0.622, 0.577], score_range=0.9)
+    assert "validation falls" in check_validation_vs_reward(noiseless)[0].title
+
+
+def test_validation_vs_reward_noise_edges():
+    # Validation falls 0.3 (fitted): beyond 2 × 0.149, not beyond 2 × 0.151.
+    falling, rising = [0.3, 0.2, 0.1, 0.0], [0.0, 0.5, 1.0]
+    (finding,) = check_validation_vs_reward(
+        diverging(rising, falling, train_sem=[0.1] * 3, val_sem=[0.149] * 4)
+    )
+    assert "validation falls (fitted -0.3, standard error 0.15)" in finding.title
+    assert evidence(finding, "validation/score_sem") == (0.149,) * 4
+    assert (
+        check_validation_vs_reward(diverging(rising, falling, train_sem=[0.1] * 3, val_sem=[0.151] * 4)) == []
+    )
+    # A flat validation: the training rise (0.2) must exceed 2 standard errors on its own.
+    flat = [0.5] * 4
+    (flat_finding,) = check_validation_vs_reward(
+        diverging([0.0, 0.1, 0.2], flat, train_sem=[0.099] * 3, val_sem=[0.0] * 4)
+    )
+    assert "stays flat" in flat_finding.title
+    assert check_validation_vs_reward(diverging([0.0, 0.1, 0.2], flat, train_sem=[0.101] * 3)) == []
+    # A validation fall beyond its noise makes the gap: a training rise (+0.12) within its own
+    # noise (2 × 0.08) is enough, as in the 32-prompt run below.
+    (gap,) = check_validation_vs_reward(
+        diverging([0.4, 0.48, 0.52], [0.64, 0.5, 0.45, 0.43, 0.43], train_sem=[0.08] * 3, val_sem=[0.044] * 5)
+    )
+    assert "the gap widens by" in gap.title
+    # Three validation points are too few, however clear the fall.
+    assert check_validation_vs_reward(diverging(rising, [0.9, 0.5, 0.1])) == []
+
+
+def test_group_spread_edges():
+    grpo = {"algorithm__adv_estimator": "grpo", "actor_rollout_ref__rollout__n": 4}
+    half = {"critic/score/zero_spread_group_ratio": [0.5, 0.5]}
+    assert check_group_spread(hand(half, **grpo)) == []
+    (most,) = check_group_spread(hand({"critic/score/zero_spread_group_ratio": [0.75, 0.5]}, **grpo))
+    assert most.severity == "warning" and "62%" in most.title
+    every = {"critic/score/zero_spread_group_ratio": [1.0, 1.0]}
+    assert check_group_spread(hand(every, **grpo))[0].severity == "critical"
+    assert check_group_spread(hand(every, **grpo | {"algorithm__adv_estimator": "gae"})) == []
+    assert check_group_spread(hand(every, **grpo | {"actor_rollout_ref__rollout__n": 1})) == []
+
+
+def test_exit_code_counts_warnings_not_infos():
+    info = Finding("x", "info", "t", (), ())
+    assert exit_code([]) == 0 and exit_code([info]) == 0
+    assert exit_code([info, Finding("y", "warning", "t", (), ())]) == 1
+    assert exit_code([Finding("z", "critical", "t", (), ())]) == 1
+
+
+def test_every_check_is_quiet_on_an_empty_run():
+    assert [f for check in CHECKS for f in check(hand())] == []
