@@ -25,21 +25,10 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext
 
 from .console import validation_score
-from .report import summary_markdown
+from .report import HEADLINE_METRICS, summary_markdown
 
 logger = logging.getLogger(__name__)
 TABLE_UPDATES = 100
-TABLE_COLUMNS = (
-    "critic/score/mean",
-    "actor/ppo_kl",
-    "actor/pg_clipfrac",
-    "actor/entropy",
-    "actor/grad_norm",
-    "critic/vf_loss",
-    "critic/vf_explained_var",
-    "response_length/mean",
-    "perf/time_per_step",
-)
 
 
 def artifact_key(run_path: Path, what: str) -> str:
@@ -80,7 +69,7 @@ class PrefectArtifacts:
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, "val": _rounded(validation_score(metrics))}
-        row |= {name: _rounded(metrics.get(name)) for name in TABLE_COLUMNS}
+        row |= {name: _rounded(metrics.get(name)) for name in HEADLINE_METRICS}
         self.rows.append(row)
         # Each publication stores the whole table: past TABLE_UPDATES rows, publish every k-th step.
         every = math.ceil(self.total / TABLE_UPDATES)

@@ -26,7 +26,7 @@ __all__ = ["PANELS", "panel_figures", "sparkline", "summary_markdown", "validati
 ACTOR = ("actor/pg_loss", "actor/ppo_kl", "actor/pg_clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr")
 THRESHOLDS = {"actor/ppo_kl": KL_HIGH, "actor/pg_clipfrac": CLIPFRAC_HIGH}
 """diagnose's limits, drawn dashed when the curve comes within a factor 2 of them."""
-FINAL_METRICS = (
+HEADLINE_METRICS = (
     "critic/score/mean",
     "actor/ppo_kl",
     "actor/pg_clipfrac",
@@ -38,6 +38,7 @@ FINAL_METRICS = (
     "response_length/clip_ratio",
     "perf/time_per_step",
 )
+"""The summary's final metrics, and the columns of the Prefect metrics table artifact."""
 SPARK = "▁▂▃▄▅▆▇█"
 VALIDATION_QUERY = "SELECT iter, data_source, avg(score) FROM validation GROUP BY ALL ORDER BY ALL"
 ITERATION_TICKS = 12
@@ -282,7 +283,7 @@ def _metrics_section(run: RunData) -> list[str]:
     if last is None:
         return ["**Final metrics**: no iteration has finished."]
     lines = [f"**Final metrics** (iteration {last})", "", "| metric | value |", "|---|---:|"]
-    for metric in FINAL_METRICS:
+    for metric in HEADLINE_METRICS:
         if last in run.metrics.get(metric, {}):
             lines.append(f"| `{metric}` | {_fmt(run.metrics[metric][last])} |")
     return lines
