@@ -11,8 +11,8 @@ import pytest
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, sample_addition_problems
 from ppoflow.tasks.catalog import query
 
-# The embedded default (batch 256) for 4 iterations per round, one torch thread for exact repeats.
-ROUND = {"iterations": 4, "overrides": ["trainer.num_threads=1"]}
+# The embedded default (batch 256) for 6 iterations per round, one torch thread for exact repeats.
+ROUND = {"iterations": 6, "overrides": ["trainer.num_threads=1"]}
 
 
 def addition_file(path: Path, rows: int, seed: int) -> Path:
@@ -47,22 +47,16 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     incoming, root = tmp_path / "incoming", tmp_path / "retrain"
     incoming.mkdir()
 
-    # Too few prompts for one batch (train_batch_size 256): nothing trains, the file stays new.
-    addition_file(incoming / "batch-0.jsonl", 100, seed=10)
-    waiting = retrain(incoming, root)
-    assert waiting["trained"] is False and "hold 100 usable prompts" in waiting["reason"]
-    assert "waiting for more data" in waiting["reason"] and promotions(root) == []
-
     addition_file(incoming / "batch-1.jsonl", 512, seed=11)
     first = retrain(incoming, root)
     [row] = promotions(root)
-    assert [Path(f["path"]).name for f in row["files"]] == ["batch-0.jsonl", "batch-1.jsonl"]
-    assert (row["train_rows"], row["rejected_rows"]) == (612, 0)
+    assert [Path(f["path"]).name for f in row["files"]] == ["batch-1.jsonl"]
+    assert (row["train_rows"], row["rejected_rows"]) == (512, 0)
     assert first["decision"] == row["decision"] == "promoted", row["reason"]
     assert row["incumbent"] == "base" and row["candidate_score"] > row["champion_score"]
-    assert (row["first_step"], row["last_step"]) == (1, 4)
+    assert (row["first_step"], row["last_step"]) == (1, 6)
     champion = json.loads((root / "champion.json").read_text())
-    assert champion["checkpoint"] == row["candidate_checkpoint"] and champion["step"] == 4
+    assert champion["checkpoint"] == row["candidate_checkpoint"] and champion["step"] == 6
     assert (root / "champion").resolve() == Path(champion["checkpoint"])
     assert Path(champion["actor"], "config.json").is_file()
 
@@ -73,13 +67,21 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     assert second["trained"] is False and "no new data" in second["reason"]
     assert len(promotions(root)) == 1 and not (root / "rounds/round=000002").exists()
 
+    # Too few new prompts for one batch (train_batch_size 256): nothing trains, the file stays new.
+    addition_file(incoming / "batch-0.jsonl", 100, seed=10)
+    waiting = retrain(incoming, root)
+    assert waiting["trained"] is False and "hold 100 usable prompts" in waiting["reason"]
+    assert "waiting for more data" in waiting["reason"] and len(promotions(root)) == 1
+
     addition_file(incoming / "batch-2.jsonl", 512, seed=12)
     third = retrain(incoming, root)
     rows = promotions(root)
     assert [r["round"] for r in rows] == [1, 2]
     row = rows[1]
-    # It continued from the champion: steps 5..8, incumbent scored on the same validation set again.
-    assert row["incumbent"] == champion["checkpoint"] and (row["first_step"], row["last_step"]) == (5, 8)
+    assert [Path(f["path"]).name for f in row["files"]] == ["batch-0.jsonl", "batch-2.jsonl"]
+    assert row["train_rows"] == 612
+    # It continued from the champion: steps 7..12, incumbent scored on the same validation set again.
+    assert row["incumbent"] == champion["checkpoint"] and (row["first_step"], row["last_step"]) == (7, 12)
     assert row["champion_score"] == pytest.approx(champion["score"])
     expected = "promoted" if row["candidate_score"] > row["champion_score"] else "kept"
     assert third["decision"] == row["decision"] == expected
@@ -88,11 +90,11 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     )
     files = query(root, "SELECT version, path FROM dataset_files ORDER BY version")[1]
     names = [(v, Path(p).name) for v, p in files]
-    assert names == [(1, "batch-0.jsonl"), (1, "batch-1.jsonl"), (2, "batch-2.jsonl")]
+    assert names == [(1, "batch-1.jsonl"), (2, "batch-0.jsonl"), (2, "batch-2.jsonl")]
     steps = query(
         root, "SELECT round, list(iter ORDER BY iter) FROM round_metrics GROUP BY round ORDER BY round"
     )
-    assert steps[1] == [(1, [1, 2, 3, 4]), (2, [5, 6, 7, 8])]
+    assert steps[1] == [(1, [1, 2, 3, 4, 5, 6]), (2, [7, 8, 9, 10, 11, 12])]
 
     # evaluate validates the champion with its run's settings and gets its recorded score.
     from ppoflow.flows.evaluate import evaluate
