@@ -6,7 +6,7 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
-from ppoflow.tasks.common import Run, StageResult, TrainState, run_stage
+from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState, run_stage
 from ppoflow.tasks.console import report_iteration, report_run
 from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, require_full_batch, source_digest
 from ppoflow.tasks.models import set_device
@@ -56,35 +56,9 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         seed=cfg.trainer.seed,
         source=model_source(cfg.actor_rollout_ref.model.path),
     )
-
-    def ingest(files: str | list[str], split: str) -> StageResult:
-        result, _ = run_stage(
-            ingest_prompts,
-            run,
-            files=files,
-            split=split,
-            source_digest=source_digest(files),
-            data=ingest_settings(cfg.data, split),
-            tokenizer_state=base,
-        )
-        return result
-
     val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
-    data = Datasets(
-        train=None if val_only else ingest(cfg.data.train_files, "train"),
-        val=ingest(cfg.data.val_files, "val"),
-    )
-    if data.train is not None:
-        require_full_batch(data.train, cfg.data.train_files, cfg.data.train_batch_size)
-    state = TrainState(
-        actor=base,
-        critic=critic_state(base) if sc.use_critic else None,
-        reference=base if sc.use_reference else None,
-        kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
-    )
-    first = 1
-    if cfg.trainer.resume_mode == "resume_path":
-        first, state = resume_state(cfg.trainer.resume_from_path, state)
+    data = _datasets(run, cfg, base)
+    first, state = _starting_state(cfg, sc, base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     tracking = Tracking(cfg, run.path, total)
     history = []
@@ -112,3 +86,37 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         }
     tracking.finish(summary)
     return summary
+
+
+def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
+    """The ingested prompts (no training split when only validating), checked to fill one batch."""
+
+    def ingest(files: str | list[str], split: str) -> StageResult:
+        result, _ = run_stage(
+            ingest_prompts,
+            run,
+            files=files,
+            split=split,
+            source_digest=source_digest(files),
+            data=ingest_settings(cfg.data, split),
+            tokenizer_state=base,
+        )
+        return result
+
+    train = None if cfg.trainer.val_only else ingest(cfg.data.train_files, "train")
+    if train is not None:
+        require_full_batch(train, cfg.data.train_files, cfg.data.train_batch_size)
+    return Datasets(train=train, val=ingest(cfg.data.val_files, "val"))
+
+
+def _starting_state(cfg: PPOFlowConfig, sc, base: ModelState) -> tuple[int, TrainState]:
+    """(first step, models and β): the base model, or a saved checkpoint with resume_mode=resume_path."""
+    state = TrainState(
+        actor=base,
+        critic=critic_state(base) if sc.use_critic else None,
+        reference=base if sc.use_reference else None,
+        kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+    )
+    if cfg.trainer.resume_mode == "resume_path":
+        return resume_state(cfg.trainer.resume_from_path, state)
+    return 1, state
