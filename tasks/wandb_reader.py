@@ -78,6 +78,8 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    """The run's exit code as wandb recorded it at finish (None: never finished)."""
 
     def step(self, step: int) -> dict[str, Any]:
         """The history row of `step`; KeyError when nothing was logged there."""
@@ -134,6 +136,8 @@ def _apply(run: OfflineRun, record) -> None:
             run.history.append(row)
         case "summary":
             _update(run.summary, record.summary.update, record.summary.remove)
+        case "exit":
+            run.exit_code = record.exit.exit_code
 
 
 def _update(target: dict[str, Any], items, removed) -> None:

@@ -75,7 +75,7 @@ def test_the_offline_run_lives_in_the_run_directory(wandb_run):
     run_dir, summary, run = wandb_run
     assert [p.name.startswith("offline-run-") for p in offline_runs(run_dir)] == [True]
     assert (run.project, run.name) == ("ppoflow-tests", "grpo-offline")
-    assert run.summary["run_dir"] == summary["run_dir"] == str(run_dir)
+    assert run.summary["run_dir"] == summary["run_dir"] == str(run_dir) and run.exit_code == 0
     # the history spans several 32 KiB blocks of the .wandb file, so the reader joined split records
     assert next(run.folder.glob("run-*.wandb")).stat().st_size > BLOCK
 
@@ -146,3 +146,19 @@ def test_mode_is_offline_without_an_api_key(tmp_path):
     assert wandb_mode(no_key | {"WANDB_MODE": "offline"}) == "offline"
     assert not has_api_key(no_key | {"WANDB_BASE_URL": "https://wandb.example.com"})
     assert has_api_key({"NETRC": str(tmp_path / "none"), "WANDB_API_KEY": "k3y"})
+
+
+def test_a_failed_training_finishes_its_wandb_run_as_failed(
+    prefect_server, tiny_model_dir, tmp_path, monkeypatch
+):
+    from ppoflow.tasks.faults import FAULT_ENV, InjectedFault
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv(FAULT_ENV, "reward@2:raise")
+    with pytest.raises(InjectedFault):
+        train(tmp_path / "run", "trainer.logger=[console,wandb]")
+    run = read_run(tmp_path / "run")
+    assert run.exit_code == 1
+    assert [row["_step"] for row in run.history] == [0, 1]
