@@ -37,8 +37,9 @@ def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Data
 
 
 def ppo_iteration(
-    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets
+    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, epoch: int
 ) -> tuple[TrainState, StageResult]:
+    """Stages 1–7 of training step `step` (of `total`), whose batch comes from pass `epoch` (0-based)."""
     save = checkpoint_due(step, total, sc.save_freq)
     rollout, _ = run_stage(
         rollout_stage,
@@ -106,6 +107,7 @@ def ppo_iteration(
         metrics_stage,
         run,
         step=step,
+        epoch=epoch,
         rollout=rollout,
         reward=reward,
         advantage=advantage,

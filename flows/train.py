@@ -72,8 +72,9 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         if val_only or sc.val_before_train:  # verl validates a resumed model too, at its step
             record(first - 1, validate(run, sc, first - 1, state.actor, data))
         for step in range(first, total + 1):
-            state, metrics = ppo_iteration(run, sc, step, total, state, data)
-            record_trainer_state(run, step, state, data_position(data.train.ref.rows, step, sc.batching))
+            position = data_position(data.train.ref.rows, step, sc.batching)
+            state, metrics = ppo_iteration(run, sc, step, total, state, data, epoch=position["epoch"])
+            record_trainer_state(run, step, state, position)
             record(step, metrics)
     except BaseException:
         tracking.fail()

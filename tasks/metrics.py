@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 from prefect import task
 
-from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.metrics import (
     compute_data_metrics,
     compute_group_metrics,
@@ -24,7 +22,7 @@ from ppoflow.engine.ppo import pad_rows
 from .catalog import refresh_catalog_if_stale
 from .common import Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .reward import reward_error_metrics
-from .schemas import DATA_FILES, metrics_table
+from .schemas import metrics_table
 from .storage import read_table, stage_path, write_manifest, write_table
 
 
@@ -69,17 +67,6 @@ def _token_counts(rollouts: pa.Table) -> dict[str, int]:
     return {"response": response, "all": response + int(pc.sum(rollouts["prompt_length"]).as_py() or 0)}
 
 
-def _training_metrics(run: Run, step: int, rollouts: pa.Table) -> dict[str, float]:
-    """verl's training/global_step and training/epoch (0-based). Each step's batch is a function of the
-    step number (engine.data.batch_rows): the epoch follows from the train split's size and the batch's."""
-    train_rows = pq.read_metadata(run.path / DATA_FILES["prompts"][0]).num_rows
-    batch = len(pc.unique(rollouts["prompt_id"]))
-    return {
-        "training/global_step": float(step),
-        "training/epoch": float((step - 1) // steps_per_epoch(train_rows, batch)),
-    }
-
-
 def _update_metrics(run: Run, result: StageResult | None, role: str) -> dict[str, float]:
     if result is None:
         return {}
@@ -95,6 +82,7 @@ def _update_metrics(run: Run, result: StageResult | None, role: str) -> dict[str
 def metrics_stage(
     run: Run,
     step: int,
+    epoch: int,
     rollout: StageResult,
     reward: StageResult,
     advantage: StageResult,
@@ -116,7 +104,7 @@ def metrics_stage(
     metrics |= dict(validation.values) if validation is not None else {}
     if kl.get("current") is not None:  # verl logs both only with algorithm.use_kl_in_reward
         metrics |= {"actor/reward_kl_penalty": kl["current"], "actor/reward_kl_penalty_coeff": kl["coef"]}
-    metrics |= _training_metrics(run, step, rollouts)
+    metrics |= {"training/global_step": float(step), "training/epoch": float(epoch)}  # epoch: 0-based
     tokens = _token_counts(rollouts)
     timing = {s.stage: s.seconds for s in stages}
     timing["step"] = sum(timing.values())

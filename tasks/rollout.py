@@ -124,8 +124,7 @@ def rollout_stage(
     inject_fault("rollout", step)
     table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
     ref = write_table(table, run.path, stage_path(step, "rollout"), SCHEMAS["rollouts"])
-    tokens = sum(columns["response_length"])
-    return StageResult("rollout", (ref,), current_cache_key(), timer.seconds, (("tokens", float(tokens)),))
+    return StageResult("rollout", (ref,), current_cache_key(), timer.seconds)
 
 
 def rollout_engine(name: str, model, tokenizer) -> HFRolloutEngine:
