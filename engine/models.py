@@ -44,12 +44,44 @@ def check_model_dir(path: str | Path, *, what: str = "model") -> Path:
     return path
 
 
+@contextlib.contextmanager
+def _reading(path: Path, what: str):
+    """Any failure to read a model directory becomes one ModelLoadError naming the file at fault
+    (transformers' own error for a truncated weights file names none)."""
+    try:
+        yield
+    except ModelLoadError:
+        raise
+    except Exception as error:
+        detail = _damaged_file(path) or f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        raise ModelLoadError(f"{what} at '{path}' cannot be loaded: {detail}") from error
+
+
+def _damaged_file(path: Path) -> str | None:
+    """'<file>: <why>' for the first file of the directory that cannot be read, or None."""
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.json")):
+        try:
+            json.loads(file.read_text())
+        except (OSError, ValueError) as error:
+            return f"{file.name} is not valid JSON ({error})"
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(file, "pt"):  # checks the header covers the whole file
+                pass
+        except Exception as error:
+            return f"{file.name} is truncated or not a safetensors file ({str(error).strip()[:200]})"
+    return None
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer saved at `path`, with a pad token (EOS when the model has none)."""
     path = Path(path)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"model directory '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)})")
-    tokenizer = _tokenizer_class(path).from_pretrained(path, local_files_only=True)
+    with _reading(path, "tokenizer"):
+        tokenizer = _tokenizer_class(path).from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -72,10 +104,10 @@ def load_actor(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch
     """A causal LM from a local directory, in train mode with dropout off (PPO's ratio ρ must be 1
     on the first mini-batch, which dropout would break)."""
     path = check_model_dir(path, what="actor model")
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    _disable_dropout(config)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, local_files_only=True)
-    return model
+    with _reading(path, "actor model"):
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _disable_dropout(config)
+        return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, local_files_only=True)
 
 
 def load_reference(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -91,14 +123,15 @@ def load_critic(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torc
     restored; from an actor directory it is new and zero-initialised, so the first values are 0
     everywhere and GAE starts from plain reward-to-go (deterministic, whatever the seed)."""
     path = check_model_dir(path, what="critic model")
-    config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
-    _disable_dropout(config)
-    config.classifier_dropout = 0.0
-    config.hidden_dropout = 0.0
-    with _quiet_transformers():  # the value head is missing from an actor directory, as intended
-        critic, info = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
-        )
+    with _reading(path, "critic model"):
+        config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
+        _disable_dropout(config)
+        config.classifier_dropout = 0.0
+        config.hidden_dropout = 0.0
+        with _quiet_transformers():  # the value head is missing from an actor directory, as intended
+            critic, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=dtype, local_files_only=True, output_loading_info=True
+            )
     head = critic.score
     if any(key.startswith("score.") for key in info["missing_keys"]):
         torch.nn.init.zeros_(head.weight)

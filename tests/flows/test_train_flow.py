@@ -3,6 +3,7 @@ test_metrics_sql.py)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -12,25 +13,31 @@ from safetensors.torch import load_file
 
 from ppoflow.tasks.catalog import check_invariants, query
 from ppoflow.tasks.schemas import SCHEMAS
+from ppoflow.tasks.storage import file_digest
 
 from .conftest import train
 
 
-def task_states(flow_run_id) -> dict[str, str]:
+def task_states(flow_run_id, expected: int | None = None) -> dict[str, str | None]:
     """Final state of every task of a flow run, by task run name (a stage whose cached result was
-    invalid runs again under the same name: the later run wins). State changes reach the API
-    asynchronously, so wait (briefly) until none is still shown as pending or running."""
-    deadline = time.monotonic() + 30
+    invalid runs again under the same name: the later run wins). The server records task runs and
+    their states from events, after the flow has returned: wait until every run has a final state
+    and their number is `expected` (when given) or has stopped changing."""
+    deadline, previous = time.monotonic() + 60, None
     while True:
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
             )
         runs = sorted(runs, key=lambda run: run.created)
-        states = {run.name: run.state.name for run in runs}
-        if not {"Pending", "Running"} & set(states.values()) or time.monotonic() > deadline:
+        states = {run.name: run.state.name if run.state else None for run in runs}
+        final = bool(states) and not {None, "Pending", "Running"} & set(states.values())
+        if final and (len(runs) == expected if expected else states == previous):
             return states
-        time.sleep(0.2)
+        if time.monotonic() > deadline:
+            return states
+        previous = states
+        time.sleep(0.25)
 
 
 def scalar(run_dir, sql):
@@ -76,8 +83,9 @@ def test_rerunning_the_same_command_is_served_entirely_from_cache(small_run):
     assert set(task_states(first_id).values()) == {"Completed"}
     manifest = (run_dir / "iter=000002/_manifest.json").read_bytes()
     again, second_id = train(run_dir)
-    states = task_states(second_id)
-    assert len(states) == len(task_states(first_id)) and set(states.values()) == {"Cached"}
+    first = task_states(first_id)
+    states = task_states(second_id, expected=len(first))
+    assert len(states) == len(first) and set(states.values()) == {"Cached"}
     assert again["val_scores"] == summary["val_scores"]
     assert (run_dir / "iter=000002/_manifest.json").read_bytes() == manifest
 
@@ -88,12 +96,14 @@ def test_deleted_artifact_is_a_cache_miss_and_is_rebuilt(small_run, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
-    (copy / "iter=000002/reward/part-00000.parquet").unlink()
-    again, flow_run_id = train(copy)
-    states = task_states(flow_run_id)
-    rebuilt = {name.rsplit("-", 1)[0] for name, state in states.items() if state == "Completed"}
-    assert "score_rewards" in rebuilt and "generate_rollouts" not in rebuilt
-    assert (copy / "iter=000002/reward/part-00000.parquet").is_file()
+    reward = copy / "iter=000002/reward/part-00000.parquet"
+    rollout = copy / "iter=000002/rollout/part-00000.parquet"
+    digest, kept = file_digest(reward), os.stat(rollout)
+    reward.unlink()
+    again, _ = train(copy)
+    assert file_digest(reward) == digest  # rebuilt, the same bytes
+    after = os.stat(rollout)  # the rollouts, whose file was intact, were not written again
+    assert (after.st_ino, after.st_mtime_ns) == (kept.st_ino, kept.st_mtime_ns)
     assert again["val_scores"] == summary["val_scores"]
 
 
