@@ -11,15 +11,26 @@ once the view exists. `iter` comes from the file name, not from DuckDB's hive pa
 parsing reads every `key=value` folder of the absolute path, so a run under `runs/seed=3/` would
 overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARCHAR. Filters on
 `iter` still prune files.
+
+`query`, behind `ppoflow query`, is read-only. It reads through `connect_confined`: the catalog
+attached READ_ONLY, and the connection confined with DuckDB's own settings, locked so that no SET or
+RESET undoes them: it opens files only under the run directory (DuckDB resolves `..` and symlinks
+before its prefix check, and `runs/demo-evil` is not under `runs/demo`), installs and loads no
+extension, sees no Python object as a table and spills nothing to a temp folder. The run directory
+stays readable, as the views need it, and DuckDB would write there too; so `query` also runs read
+statements only: SELECT (which covers WITH, VALUES, FROM-first, DESCRIBE, SHOW and SUMMARIZE), PIVOT,
+and EXPLAIN of a SELECT. Every statement is checked before the first runs; COPY, ATTACH, USE, SET,
+LOAD … are a ValueError naming their type.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -32,6 +43,7 @@ __all__ = [
     "CATALOG_NAME",
     "VIEWS",
     "check_invariants",
+    "connect_confined",
     "connect_readonly",
     "query",
     "refresh_catalog",
@@ -164,20 +176,118 @@ def connect_readonly(
     raise AssertionError("unreachable")
 
 
-def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run `sql` over the run's catalog; returns (column names, rows). A SQL error is a ValueError
-    carrying DuckDB's message and the available views."""
+def connect_confined(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """connect_readonly, then confined to the run directory (_lock_down): for SQL that ppoflow did not
+    write. ppoflow's own readers keep connect_readonly, which follows the views wherever they point
+    (a catalog copied into another folder names the files of the run it was built for)."""
     con = connect_readonly(run_dir)
     try:
+        _lock_down(con, Path(run_dir).resolve())
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
+    """Confine a connection to the run directory, once the catalog is attached: with external access
+    off, DuckDB checks every path it opens (file, glob, ATTACH, COPY, extension folder) against
+    allowed_directories, and lock_configuration refuses every later SET and RESET. In this order:
+    turning external access off adds DuckDB's temp folder to the allowed directories unless
+    temp_directory is emptied first, and allowed_directories cannot change once external access is off."""
+    for setting in (
+        "temp_directory = ''",
+        f"allowed_directories = [{sql_literal(str(run_dir))}]",
+        "enable_external_access = false",
+        "autoinstall_known_extensions = false",
+        "autoload_known_extensions = false",
+        "allow_community_extensions = false",
+        "python_enable_replacements = false",
+        "lock_configuration = true",
+    ):
+        con.execute(f"SET {setting}")
+
+
+def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run `sql`, one or more read statements, over the run's catalog; returns (column names, rows) of
+    the last. All statements are checked before the first runs (_read_statements). A SQL error is a
+    ValueError carrying DuckDB's message and the available views; so is a file outside the run."""
+    with connect_confined(run_dir) as con:
+        statements = _read_statements(con, sql)
         try:
-            con.execute(sql)
-            if con.description is None:  # a statement without a result (SET, PRAGMA …)
-                return [], []
+            for statement in statements:
+                con.execute(statement)
             return [d[0] for d in con.description], con.fetchall()
+        except duckdb.PermissionException as exc:
+            raise ValueError(
+                f"{exc}\nppoflow query may read only the run's tables, under {Path(run_dir).resolve()}; "
+                f"available views: {', '.join(_view_names(con))}"
+            ) from exc
         except duckdb.Error as exc:
             raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
-    finally:
-        con.close()
+
+
+_READS = ("SELECT", "PIVOT", "EXPLAIN SELECT")
+"""The statement kinds (see _kind) that query runs."""
+
+
+def _read_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
+    """The statements of `sql`, parsed by DuckDB; a ValueError unless there is one at least and every
+    one is a read (_READS). The connection alone would still let COPY or ATTACH write in the run."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
+    if not statements:
+        raise ValueError("no SQL statement to run; ppoflow query runs read-only SELECT statements")
+    for statement in statements:
+        kind = _kind(con, statement)
+        if kind not in _READS:
+            raise ValueError(
+                "ppoflow query runs read-only SELECT statements (SELECT, WITH, VALUES, FROM, DESCRIBE, "
+                f"SHOW, SUMMARIZE, PIVOT, EXPLAIN of a SELECT); refused this {kind} statement: "
+                f"{_excerpt(statement.query)}"
+            )
+    return statements
+
+
+def _kind(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> str:
+    """DuckDB's type of a statement. EXPLAIN also names what it explains, since EXPLAIN ANALYZE runs
+    it; a PIVOT without an IN list, which DuckDB types MULTI (a temporary enum type, then a SELECT),
+    is PIVOT."""
+    suffixes = _token_suffixes(statement.query)
+    first = next(suffixes, "")
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        explained = _first_statement(con, suffixes)
+        return f"EXPLAIN {_kind(con, explained) if explained else 'UNKNOWN'}"
+    if statement.type == duckdb.StatementType.MULTI and re.match(r"PIVOT(_WIDER)?\b", first, re.I):
+        return "PIVOT"
+    return statement.type.name
+
+
+def _first_statement(con: duckdb.DuckDBPyConnection, texts: Iterator[str]) -> duckdb.Statement | None:
+    """The first text that parses as one statement: after EXPLAIN, this skips ANALYZE or an option
+    list such as (ANALYZE, FORMAT json) and finds the statement explained."""
+    for text in texts:
+        try:
+            parsed = con.extract_statements(text)
+        except duckdb.ParserException:
+            continue
+        return parsed[0] if len(parsed) == 1 else None
+    return None
+
+
+def _token_suffixes(sql: str) -> Iterator[str]:
+    """`sql` from each of its tokens on, comments skipped (duckdb.tokenize counts UTF-8 bytes)."""
+    raw = sql.encode()
+    for start, kind in duckdb.tokenize(sql):
+        if kind != duckdb.token_type.comment:
+            yield raw[start:].decode()
+
+
+def _excerpt(sql: str, limit: int = 120) -> str:
+    text = " ".join(sql.split())
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def check_invariants(run_dir: str | Path) -> dict[str, list[str]]:
