@@ -1,11 +1,44 @@
-"""One writer per run directory: `<run>/.lock` names the process that holds it."""
+"""One writer per run directory: an OS lock on `<run>/.lock`, held while the run is open.
+
+The guarantee comes from the kernel, not from the file's contents: `flock(LOCK_EX | LOCK_NB)` on an
+open descriptor of `.lock` succeeds for exactly one open file description at a time, and the kernel
+drops it when that description is closed, which includes the holder dying (even by SIGKILL). So there
+is no stale lock to detect or take over, and no check-then-act: deciding who holds it and taking it
+are one system call. The file itself is created once and never deleted, because deleting it while
+another process has it open would let a newcomer lock a fresh file beside the old one (two holders).
+Do not delete it by hand while a run may be open.
+
+What the file contains is only for messages, and only the holder writes it: once it has the lock it
+truncates the file and writes its pid, host and start time through the locked descriptor, and clears
+it again on release. A refused process reads it to say who holds the lock. The holder may not have
+written it yet, or the record may be a killed holder's, not yet replaced; then the message says the
+holder is not recorded rather than naming a process that does not have the lock.
+
+Within one process the lock is re-entrant (a second `open()` + `flock` of the same file would
+conflict with the first): each run directory, by resolved path, is opened once and counted, and only
+the last matching release unlocks it. Threads of one process count as one writer.
+
+Children: the descriptor is not inheritable, so a program started with exec never holds the lock. A
+fork()ed child shares the parent's open file description, so the lock stays held as long as either
+still has it open: a forked child outliving a killed parent keeps the run locked until it exits or
+execs. Such a child is not the writer: on its first acquire or release of that directory it closes
+its inherited copy (which leaves the parent's lock held) and from then on competes like any other
+process.
+
+Other hosts: the holder's host is recorded, but whether a lock taken on one host excludes a process on
+another depends on the filesystem (Linux NFS clients map flock to NFS byte-range locks; some network
+and FUSE filesystems keep flock local to one machine). Linux and macOS only (fcntl).
+"""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 LOCK_NAME = ".lock"
@@ -15,7 +48,95 @@ class RunLocked(RuntimeError):
     """Another live process is writing this run directory."""
 
 
-def _alive(pid: int) -> bool:
+@dataclass
+class _Held:
+    fd: int
+    pid: int  # the process that took it: a forked child inherits this entry but is not the holder
+    count: int = 1
+
+
+_held: dict[Path, _Held] = {}
+_guard = threading.Lock()
+
+
+def _new_guard() -> None:
+    global _guard
+    _guard = threading.Lock()  # another thread of the parent may have held it at fork()
+
+
+os.register_at_fork(after_in_child=_new_guard)
+
+
+def acquire_run_lock(run_dir: Path) -> Path:
+    """Take the run's lock (again, if this process holds it), or raise RunLocked naming the holder."""
+    key = Path(run_dir).resolve()
+    path = key / LOCK_NAME
+    with _guard:
+        held = _own(key)
+        if held:
+            held.count += 1
+            return path
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: only the holder writes it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, _record(), 0)
+        except BlockingIOError:
+            os.close(fd)
+            message = f"run directory {run_dir} is being written by {_holder(path)}"
+            raise RunLocked(f"{message}; wait for it to finish or stop it") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        _held[key] = _Held(fd, os.getpid())
+        return path
+
+
+def release_run_lock(run_dir: Path) -> None:
+    """Undo one acquire; the last one clears the holder's record and unlocks. Does nothing in a
+    process that does not hold the lock."""
+    key = Path(run_dir).resolve()
+    with _guard:
+        held = _own(key)
+        if not held:
+            return
+        held.count -= 1
+        if held.count == 0:
+            del _held[key]
+            try:
+                os.ftruncate(held.fd, 0)
+            finally:
+                os.close(held.fd)  # unlocks (once forked children have closed their copies too)
+
+
+def _record() -> bytes:
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": started}).encode()
+
+
+def _own(key: Path) -> _Held | None:
+    """This process's hold on `key`; a copy inherited through fork() is closed and forgotten."""
+    held = _held.get(key)
+    if held and held.pid != os.getpid():
+        os.close(held.fd)  # only this child's copy: no flock(LOCK_UN), which would unlock the parent
+        del _held[key]
+        return None
+    return held
+
+
+def _holder(path: Path) -> str:
+    """Who the lock file says holds the lock, if it says so yet and that process still exists."""
+    try:
+        holder = json.loads(path.read_text())
+        pid, host, started = int(holder["pid"]), str(holder["host"]), holder.get("started", "?")
+    except (OSError, ValueError, TypeError, KeyError):
+        return f"another process, not yet recorded in {path}"
+    if host == socket.gethostname() and not _exists(pid):  # a killed holder's record, not yet replaced
+        return f"another process, not recorded in {path} (process {pid} recorded there has exited)"
+    return f"process {pid} on {host} (since {started})"
+
+
+def _exists(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -23,47 +144,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def acquire_run_lock(run_dir: Path) -> Path:
-    """Take the run's lock, or raise RunLocked naming the holder. A lock left by a process that no
-    longer exists (on this host) is taken over."""
-    path = Path(run_dir) / LOCK_NAME
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if holder and holder.get("pid") != me["pid"] and _held(holder, me["host"]):
-                raise RunLocked(
-                    f"run directory {run_dir} is being written by process {holder['pid']} on "
-                    f"{holder['host']} (since {holder.get('started', '?')}); wait for it to finish or stop "
-                    f"it (if that process is gone, delete {path})"
-                ) from None
-            path.unlink(missing_ok=True)  # stale: its process is gone (or unreadable)
-            continue
-        with os.fdopen(fd, "w") as handle:
-            json.dump(me, handle)
-        return path
-    raise RunLocked(f"could not take the lock {path}")
-
-
-def _held(holder: dict, host: str) -> bool:
-    """Whether the lock's holder may still be running: alive on this host, or on another host
-    (whose processes cannot be checked from here)."""
-    return holder.get("host") != host or _alive(holder["pid"])
-
-
-def release_run_lock(run_dir: Path) -> None:
-    path = Path(run_dir) / LOCK_NAME
-    holder = _holder(path)
-    if holder and holder.get("pid") == os.getpid():
-        path.unlink(missing_ok=True)
-
-
-def _holder(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None

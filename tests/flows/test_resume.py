@@ -153,19 +153,23 @@ def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(r
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
     prefect_server, tiny_model_dir, tmp_path
 ):
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    hold = "import sys, time; from ppoflow.tasks.lock import acquire_run_lock as take; take(sys.argv[1]); "
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold + "print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        tmp_path.mkdir(exist_ok=True)
-        (tmp_path / ".lock").write_text(
-            f'{{"pid": {holder.pid}, "host": "{os.uname().nodename}", "started": "now"}}'
-        )
+        assert holder.stdout.readline() == "held\n"
         refused = ppoflow_train(tmp_path, "trainer.total_training_steps=1")
         assert refused.returncode != 0
-        assert f"being written by process {holder.pid}" in refused.stderr
+        assert f"being written by process {holder.pid} on {os.uname().nodename}" in refused.stderr
         assert not (tmp_path / "iter=000001").exists()
     finally:
-        holder.kill()
+        holder.kill()  # SIGKILL: the kernel frees its lock
         holder.wait()
     taken_over = ppoflow_train(tmp_path, "trainer.total_training_steps=1")
     assert taken_over.returncode == 0, taken_over.stderr[-3000:]
-    assert not (tmp_path / ".lock").exists()
+    assert (tmp_path / ".lock").read_text() == ""  # released: the holder's record is cleared
+    free = subprocess.run([sys.executable, "-c", hold, str(tmp_path)], capture_output=True, text=True)
+    assert free.returncode == 0, free.stderr[-3000:]
