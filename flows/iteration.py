@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ppoflow.tasks.advantage import advantage_stage
-from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState, run_stage
+from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState
 from ppoflow.tasks.kl_control import next_kl_coef
 from ppoflow.tasks.metrics import metrics_stage
 from ppoflow.tasks.models import schedule_horizon
+from ppoflow.tasks.results import run_stage
 from ppoflow.tasks.reward import reward_stage
 from ppoflow.tasks.rollout import rollout_stage
 from ppoflow.tasks.sections import StageConfig, checkpoint_due
@@ -22,8 +23,11 @@ class Datasets:
     val: StageResult
 
 
-def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Datasets) -> StageResult:
-    result, _ = run_stage(
+def validate(
+    run: Run, sc: StageConfig, step: int, actor: ModelState, data: Datasets
+) -> tuple[StageResult, bool]:
+    """The validation stage of `step`; returns (result, was_cached)."""
+    return run_stage(
         validation_stage,
         run,
         step=step,
@@ -33,17 +37,23 @@ def validate(run: Run, sc: StageConfig, step: int, actor: ModelState, data: Data
         truncation=sc.batching["truncation"],
         reward=sc.reward,
     )
-    return result
 
 
 def ppo_iteration(
     run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, epoch: int
-) -> tuple[TrainState, StageResult]:
-    """Stages 1–7 of training step `step` (of `total`), whose batch comes from pass `epoch` (0-based)."""
+) -> tuple[TrainState, StageResult, bool]:
+    """Stages 1–7 of training step `step` (of `total`), whose batch comes from pass `epoch` (0-based).
+    Returns the next state, the metrics, and whether every stage was served from cache."""
     save = checkpoint_due(step, total, sc.save_freq)
-    rollout, _ = run_stage(
+    cached: list[bool] = []
+
+    def stage(task, **parameters):
+        result, was_cached = run_stage(task, run, **parameters)
+        cached.append(was_cached)
+        return result
+
+    rollout = stage(
         rollout_stage,
-        run,
         step=step,
         actor=state.actor,
         reference=state.reference,
@@ -52,12 +62,9 @@ def ppo_iteration(
         batching=sc.batching,
         seed=sc.seed,
     )
-    reward, _ = run_stage(
-        reward_stage, run, step=step, rollouts=rollout.ref, prompts=data.train.ref, reward=sc.reward
-    )
-    advantage, _ = run_stage(
+    reward = stage(reward_stage, step=step, rollouts=rollout.ref, prompts=data.train.ref, reward=sc.reward)
+    advantage = stage(
         advantage_stage,
-        run,
         step=step,
         actor=state.actor,
         critic=state.critic,
@@ -71,9 +78,8 @@ def ppo_iteration(
     critic_update = actor_update = None
     critic, actor = state.critic, state.actor
     if critic is not None:
-        (critic_update, critic), _ = run_stage(
+        critic_update, critic = stage(
             critic_update_stage,
-            run,
             step=step,
             critic=critic,
             rollouts=rollout.ref,
@@ -85,9 +91,8 @@ def ppo_iteration(
             save=save,
         )
     if step >= sc.critic_warmup:  # verl: the actor updates once critic_warmup <= global step
-        (actor_update, actor), _ = run_stage(
+        actor_update, actor = stage(
             actor_update_stage,
-            run,
             step=step,
             actor=actor,
             rollouts=rollout.ref,
@@ -101,11 +106,11 @@ def ppo_iteration(
         )
     validation = None
     if sc.test_freq > 0 and (step % sc.test_freq == 0 or step == total):
-        validation = validate(run, sc, step, actor, data)
+        validation, was_cached = validate(run, sc, step, actor, data)
+        cached.append(was_cached)
     current_kl = dict(advantage.values).get("current_kl")
-    metrics, _ = run_stage(
+    metrics = stage(
         metrics_stage,
-        run,
         step=step,
         epoch=epoch,
         rollout=rollout,
@@ -119,4 +124,4 @@ def ppo_iteration(
         n_devices=sc.n_devices,
     )
     kl_coef = next_kl_coef(sc.algorithm["kl_ctrl"], state.kl_coef, current_kl, rollout.ref.rows)
-    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), metrics
+    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), metrics, all(cached)

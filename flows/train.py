@@ -6,7 +6,7 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
-from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState, run_stage
+from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState
 from ppoflow.tasks.console import report_iteration, report_run
 from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, require_full_batch, source_digest
 from ppoflow.tasks.models import set_device
@@ -19,6 +19,7 @@ from ppoflow.tasks.prepare import (
     prepare_model,
     set_torch_threads,
 )
+from ppoflow.tasks.results import run_stage
 from ppoflow.tasks.sections import stage_config, total_training_steps
 from ppoflow.tasks.tracking import Tracking
 from ppoflow.tasks.trainer_state import data_position, record_trainer_state, resume_state
@@ -63,19 +64,19 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     tracking = Tracking(cfg, run.path, total)
     history = []
 
-    def record(step: int, result) -> None:
-        metrics = report_iteration(step, total, result)
+    def record(step: int, result, cached: bool) -> None:
+        metrics = report_iteration(step, total, result, cached=cached)
         history.append(metrics | {"step": step})
         tracking.log(step, {k: v for k, v in metrics.items() if k != "wall_time"})
 
     try:
         if val_only or sc.val_before_train:  # verl validates a resumed model too, at its step
-            record(first - 1, validate(run, sc, first - 1, state.actor, data))
+            record(first - 1, *validate(run, sc, first - 1, state.actor, data))
         for step in range(first, total + 1):
             position = data_position(data.train.ref.rows, step, sc.batching)
-            state, metrics = ppo_iteration(run, sc, step, total, state, data, epoch=position["epoch"])
+            state, metrics, cached = ppo_iteration(run, sc, step, total, state, data, position["epoch"])
             record_trainer_state(run, step, state, position)
-            record(step, metrics)
+            record(step, metrics, cached)
     except BaseException:
         tracking.fail()
         raise

@@ -136,21 +136,9 @@ def _train(args) -> int:
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
-    from ppoflow.flows.train import ppo_train
-    from ppoflow.tasks.lock import RunLocked
-    from ppoflow.tasks.models import StateUnavailable
+    from ppoflow.train_command import run_training
 
-    try:
-        ppo_train(args.config, args.overrides)
-    except (RunLocked, StateUnavailable) as error:
-        print(f"ppoflow: {error}", file=sys.stderr)
-        return 3
-    except BrokenPipeError:  # an OSError, but the reader of the log left: main's exit 141
-        raise
-    except (ValueError, OSError, RuntimeError) as error:  # bad data, a failing reward, a full disk
-        print(f"ppoflow: training stopped: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_training(args.config, args.overrides, cfg.run_dir, args.verbose)
 
 
 def _config(args) -> int:

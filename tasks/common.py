@@ -1,4 +1,5 @@
-"""What every stage shares: the run handle, model-state references, cache keys, and `run_stage`.
+"""What every stage shares: the run handle, model-state references and cache keys (stages are called
+through `results.run_stage`).
 
 A stage's cache key = stage name + the config section it reads + the identities of its inputs + a
 hash of the code it runs (every engine and task module: Prefect's TASK_SOURCE sees only the task's
@@ -18,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .storage import ArtifactRef, artifact_is_valid
+from .storage import ArtifactRef
 
 TASKS_DIR = Path(__file__).resolve().parent
 ENGINE_DIR = TASKS_DIR.parent / "engine"
-RESULTS_DIR = ".prefect-results"
 
 
 @dataclass(frozen=True)
@@ -169,28 +169,3 @@ class StageTimer:
     @property
     def seconds(self) -> float:
         return time.perf_counter() - self.start
-
-
-def outputs_valid(run: Run, result: Any) -> bool:
-    """Every table a (possibly cached) result points at still exists with its digest. Model
-    checkpoints are not required: a pruned one is only needed if a later stage must recompute."""
-    results = result if isinstance(result, tuple) else (result,)
-    return all(
-        all(artifact_is_valid(run.path, ref) for ref in item.refs)
-        for item in results
-        if isinstance(item, StageResult)
-    )
-
-
-def run_stage(task, run: Run, **parameters: Any):
-    """Call a stage task with the run's result storage. A cached result whose files are gone or
-    altered is a miss: the task runs again with `refresh_cache`. Returns (result, was_cached)."""
-    bound = task.with_options(
-        result_storage=run.path / RESULTS_DIR, persist_result=True, refresh_cache=run.recompute or None
-    )
-    state = bound(run=run, **parameters, return_state=True)
-    result = state.result()
-    if state.name == "Cached" and not outputs_valid(run, result):
-        state = bound.with_options(refresh_cache=True)(run=run, **parameters, return_state=True)
-        result = state.result()
-    return result, state.name == "Cached"

@@ -7,6 +7,7 @@ stay one readable line per iteration.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(highlight=False)
+log = logging.getLogger("ppoflow.console")
 
 
 def _bars_enabled() -> bool:
@@ -36,7 +38,9 @@ def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]
 
 
 def say(text: str) -> None:
+    """A line for the user: on stdout, and in the run's log file when one is open (`ppoflow train`)."""
     console.print(text, soft_wrap=True)
+    log.info(text)
 
 
 EXAMPLE_QUERY = "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
@@ -61,8 +65,9 @@ def validation_score(metrics: dict[str, float]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def report_iteration(step: int, total: int, result) -> dict[str, float]:
-    """One readable line per iteration: val score, reward mean, KL, clipfrac, seconds."""
+def report_iteration(step: int, total: int, result, *, cached: bool = False) -> dict[str, float]:
+    """One readable line per iteration: val score, reward mean, KL, clipfrac, and its seconds, or
+    "cached" when every stage came from cache (the seconds would be another run's)."""
     metrics = dict(result.values)
     val = validation_score(metrics)
     accuracy = [v for k, v in metrics.items() if k.startswith("val-aux/") and "/correctness/mean@" in k]
@@ -75,7 +80,7 @@ def report_iteration(step: int, total: int, result) -> dict[str, float]:
             f"reward {_fmt(metrics, 'critic/score/mean')}",
             f"kl {_fmt(metrics, 'actor/ppo_kl', '.4f')}",
             f"clipfrac {_fmt(metrics, 'actor/pg_clipfrac')}",
-            f"{metrics.get('perf/time_per_step', 0.0):.1f}s",
+            "cached" if cached else f"{metrics.get('perf/time_per_step', 0.0):.1f}s",
         ]
     say(" · ".join(parts))
     return metrics | {"wall_time": time.time()}

@@ -125,6 +125,6 @@ def metrics_stage(
         for s in stages
     }
     manifest["metrics"] = {"refs": [ref], "rows": 1, "cache_key": key, "seconds": timer.seconds}
-    write_manifest(run.path, step, manifest)
+    manifest_ref = write_manifest(run.path, step, manifest)
     refresh_catalog_if_stale(run.path)
-    return StageResult("metrics", (ref,), key, timer.seconds, tuple(sorted(metrics.items())))
+    return StageResult("metrics", (ref, manifest_ref), key, timer.seconds, tuple(sorted(metrics.items())))

@@ -102,6 +102,42 @@ def checkpoint_digest(directory: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def directory_digest(directory: Path) -> str:
+    """sha256 over a model directory's files (config, tokenizer, weights; names and content
+    digests; dot-files excluded): a base model's lineage."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).iterdir() if p.is_file() and not p.name.startswith(".")):
+        h.update(path.name.encode())
+        h.update(file_digest(path).encode())
+    return h.hexdigest()
+
+
+def state_files_intact(run: Run, state: ModelState) -> bool:
+    """Whether the files a state names still hold what was recorded: a base model's directory its
+    lineage, a saved update's checkpoint its digest. An update checkpoint that is gone is allowed
+    when a newer checkpoint of the role exists (pruned by max_*_ckpt_to_keep; replay rebuilds it
+    if ever needed); the newest one must be there, since the run names it as its output."""
+    if state.checkpoint is None:
+        return True
+    directory = run.path / state.checkpoint
+    try:
+        if state.checkpoint_digest is None:
+            return state.step != 0 or state.role != "actor" or directory_digest(directory) == state.lineage
+        if not directory.exists():
+            return _newer_checkpoint_exists(run, state)
+        return checkpoint_digest(directory) == state.checkpoint_digest
+    except OSError:
+        return False
+
+
+def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
+    for directory in (run.path / "checkpoints").glob(f"iter=*/{state.role}"):
+        step = directory.parent.name.removeprefix("iter=")
+        if step.isdigit() and int(step) > state.step and (directory / "config.json").is_file():
+            return True
+    return False
+
+
 def _verified_dir(run: Run, state: ModelState) -> Path:
     """The state's checkpoint directory, after checking its files against the recorded digest."""
     directory = model_dir(run, state)

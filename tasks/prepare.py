@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
@@ -18,7 +19,8 @@ from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_sta
 from .catalog import refresh_catalog
 from .common import ModelState, Run, digest_of, stage_cache_key
 from .lock import acquire_run_lock, release_run_lock
-from .storage import file_digest, write_text_atomic
+from .models import directory_digest
+from .storage import remove_stale_temp_files, write_text_atomic
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 SMOLLM2 = "builtin:smollm2-135m-instruct"
@@ -29,12 +31,18 @@ BUILTIN_TRAIN_ROWS = 2048
 
 
 def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False) -> Run:
-    """Take the run directory's lock (one writer per run) and write its effective config
-    (config.yaml). `recompute` (trainer.resume_mode=disable) runs every stage again."""
+    """Take the run directory's lock (one writer per run), clear what killed writes left behind,
+    and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
+    every stage again."""
     path = Path(run_dir).resolve()
     path.mkdir(parents=True, exist_ok=True)
     acquire_run_lock(path)
-    write_text_atomic(path / "config.yaml", config_yaml)
+    try:
+        remove_stale_temp_files(path)
+        write_text_atomic(path / "config.yaml", config_yaml)
+    except BaseException:
+        release_run_lock(path)
+        raise
     return Run(str(path), recompute=recompute)
 
 
@@ -48,22 +56,50 @@ def build_tiny_base(seed: int) -> Path:
     from ppoflow.engine import tiny
 
     recipe = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:16]  # the model's recipe
-    target = cache_root() / f"tiny-addition-seed{seed}-{recipe}"
-    if (target / "config.json").is_file():
+
+    def build(staging: Path) -> None:
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed)
+        report = warm_start(model, tokenizer, seed=seed)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "warm_start.json").write_text(json.dumps(report))
+
+    return cached_model_dir(cache_root() / f"tiny-addition-seed{seed}-{recipe}", build)
+
+
+CACHE_DIGEST = ".ppoflow-digest"
+"""A cached model directory's digest (directory_digest) as written, checked at every reuse."""
+
+
+def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
+    """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
+    there already; a damaged copy (its files no longer match the digest recorded at build) is
+    rebuilt."""
+    if _intact(target):
         return target
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(tokenizer, seed=seed)
-    report = warm_start(model, tokenizer, seed=seed)
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tiny.", dir=target.parent))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / "warm_start.json").write_text(json.dumps(report))
-    if target.exists():
-        shutil.rmtree(staging)
-    else:
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(staging)
+        (staging / CACHE_DIGEST).write_text(directory_digest(staging))
+        if _intact(target):  # another process built it meanwhile
+            shutil.rmtree(staging)
+            return target
+        if target.exists():
+            shutil.rmtree(target)
         os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return target
+
+
+def _intact(directory: Path) -> bool:
+    try:
+        return (directory / CACHE_DIGEST).read_text() == directory_digest(directory)
+    except OSError:
+        return False
 
 
 def smollm2_gguf() -> Path:
@@ -85,20 +121,7 @@ def converted_gguf(gguf_file: Path) -> Path:
     """A GGUF checkpoint converted once into a cached Hugging Face directory."""
     identity = hashlib.sha256(f"{gguf_file.resolve()}:{gguf_file.stat().st_size}".encode()).hexdigest()[:12]
     target = cache_root() / "gguf" / f"{gguf_file.stem}-{identity}"
-    if (target / "config.json").is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".gguf.", dir=target.parent))
-    try:
-        convert_gguf(gguf_file, staging)
-        if target.exists():
-            shutil.rmtree(staging)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    return cached_model_dir(target, lambda staging: convert_gguf(gguf_file, staging))
 
 
 def model_source(model_path: str) -> str:
@@ -118,10 +141,8 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
     Face directory used in place. Its lineage is a digest of its files."""
     match model_path:
         case _ if model_path == BUILTIN_MODEL:
-            relative = "model/base"
-            if not (run.path / relative / "config.json").is_file():
-                shutil.copytree(build_tiny_base(seed), run.path / relative, dirs_exist_ok=True)
-            directory, checkpoint = run.path / relative, relative
+            checkpoint = "model/base"
+            directory = _install_copy(build_tiny_base(seed), run.path / checkpoint)
         case _ if model_path == SMOLLM2:
             directory = converted_gguf(smollm2_gguf())
             checkpoint = str(directory)
@@ -135,16 +156,29 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
         case _:
             directory = Path(model_path).resolve()
             checkpoint = str(directory)
-    return ModelState(role="actor", lineage=_directory_digest(directory), step=0, checkpoint=checkpoint)
+    return ModelState(role="actor", lineage=directory_digest(directory), step=0, checkpoint=checkpoint)
 
 
-def _directory_digest(directory: Path) -> str:
-    """sha256 over the model's config, tokenizer and weight files (names and content digests)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
-        h.update(path.name.encode())
-        h.update(file_digest(path).encode())
-    return h.hexdigest()
+def _install_copy(source: Path, target: Path) -> Path:
+    """`target` as an exact copy of the model directory `source` (replaced, through a staging
+    copy and a rename, when it is missing, damaged or different)."""
+    wanted = directory_digest(source)
+    try:
+        if directory_digest(target) == wanted:
+            return target
+    except OSError:
+        pass
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
 
 
 def critic_state(base: ModelState) -> ModelState:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import multiprocessing
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ppoflow.engine.rewards import InvalidRewardError, score_of_result
+
+from .processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
 """Longest the worker may take to start and import the user's file."""
@@ -94,7 +97,7 @@ def _run_worker(
     receive, send = context.Pipe(duplex=False)
     worker = context.Process(
         target=_serve,
-        args=(send, function["path"], function["name"], calls[start:], timeout_s),
+        args=(send, function["path"], function["name"], calls[start:], timeout_s, os.getpid()),
         name="ppoflow-reward",
         daemon=True,
     )
@@ -179,8 +182,13 @@ def load_function(path: str, name: str):
     return function
 
 
-def _serve(conn: Connection, path: str, name: str, calls: list[RewardCall], timeout_s: float) -> None:
-    """The worker's body: load the function, then send one ("row", Scored) per call, in order."""
+def _serve(
+    conn: Connection, path: str, name: str, calls: list[RewardCall], timeout_s: float, parent_pid: int
+) -> None:
+    """The worker's body: load the function, then send one ("row", Scored) per call, in order.
+    Ctrl-C is the trainer's to handle (it stops the worker); a trainer that dies takes it along."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(parent_pid)
     try:
         function = load_function(path, name)
     except RewardFunctionError as exc:

@@ -14,6 +14,7 @@ import numbers
 import os
 import re
 import secrets
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -28,12 +29,14 @@ __all__ = [
     "ArtifactCorrupt",
     "ArtifactRef",
     "artifact_is_valid",
+    "committed_iterations",
     "conform_table",
     "file_digest",
     "iteration_dir",
     "read_json",
     "read_manifest",
     "read_table",
+    "remove_stale_temp_files",
     "stage_path",
     "stage_refs",
     "write_json_atomic",
@@ -69,8 +72,9 @@ _STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 @dataclass(frozen=True)
 class ArtifactRef:
-    """A written parquet file: `path` relative to the run directory (runs can be moved), `digest`
-    "sha256:<hex>" of its bytes, and its row count. Small and picklable: what tasks return."""
+    """A written artifact (a parquet file, or an iteration's manifest): `path` relative to the run
+    directory (runs can be moved), `digest` "sha256:<hex>" of its bytes, and its row count (a
+    manifest's: its number of stages). Small and JSON-able: what tasks return."""
 
     path: str
     digest: str
@@ -182,8 +186,12 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 @timed_io
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
-    data = (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+    data = _json_bytes(obj)
     _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
 
 
 def read_json(path: str | Path) -> Any:
@@ -203,9 +211,12 @@ def stage_path(iteration: int, stage: str, part: int = 0) -> str:
     return f"iter={_iteration(iteration):06d}/{stage}/part-{part:05d}.parquet"
 
 
-def write_manifest(run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]) -> None:
+def write_manifest(
+    run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]
+) -> ArtifactRef:
     """Write iter=NNNNNN/_manifest.json, the iteration's commit record: per stage its refs, rows,
-    cache_key and seconds (extra keys are kept). Call it after every stage's files are written."""
+    cache_key and seconds (extra keys are kept). Call it after every stage's files are written.
+    Returns its reference (rows: the number of stages), so that a lost manifest is rewritten."""
     entries = {}
     for name, stage in sorted(stages.items()):
         missing = [k for k in MANIFEST_STAGE_KEYS if k not in stage]
@@ -214,7 +225,9 @@ def write_manifest(run_dir: str | Path, iteration: int, stages: Mapping[str, Map
         refs = [r if isinstance(r, ArtifactRef) else ArtifactRef.from_dict(r) for r in stage["refs"]]
         entries[name] = {**stage, "refs": [r.to_dict() for r in refs]}
     manifest = {"iteration": _iteration(iteration), "stages": entries}
-    write_json_atomic(iteration_dir(run_dir, iteration) / MANIFEST_NAME, manifest)
+    path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
+    digest = _atomic_write(path, lambda f: f.write(_json_bytes(manifest)))
+    return ArtifactRef(path=path.relative_to(run_dir).as_posix(), digest=digest, rows=len(entries))
 
 
 def read_manifest(run_dir: str | Path, iteration: int) -> dict | None:
@@ -224,6 +237,12 @@ def read_manifest(run_dir: str | Path, iteration: int) -> dict | None:
         return read_json(path)
     except FileNotFoundError:
         return None
+
+
+def committed_iterations(run_dir: str | Path) -> list[int]:
+    """The iterations whose manifest is written (their stages all finished), in order."""
+    found = (p.parent.name.removeprefix("iter=") for p in Path(run_dir).glob(f"iter=*/{MANIFEST_NAME}"))
+    return sorted(int(n) for n in found if n.isdigit())
 
 
 def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
@@ -252,6 +271,26 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> str:
             raise
         raise _naming_path(exc, path) from exc
     return digest
+
+
+_TEMP_FILE = re.compile(r"^\..+\.tmp(\.wal)?$")
+_STAGING_DIRS = ("checkpoints/iter=*/.*", "model/.*")
+
+
+def remove_stale_temp_files(run_dir: str | Path) -> int:
+    """Delete what writes killed before their rename left behind: temp files of atomic writes and
+    catalog rebuilds (`.<name>.<hex>.tmp`, and a DuckDB `.tmp.wal`) and checkpoint or model staging
+    folders. Call it only while holding the run's lock: then no live writer owns any of them.
+    Returns how many were removed."""
+    run_dir = Path(run_dir)
+    stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
+    stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return len(stale)
 
 
 def _naming_path(exc: Exception, path: Path) -> Exception:

@@ -1,0 +1,98 @@
+"""The temporary Prefect API server of a `ppoflow train` that has no PREFECT_API_URL.
+
+Prefect would start such a server itself, as a child in the trainer's process group: a Ctrl-C in
+the terminal then stops the server too, and the trainer spends a minute retrying it before it can
+record that the flow was interrupted; a trainer killed with SIGKILL leaves it running. This server
+is the same program (uvicorn serving Prefect's API on loopback, without the UI) started in a
+session of its own, so Ctrl-C reaches only the trainer, which reports to a live server and stops it
+on the way out; the kernel stops it if the trainer dies without doing so (tasks.processes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ppoflow.tasks.processes import exit_with_parent
+
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+"""As Prefect starts its own temporary server: no UI."""
+STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120))
+
+
+class TemporaryServer:
+    """`with TemporaryServer() as api_url:` a Prefect API on 127.0.0.1 for the duration of the block."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> str:
+        for _ in range(3):  # another process may take the free port before uvicorn binds it
+            port = _free_port()
+            self.url = f"http://127.0.0.1:{port}/api"
+            self.process = _start(port)
+            if _wait_healthy(self.url, self.process):
+                return self.url
+            self.stop()
+        raise RuntimeError(f"the temporary Prefect server did not start within {STARTUP_TIMEOUT_S:g} s")
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM (uvicorn shuts down in well under a second), SIGKILL after 5 s."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def _start(port: int) -> subprocess.Popen:
+    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
+    parent = os.getpid()
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
+    command = [
+        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
+        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "--log-level", "error", "--lifespan", "on",
+    ]  # fmt: skip
+    return subprocess.Popen(
+        command,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=lambda: exit_with_parent(parent, signal.SIGKILL),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen) -> bool:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,141 @@
+"""`ppoflow train`: the flow run, with one line for whatever stops it and the log kept in the run.
+
+Prefect's tracebacks go to RUN_DIR/logs/train.log (and to the terminal only with -v): a failed
+stage ends in one line that says what failed, where the full log is, and that running the same
+command again resumes. Without PREFECT_API_URL, the flow reports to a temporary server of its own
+(ppoflow.prefect_server) that Ctrl-C does not reach, so one Ctrl-C stops training in seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOG_NAME = "logs/train.log"
+EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
+
+
+def run_training(config_file: str | None, overrides: list[str], run_dir: Path, verbose: bool) -> int:
+    """Train as configured; returns the exit code (0 done, 1 failed, 3 locked or no usable state,
+    130 interrupted)."""
+    resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
+    log_file = run_dir.resolve() / LOG_NAME
+    try:
+        with _prefect_api(), _logging_to(log_file, verbose):
+            from ppoflow.flows.train import ppo_train
+            from ppoflow.tasks.lock import RunLocked
+            from ppoflow.tasks.models import StateUnavailable
+
+            try:
+                ppo_train(config_file, overrides)
+            except (RunLocked, StateUnavailable) as error:
+                _say(f"ppoflow: {error}")
+                return EXIT_LOCKED
+            except BrokenPipeError:  # the reader of the output left: main's exit 141
+                raise
+            except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
+                logging.getLogger("ppoflow").exception("training stopped")
+                _say(f"ppoflow: training stopped: {describe(error)}")
+                _say(f"ppoflow: full log: {log_file}; after fixing the cause, resume with: {resume}")
+                return EXIT_FAILED
+    except KeyboardInterrupt:
+        _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def describe(error: BaseException) -> str:
+    """The error's first line, with the disk-full case said plainly (it surfaces from safetensors,
+    torch and pyarrow in their own words)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if _disk_full(error):
+        return f"the disk is full (no space left on device): {text}"
+    return text
+
+
+def _disk_full(error: BaseException | None) -> bool:
+    while error is not None:
+        if getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _finished(run_dir: Path) -> str:
+    from ppoflow.tasks.storage import committed_iterations
+
+    steps = [s for s in committed_iterations(run_dir) if s > 0] if run_dir.is_dir() else []
+    if not steps:
+        return "no training step had finished"
+    return f"steps 1–{steps[-1]} are finished and kept in {run_dir}"
+
+
+@contextlib.contextmanager
+def _prefect_api() -> Iterator[None]:
+    """The user's Prefect API when PREFECT_API_URL is set, else a temporary server of our own."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+    from ppoflow.prefect_server import TemporaryServer
+
+    with TemporaryServer() as url:
+        os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
+        try:
+            yield
+        finally:
+            _deliver_prefect_logs_and_events()
+            os.environ.pop("PREFECT_API_URL", None)
+
+
+def _deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:
+    """Send what Prefect's background workers still hold while the server is up (they would
+    otherwise try at interpreter exit, after the server has stopped)."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout_s)
+
+
+@contextlib.contextmanager
+def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
+    """Everything logged (Prefect's task and flow errors with their tracebacks, library warnings,
+    ppoflow's step lines) is appended to `log_file`; Prefect's console output only with -v."""
+    import prefect  # noqa: F401  (sets up Prefect's logging, which must come first)
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root, ours = logging.getLogger(), logging.getLogger("ppoflow")
+    quieted = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)] if not verbose else []
+    levels = [h.level for h in quieted]
+    for console in quieted:
+        console.setLevel(logging.CRITICAL + 1)
+    root.addHandler(handler)
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False  # the step lines are on stdout already; to the file only
+    ours.info("ppoflow train %s (pid %d, %s)", shlex.join(sys.argv[2:]), os.getpid(), time.strftime("%c"))
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        ours.removeHandler(handler)
+        ours.propagate = True
+        handler.close()
+        for console, level in zip(quieted, levels, strict=True):
+            console.setLevel(level)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

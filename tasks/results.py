@@ -1,0 +1,162 @@
+"""Stage results as Prefect keeps them: JSON of ppoflow's own result types, checked before reuse.
+
+Prefect stores each finished stage's return value in <run>/.prefect-results/<cache key> and reads
+it back, with the serializer the *file* names, when the same stage is asked for again. A run
+directory is data, not code: a planted file naming Prefect's pickle serializer would run code on
+the next `ppoflow train`. So stage results are written as JSON that can only rebuild ppoflow's
+result dataclasses (`ResultSerializer`), and `run_stage` reads a stored result itself before
+Prefect does: anything that is not such a record is removed and the stage runs again (a cache miss).
+
+A result that is ours is reused only while everything it points at is intact: its parquet files
+(digests) and the model files of the states it returns (`models.state_files_intact`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect.serializers import Serializer
+from pydantic import Field
+
+from .common import ModelState, Run, StageResult, UpdateInputs, key_for
+from .models import state_files_intact
+from .storage import ArtifactRef, artifact_is_valid
+
+RESULTS_DIR = ".prefect-results"
+SERIALIZER_TYPE = "ppoflow-json"
+MAX_RECORD_BYTES = 16 << 20
+"""Stage results are references and numbers (kilobytes); a larger record is not one of ours."""
+
+RESULT_TYPES: dict[str, type] = {
+    cls.__name__: cls for cls in (StageResult, ArtifactRef, ModelState, UpdateInputs)
+}
+"""The only classes a stored result can rebuild."""
+
+
+class UnreadableResult(ValueError):
+    """A stored result that is not a ppoflow JSON record of known types."""
+
+
+class ResultSerializer(Serializer):
+    """JSON for stage results: dataclasses of RESULT_TYPES, tuples, dicts with string keys, lists and
+    scalars (floats may be NaN or ±inf). Decoding builds nothing else and imports nothing."""
+
+    type: str = Field(default=SERIALIZER_TYPE, frozen=True)
+
+    def dumps(self, obj: Any) -> bytes:
+        return json.dumps(_encode(obj), sort_keys=True, separators=(",", ":")).encode()
+
+    def loads(self, blob: bytes) -> Any:
+        try:
+            return _decode(json.loads(blob))
+        except (ValueError, TypeError, KeyError, RecursionError) as error:
+            raise UnreadableResult(f"not a ppoflow stage result: {error}") from error
+
+
+def _encode(obj: Any) -> Any:
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"float": repr(obj)}
+    if isinstance(obj, tuple):
+        return {"tuple": [_encode(v) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"result dict keys must be strings: {list(obj)[:5]}")
+        return {"dict": {k: _encode(v) for k, v in obj.items()}}
+    name = type(obj).__name__
+    if RESULT_TYPES.get(name) is type(obj):
+        fields = {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {"type": name, "fields": fields}
+    if isinstance(obj, BaseException):  # a failed stage's exception: its type and message, to read
+        return {"error": f"{type(obj).__name__}: {obj}"}
+    raise TypeError(f"{name} cannot be stored as a stage result")
+
+
+def _decode(data: Any) -> Any:
+    if data is None or isinstance(data, bool | int | float | str):
+        return data
+    if isinstance(data, list):
+        return [_decode(v) for v in data]
+    if not isinstance(data, dict) or len(data) not in (1, 2):
+        raise ValueError(f"unexpected value {str(data)[:80]!r}")
+    match sorted(data):
+        case ["float"] if data["float"] in ("nan", "inf", "-inf"):
+            return float(data["float"])
+        case ["tuple"] if isinstance(data["tuple"], list):
+            return tuple(_decode(v) for v in data["tuple"])
+        case ["dict"] if isinstance(data["dict"], dict):
+            return {str(k): _decode(v) for k, v in data["dict"].items()}
+        case ["fields", "type"] if data["type"] in RESULT_TYPES and isinstance(data["fields"], dict):
+            cls = RESULT_TYPES[data["type"]]
+            names = {f.name for f in dataclasses.fields(cls)}
+            if not set(data["fields"]) <= names:
+                raise ValueError(f"unknown fields of {data['type']}: {sorted(set(data['fields']) - names)}")
+            return cls(**{k: _decode(v) for k, v in data["fields"].items()})
+        case ["error"] if isinstance(data["error"], str):
+            return RuntimeError(data["error"])
+    raise ValueError(f"unexpected value {str(data)[:80]!r}")
+
+
+def read_stored_result(path: Path) -> Any:
+    """The result stored at `path` if it is a record ResultSerializer wrote; UnreadableResult otherwise
+    (never deserializes with anything else: the serializer a file names is not trusted)."""
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise UnreadableResult(f"{path} is larger than any stage result")
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise UnreadableResult(f"{path}: {error}") from error
+    metadata = record.get("metadata") if isinstance(record, dict) else None
+    serializer = metadata.get("serializer") if isinstance(metadata, dict) else None
+    if serializer != {"type": SERIALIZER_TYPE} or not isinstance(record.get("result"), str):
+        raise UnreadableResult(f"{path} was not written by ppoflow (serializer {serializer!r})")
+    return ResultSerializer().loads(record["result"].encode())
+
+
+def outputs_valid(run: Run, result: Any) -> bool:
+    """Every table a (possibly cached) result points at still exists with its digest, and every
+    model state it returns still has intact files (see state_files_intact)."""
+    items = result if isinstance(result, tuple) else (result,)
+    for item in items:
+        if isinstance(item, StageResult) and not all(artifact_is_valid(run.path, r) for r in item.refs):
+            return False
+        if isinstance(item, ModelState) and not state_files_intact(run, item):
+            return False
+    return True
+
+
+def _discard_foreign_result(run: Run, task, parameters: dict[str, Any]) -> None:
+    """Remove the stored result of this call unless ppoflow wrote it and can read it back."""
+    path = run.path / RESULTS_DIR / key_for(task, {"run": run, **parameters})
+    if not path.exists():
+        return
+    try:
+        read_stored_result(path)
+    except UnreadableResult:
+        path.unlink(missing_ok=True)
+
+
+def run_stage(task, run: Run, **parameters: Any):
+    """Call a stage task with the run's result storage. A stored result that ppoflow cannot read
+    safely, or whose files are gone or altered, is a miss: the task runs again. Returns
+    (result, was_cached)."""
+    _discard_foreign_result(run, task, parameters)
+    bound = task.with_options(
+        result_storage=run.path / RESULTS_DIR,
+        result_serializer=ResultSerializer(),
+        persist_result=True,
+        refresh_cache=run.recompute or None,
+    )
+    state = bound(run=run, **parameters, return_state=True)
+    result = state.result()
+    if state.name == "Cached" and not outputs_valid(run, result):
+        state = bound.with_options(refresh_cache=True)(run=run, **parameters, return_state=True)
+        result = state.result()
+    return result, state.name == "Cached"

@@ -1,0 +1,111 @@
+"""Nothing in a run directory is trusted unchecked: planted results never run, and every model file
+and manifest the run names is verified and rebuilt before the run reports success."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+import shutil
+
+from transformers import AutoModelForCausalLM
+
+from ppoflow.tasks.storage import file_digest
+
+from .conftest import train
+
+
+def _copy(run_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_planted_pickle_result_never_runs_and_its_stage_runs_again(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    marker = tmp_path / "code-ran"
+    results = sorted((copy / ".prefect-results").glob("validate-*"))
+    assert results, "the run stored its validation results"
+    for path in results:
+        record = json.loads(path.read_text())
+        assert record["metadata"]["serializer"] == {"type": "ppoflow-json"}
+        record["metadata"]["serializer"] = {
+            "type": "pickle",
+            "picklelib": "pickle",
+            "picklelib_version": None,
+        }
+        record["result"] = base64.b64encode(pickle.dumps(_RunsCode(marker))).decode()
+        path.write_text(json.dumps(record))
+    again, _ = train(copy)
+    assert not marker.exists()
+    assert again["val_scores"] == summary["val_scores"]
+    for path in results:  # validated again and stored as JSON
+        assert json.loads(path.read_text())["metadata"]["serializer"] == {"type": "ppoflow-json"}
+
+
+def test_damaged_checkpoints_and_base_model_are_rebuilt_before_the_run_succeeds(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    final = copy / "checkpoints/iter=000002/actor/model.safetensors"
+    optimizer = copy / "checkpoints/iter=000001/actor.optim.pt"
+    base = copy / "model/base/model.safetensors"
+    expected = {path: file_digest(path) for path in (final, optimizer, base)}
+    final.write_bytes(final.read_bytes()[:1000])
+    flipped = bytearray(optimizer.read_bytes())
+    flipped[len(flipped) // 2] ^= 0x01
+    optimizer.write_bytes(bytes(flipped))
+    base.write_bytes(base.read_bytes()[:100])
+    again, _ = train(copy)
+    assert {path: file_digest(path) for path in expected} == expected
+    assert again["actor_checkpoint"] == str(final.parent)
+    AutoModelForCausalLM.from_pretrained(final.parent)  # the file the run names loads
+    assert again["val_scores"] == summary["val_scores"]
+
+
+def test_a_deleted_final_checkpoint_is_saved_again(small_run, tmp_path):
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    final = copy / "checkpoints/iter=000002"
+    expected = file_digest(final / "critic/model.safetensors")
+    shutil.rmtree(final / "critic")
+    (final / "critic.optim.pt").unlink()
+    train(copy)
+    assert file_digest(final / "critic/model.safetensors") == expected
+
+
+def test_a_deleted_manifest_is_written_again_and_killed_writes_leave_nothing(small_run, tmp_path):
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    manifest = copy / "iter=000001/_manifest.json"
+    expected = json.loads(manifest.read_text())
+    manifest.unlink()
+    leftovers = [
+        copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp",
+        copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp.wal",
+        copy / "iter=000002/rollout/.part-00000.parquet.a1b2c3d4e5f6.tmp",
+        copy / "checkpoints/iter=000002/.actor.optim.pt.tmp",
+    ]
+    for path in leftovers:
+        path.write_bytes(b"partial")
+    staging = copy / "checkpoints/iter=000002/.actor.k2j3h4"
+    staging.mkdir()
+    train(copy)
+    rewritten = json.loads(manifest.read_text())
+    assert rewritten["stages"].keys() == expected["stages"].keys()
+    for stage, entry in expected["stages"].items():  # the metrics row is computed again (perf/ differs)
+        if stage != "metrics":
+            assert rewritten["stages"][stage]["refs"] == entry["refs"], stage
+    [metrics] = rewritten["stages"]["metrics"]["refs"]
+    assert file_digest(copy / metrics["path"]) == metrics["digest"]
+    assert not any(path.exists() for path in [*leftovers, staging])
+    assert (copy / "catalog.duckdb").is_file()

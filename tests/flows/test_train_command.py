@@ -1,0 +1,184 @@
+"""`ppoflow train` as a user sees it: one line when a stage fails (the traceback in the run's log),
+one Ctrl-C stops it in seconds, nothing it started outlives it, and a rerun says "cached"."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import SMALL
+
+ONE_THREAD = ["trainer.num_threads=1"]
+
+
+def _command(run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "ppoflow",
+        "train",
+        *SMALL,
+        *ONE_THREAD,
+        f"trainer.default_local_dir={run_dir}",
+        *overrides,
+    ]
+
+
+def _env(*, own_server: bool, fault: str | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PPOFLOW_FAULT", "PREFECT_API_URL")}
+    if not own_server:
+        from prefect.settings import PREFECT_API_URL
+
+        env["PREFECT_API_URL"] = PREFECT_API_URL.value()
+    if fault:
+        env["PPOFLOW_FAULT"] = fault
+    return env | {"PPOFLOW_PROGRESS": "0"}
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below `pid` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reparented zombie waits for init, which may be slow to reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
+    prefect_server, tiny_model_dir, tmp_path
+):
+    failed = subprocess.run(
+        _command(tmp_path),
+        env=_env(own_server=False, fault="actor_update@2:raise"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert failed.returncode == 1
+    log = tmp_path / "logs/train.log"
+    assert failed.stderr.splitlines() == [
+        "ppoflow: training stopped: PPOFLOW_FAULT=actor_update@2:raise: "
+        "injected failure in actor_update at step 2",
+        f"ppoflow: full log: {log}; after fixing the cause, resume with: ppoflow train "
+        + " ".join(_command(tmp_path)[4:]),
+    ]
+    assert "Traceback" not in failed.stdout
+    text = log.read_text()
+    assert "Traceback" in text and "InjectedFault" in text and "step   1/2" in text
+    resumed = subprocess.run(
+        _command(tmp_path), env=_env(own_server=False), capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [line for line in resumed.stdout.splitlines() if line.startswith("step ")]
+    assert steps[1].startswith("step   1/2") and steps[1].endswith("· cached")
+    assert steps[2].startswith("step   2/2") and steps[2].endswith("s") and "cached" not in steps[2]
+
+
+def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(tiny_model_dir, tmp_path):
+    trainer = subprocess.Popen(
+        _command(tmp_path, "trainer.total_training_steps=20"),
+        env=_env(own_server=True),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a foreground job
+    )
+    try:
+        _wait_for(lambda: (tmp_path / "iter=000001/_manifest.json").exists(), 240, "step 1 to finish")
+        started = _descendants(trainer.pid)
+        assert started, "the trainer runs its Prefect server as a child"
+        sent = time.monotonic()
+        os.killpg(trainer.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        out, err = trainer.communicate(timeout=60)
+        stopped_after = time.monotonic() - sent
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert trainer.returncode == 130
+    assert stopped_after < 20, f"took {stopped_after:.1f} s to stop"
+    [line] = [line for line in err.splitlines() if line.strip()]
+    assert (
+        line.startswith("ppoflow: interrupted; steps 1–") and f"are finished and kept in {tmp_path}" in line
+    )
+    assert line.endswith(
+        "resume with: ppoflow train " + " ".join(_command(tmp_path)[4:]) + " trainer.total_training_steps=20"
+    )
+    assert "Traceback" not in out + err
+    _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
+
+
+def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_path):
+    trainer = subprocess.Popen(
+        _command(tmp_path), env=_env(own_server=True), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_for(lambda: (tmp_path / "iter=000000/validation").exists(), 240, "training to start")
+        server = _descendants(trainer.pid)
+        assert server
+        trainer.kill()
+        trainer.wait()
+        _wait_for(lambda: not any(_running(pid) for pid in server), 10, "the server to exit with the trainer")
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+
+
+@pytest.mark.skipif(
+    shutil.which("unshare") is None, reason="needs unshare (util-linux) for a small filesystem"
+)
+def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir, tmp_path):
+    """A 3 MB filesystem fills while the first checkpoint is written (by safetensors, whose own
+    error would otherwise end the run in a long traceback)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    small_disk = [
+        "unshare",
+        "-rm",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o size=3m none "$0" && exec "$@"',
+        str(mount),
+    ]
+    full = subprocess.run(
+        small_disk + _command(mount / "run"),
+        env=_env(own_server=False),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert full.returncode == 1, full.stderr[-3000:]
+    first, second = full.stderr.splitlines()
+    assert first.startswith("ppoflow: training stopped: the disk is full (no space left on device)")
+    assert second.startswith(f"ppoflow: full log: {mount / 'run/logs/train.log'}")
+    assert "Traceback" not in full.stdout + full.stderr

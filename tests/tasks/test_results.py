@@ -1,0 +1,130 @@
+"""Stored stage results: JSON of ppoflow's result types only; nothing in a run directory runs code."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import pickle
+
+import pytest
+
+from ppoflow.tasks.common import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.results import ResultSerializer, UnreadableResult, read_stored_result
+from ppoflow.tasks.storage import ArtifactRef
+
+
+def _update_result() -> tuple[StageResult, ModelState]:
+    rollouts = ArtifactRef("iter=000003/rollout/part-00000.parquet", "sha256:" + "a" * 64, 32)
+    advantages = ArtifactRef("iter=000003/advantage/part-00000.parquet", "sha256:" + "b" * 64, 32)
+    parent = ModelState("actor", "lineage-2", 2, "checkpoints/iter=000002/actor", "sha256:" + "c" * 64)
+    inputs = UpdateInputs(
+        parent=parent,
+        step=3,
+        rollouts=rollouts,
+        advantages=advantages,
+        config={"optim": {"lr": 1e-6, "betas": [0.9, 0.999]}, "clip_ratio": 0.2, "extra": None},
+        batching={"actor_mini_batch_rows": 16, "shuffle": False},
+        temperature=1.0,
+        total_steps=0,
+    )
+    state = ModelState("actor", "lineage-3", 3, None, None, origin=inputs)
+    stage = StageResult(
+        "actor_update",
+        (ArtifactRef("iter=000003/actor_update/part-00000.parquet", "sha256:" + "d" * 64, 2),),
+        "update_actor-0123",
+        0.25,
+        (("actor/pg_loss", -0.5), ("actor/kl", float("nan")), ("perf/x", float("inf"))),
+    )
+    return stage, state
+
+
+def test_a_result_round_trips_through_json_with_every_field_and_non_finite_floats():
+    stage, state = _update_result()
+    blob = ResultSerializer().dumps((stage, state))
+    json.loads(blob)  # plain JSON
+    back_stage, back_state = ResultSerializer().loads(blob)
+    assert back_state == state and back_state.origin.config["optim"]["betas"] == [0.9, 0.999]
+    assert back_stage.refs == stage.refs and back_stage.cache_key == stage.cache_key
+    values = dict(back_stage.values)
+    assert values["actor/pg_loss"] == -0.5 and math.isnan(values["actor/kl"]) and values["perf/x"] == math.inf
+
+
+def test_a_type_that_is_not_a_result_cannot_be_stored():
+    with pytest.raises(TypeError, match="cannot be stored"):
+        ResultSerializer().dumps({"path": os.path})
+
+
+class _RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _record(path, serializer: dict, result: str) -> None:
+    metadata = {"storage_key": str(path), "expiration": None, "serializer": serializer}
+    path.write_text(
+        json.dumps(
+            {"metadata": metadata | {"prefect_version": "3", "storage_block_id": None}, "result": result}
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "serializer",
+    [
+        {"type": "pickle", "picklelib": "pickle", "picklelib_version": None},
+        {"type": "pickle", "picklelib": "cloudpickle", "picklelib_version": None},
+        {"type": "compressed/pickle"},
+    ],
+)
+def test_a_planted_pickle_is_refused_and_never_unpickled(tmp_path, serializer):
+    marker = tmp_path / "code-ran"
+    record = tmp_path / "validate-0123"
+    _record(record, serializer, base64.b64encode(pickle.dumps(_RunsCode(marker))).decode())
+    with pytest.raises(UnreadableResult, match="not written by ppoflow"):
+        read_stored_result(record)
+    assert not marker.exists()
+
+
+def test_prefects_json_serializer_with_a_chosen_decoder_is_refused(tmp_path):
+    record = tmp_path / "validate-0123"
+    serializer = {"type": "json", "jsonlib": "json", "object_decoder": "os.system"}
+    _record(record, serializer, json.dumps({"touch x": 1}))
+    with pytest.raises(UnreadableResult, match="not written by ppoflow"):
+        read_stored_result(record)
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        json.dumps({"type": "Popen", "fields": {"args": "touch x"}}),  # not a result type
+        json.dumps({"type": "ModelState", "fields": {"role": "actor", "shell": True}}),  # unknown field
+        json.dumps({"float": "1e999"}),
+        "{not json",
+        json.dumps({"dict": {"a": 1}, "extra": 2}),
+    ],
+)
+def test_a_record_of_ours_that_does_not_decode_to_result_types_is_refused(tmp_path, result):
+    record = tmp_path / "validate-0123"
+    _record(record, {"type": "ppoflow-json"}, result)
+    with pytest.raises(UnreadableResult):
+        read_stored_result(record)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x04garbage", b"[1, 2]", b'{"metadata": 1}'])
+def test_a_damaged_record_is_unreadable_not_an_error(tmp_path, content):
+    record = tmp_path / "validate-0123"
+    record.write_bytes(content)
+    with pytest.raises(UnreadableResult):
+        read_stored_result(record)
+
+
+def test_a_record_ppoflow_wrote_reads_back(tmp_path):
+    stage, state = _update_result()
+    record = tmp_path / "update_actor-0123"
+    _record(record, {"type": "ppoflow-json"}, ResultSerializer().dumps((stage, state)).decode())
+    assert read_stored_result(record)[1] == state
