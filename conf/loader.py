@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from .schema import PPOFlowConfig, all_keys
 from .schema_checks import DERIVED, get_key
-from .schema_common import ConfigError, is_open_mapping, section_type
+from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
 """Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
@@ -140,7 +140,17 @@ def _assignments(raw: KeyPath, value: Any, origin: str) -> Iterator[Assignment]:
         for key, sub in value.items():
             yield from _assignments((*path, str(key)), sub, origin)
     else:
+        if kind == "mapping":
+            _require_finite(path, value, origin)
         yield Assignment(path, value, origin)
+
+
+def _require_finite(path: KeyPath, value: Any, origin: str) -> None:
+    """A free-form entry has no type to refuse nan or ±inf, so it is checked here, where its full
+    key and its layer are known."""
+    if first_non_finite(value) is not None:
+        wanted = "a finite number" if isinstance(value, float) else "finite numbers only"
+        raise ConfigError(f"invalid value {value!r} for '{'.'.join(path)}' ({origin}): expected {wanted}")
 
 
 def _resolve(raw: KeyPath, origin: str) -> tuple[KeyPath, str]:

@@ -1,18 +1,20 @@
 """The `actor_rollout_ref` section: the policy model, its update, its frozen reference copy and the
 rollout engine that samples from it (verl's names and meanings)."""
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from .schema_common import (
     CheckpointConfig,
     DeepSpeedConfig,
+    FreeForm,
     FsdpConfig,
     KLType,
     LossAggMode,
     OptimConfig,
     Section,
+    Seed,
     Strategy,
 )
 
@@ -30,7 +32,7 @@ class ModelSource(Section):
     """Pack sequences without padding tokens; changes speed, not results."""
     enable_gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
-    override_config: dict[str, Any] = {}
+    override_config: FreeForm = {}
     """Entries that replace those of the model's config.json (e.g. attention_dropout: 0.0)."""
 
 
@@ -75,7 +77,7 @@ class ActorConfig(Section):
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses are averaged into one number."""
     entropy_coeff: float = 0.0
-    """Weight of the entropy bonus."""
+    """Weight of the entropy bonus; 0 turns it off and, as in verl, a negative weight penalises entropy."""
     use_kl_loss: bool = False
     """Add a KL(actor ‖ reference) term to the loss (GRPO style) instead of to the reward."""
     kl_loss_coef: float = Field(0.001, ge=0)
@@ -130,8 +132,8 @@ class RefConfig(Section):
 class ValKwargs(Section):
     """Sampling used for validation (greedy by default)."""
 
-    top_k: int = -1
-    """Sample among the k most likely tokens; -1 means all."""
+    top_k: int = Field(-1, ge=-1)
+    """Sample among the k most likely tokens; -1 (or 0) means all."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
     temperature: float = Field(0.0, ge=0)
@@ -151,8 +153,8 @@ class RolloutConfig(Section):
     """Only synchronous rollout is implemented."""
     temperature: float = Field(1.0, ge=0)
     """Softmax temperature while sampling training rollouts."""
-    top_k: int = -1
-    """Sample among the k most likely tokens; -1 means all."""
+    top_k: int = Field(-1, ge=-1)
+    """Sample among the k most likely tokens; -1 (or 0) means all."""
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling mass."""
     do_sample: bool = True
@@ -189,7 +191,7 @@ class RolloutConfig(Section):
     """Token budget of one forward batch when log_prob_use_dynamic_bsz is on."""
     calculate_log_probs: bool = False
     """Also return the engine's own log-probs of the sampled tokens (rollout_log_probs)."""
-    seed: int = 0
+    seed: Seed = 0
     """Sampling seed; each iteration derives its own from it."""
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling used for validation."""

@@ -28,8 +28,9 @@ class PFPPOConfig(Section):
 
     reweight_method: Literal["pow", "max_min", "max_random"] = "pow"
     """How rollouts are reweighted by score before resampling."""
-    weight_pow: float = 2.0
-    """Exponent of the pow reweighting."""
+    weight_pow: float = Field(2.0, ge=0)
+    """Exponent of the pow reweighting |score|^weight_pow; a negative one would give a score of 0 an
+    infinite weight, which the resampling cannot draw from."""
 
 
 class AlgorithmConfig(Section):
@@ -79,9 +80,10 @@ class RewardConfig(Section):
     """ppoflow's composite reward: a weighted sum of named components, each in [0, 1]."""
 
     weights: dict[str, float] = {"correctness": 0.9, "format": 0.1}
-    """Component name → weight in the score."""
-    timeout_s: float = Field(30.0, gt=0)
-    """Longest one reward call may take, in seconds."""
+    """Component name → weight in the score (any finite number; a negative one penalises)."""
+    timeout_s: float = Field(30.0, gt=0, le=86400)
+    """Longest one reward call may take, in seconds; at most a day (waits of a few weeks overflow
+    the reward worker's timers)."""
     on_error: Literal["fail", "zero"] = "fail"
     """A reward function that raises or times out fails the stage, or scores the response 0."""
     gsm8k_method: Literal["strict", "flexible"] = "strict"

@@ -1,10 +1,11 @@
 """Building blocks shared by the config sections: the base model, the error type, shared choices and
 the sub-sections that several sections embed (optimizer, FSDP, DeepSpeed, checkpoint contents)."""
 
+import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, get_origin
+from typing import Annotated, Any, ClassVar, Literal, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 
@@ -21,7 +22,11 @@ class Section(BaseModel):
     """Base of every config section: unknown keys are errors, field docstrings are the docs."""
 
     # Numbers are accepted for strings because `trainer.experiment_name=2024` parses as an int.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, coerce_numbers_to_str=True)
+    # nan and ±inf (YAML's .nan, .inf, 1e999) are refused in every float: each one loads fine and
+    # then trains silently wrong (NaN weights, NaN scores).
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, coerce_numbers_to_str=True, allow_inf_nan=False
+    )
 
     key_aliases: ClassVar[dict[str, str]] = {}
     """Other accepted spellings of a key (e.g. a newer verl name) → the field they set."""
@@ -55,6 +60,42 @@ def is_open_mapping(field: FieldInfo) -> bool:
     return get_origin(field.annotation) is dict
 
 
+def first_non_finite(value: Any, place: str = "") -> str | None:
+    """Where the first nan or ±inf inside a free-form value sits ('' for the value itself, '.key' or
+    '[index]' below it), or None when there is none: typed floats are checked by pydantic, but the
+    entries of a dict[str, Any] are not."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else place
+    if isinstance(value, dict):
+        items = ((f"{place}.{key}", item) for key, item in value.items())
+    elif isinstance(value, list | tuple):
+        items = ((f"{place}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    for sub, item in items:
+        found = first_non_finite(item, sub)
+        if found is not None:
+            return found
+    return None
+
+
+def _finite_entries(value: dict[str, Any]) -> dict[str, Any]:
+    place = first_non_finite(value)
+    if place is not None:
+        raise ValueError(f"finite numbers only, but the entry {place.removeprefix('.')} is not finite")
+    return value
+
+
+FreeForm = Annotated[dict[str, Any], AfterValidator(_finite_entries)]
+"""A free-form mapping (override_config, wrap_policy) whose numbers must still be finite."""
+
+Beta = Annotated[float, Field(ge=0, lt=1)]
+"""An Adam moment coefficient: torch's AdamW refuses one outside [0, 1)."""
+
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+"""A random seed in numpy's and transformers' range; a larger one overflows torch's generator once
+ppoflow derives per-step seeds from it (seed × 1,000,003 + step)."""
+
 Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
@@ -78,8 +119,8 @@ class OptimConfig(Section):
     """Schedule after warm-up; verl's newer name lr_scheduler_type is accepted for it."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW decoupled weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW moment coefficients."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW moment coefficients (β1, β2), each in [0, 1)."""
     total_training_steps: int = -1
     """Steps the schedule spans; -1 is filled in at run time from the trainer's step count."""
 
@@ -93,7 +134,7 @@ class FsdpConfig(Section):
     """Keep optimizer state on CPU between steps (fsdp/fsdp2 only)."""
     fsdp_size: int = -1
     """Ranks per FSDP shard group; -1 shards over all ranks (fsdp/fsdp2 only)."""
-    wrap_policy: dict[str, Any] = {}
+    wrap_policy: FreeForm = {}
     """Module wrapping policy, e.g. min_num_params (fsdp/fsdp2 only)."""
 
 

@@ -4,7 +4,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .schema_common import Section
+from .schema_common import Section, Seed
 
 
 class DataConfig(Section):
@@ -32,7 +32,7 @@ class DataConfig(Section):
     """Keep the unformatted chat messages beside the token ids."""
     shuffle: bool = True
     """Shuffle the training prompts each epoch."""
-    seed: int = 1
+    seed: Seed = 1
     """Seed of the training-prompt shuffle."""
     filter_overlong_prompts: bool = False
     """Drop prompts longer than max_prompt_length at ingest (they go to the rejects table)."""

@@ -1,11 +1,12 @@
 """The `trainer` section: length of the run, placement, logging, validation and checkpoints."""
 
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .schema_common import Section
+from .schema_common import Section, Seed
 
 
 class TrainerConfig(Section):
@@ -20,7 +21,8 @@ class TrainerConfig(Section):
     project_name: str = "ppoflow"
     """Project name for loggers."""
     experiment_name: str = "demo"
-    """Run name: names the run directory and the logger run."""
+    """Run name: names the run directory runs/<experiment_name> and the logger run, so it must be a
+    plain name (no path separators, not '.' or '..')."""
     logger: list[Literal["console", "wandb"]] = ["console"]
     """Metric sinks; a single name such as logger=console is accepted."""
     log_val_generations: int = Field(0, ge=0)
@@ -55,7 +57,7 @@ class TrainerConfig(Section):
     """Critic checkpoints kept on disk; None keeps all."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where models run."""
-    seed: int = 1
+    seed: Seed = 1
     """Global seed for model initialisation and everything not seeded elsewhere."""
     num_threads: int | None = Field(None, gt=0)
     """torch CPU threads; None leaves torch's choice (on a busy 2-core machine 1 can beat 2)."""
@@ -70,6 +72,19 @@ class TrainerConfig(Section):
         # verl's quickstart writes trainer.logger=console.
         return [value] if isinstance(value, str) else value
 
+    @field_validator("experiment_name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # runs/<experiment_name> must stay one folder under runs/: an absolute path or '..' would put
+        # the run's files anywhere. A run meant to live elsewhere sets trainer.default_local_dir.
+        problem = name_problem(value)
+        if problem is not None:
+            raise ValueError(
+                f"a plain name for the run directory runs/<name> ({problem}); "
+                "to put the run elsewhere set trainer.default_local_dir"
+            )
+        return value
+
     @property
     def world_size(self) -> int:
         """Processes taking part in an update: nnodes × n_gpus_per_node."""
@@ -81,3 +96,18 @@ class TrainerConfig(Section):
         if self.default_local_dir is not None:
             return Path(self.default_local_dir)
         return Path("runs") / self.experiment_name
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` is not one plain path component, or None when it is."""
+    if not name.strip():
+        return "it is empty"
+    if name.startswith(("/", "\\")):
+        return "it is an absolute path"
+    if "/" in name or "\\" in name:
+        return "it has a path separator"
+    if name in (".", ".."):
+        return f"'{name}' is not a name"
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        return "it has a control character"
+    return None

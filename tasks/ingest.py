@@ -22,13 +22,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from prefect import task
 
-from ppoflow.engine.gsm8k import verl_record
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, all_addition_problems, sample_addition_problems
 
 from .common import ModelState, Run, StageResult, StageTimer, current_cache_key, stage_cache_key
 from .console import say
 from .models import tokenizer_of
 from .prepare import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
+from .prompt_rows import Rejected, dumps, prompt_row
 from .rollout import prompt_token_ids
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, write_table
@@ -41,7 +41,6 @@ INGEST_KEYS = (
     "max_reject_fraction",
 )
 RAW_CHARS = 2000
-JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
 
 
 @dataclass(frozen=True)
@@ -53,14 +52,6 @@ class Reject:
     kind: str
     reason: str
     raw: str
-
-
-class Rejected(Exception):
-    """Why one row is rejected (raised inside the per-row checks, caught per row)."""
-
-    def __init__(self, kind: str, reason: str | None = None):
-        super().__init__(reason or kind)
-        self.kind, self.reason = kind, reason or kind
 
 
 @task(name="ingest_prompts", task_run_name="ingest_prompts-{split}", cache_key_fn=stage_cache_key)
@@ -155,7 +146,7 @@ def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[
         position = -1
         for position, (line, raw, record) in enumerate(_read_rows(Path(name))):
             try:
-                row = _prompt_row(record, data["prompt_key"], split, position)
+                row = prompt_row(record, data["prompt_key"], split, position)
                 _check_length(tokenizer, row, data)
                 first = seen.get(row["prompt_id"])
                 if first is not None:
@@ -170,89 +161,6 @@ def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[
         if position < 0:
             raise ValueError(f"data file {name} has no rows")
     return rows, rejects
-
-
-def _prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
-    """One prompts-table row (prompt_id is the bare id), or Rejected."""
-    if isinstance(record, Rejected):
-        raise record
-    if not isinstance(record, dict):
-        raise Rejected("not an object", f"not an object: a JSON {_json_type(record)}")
-    if _is_raw_gsm8k(record):
-        record, prompt_key = _gsm8k_record(record, split, position), "prompt"
-    if record.get(prompt_key) is None:
-        raise Rejected("missing prompt", f"missing prompt: no {prompt_key!r} field (data.prompt_key)")
-    text, messages = _prompt(record[prompt_key])
-    return {
-        "prompt_id": _row_id(record.get("extra_info"), position),
-        "split": split,
-        "row_index": position,
-        "data_source": str(record.get("data_source", "unknown")),
-        "ability": str(record.get("ability", "")),
-        "prompt_text": text,
-        "prompt_messages": messages,
-        "ground_truth": _ground_truth(record.get("reward_model")),
-        "extra_info": json.dumps(record.get("extra_info") or {}, default=str),
-    }
-
-
-def _prompt(prompt: Any) -> tuple[str | None, list[dict] | None]:
-    """(prompt_text, prompt_messages) of a string or a chat-message prompt."""
-    if isinstance(prompt, str):
-        if not prompt.strip():
-            raise Rejected("empty prompt")
-        return prompt, None
-    if not isinstance(prompt, list):
-        raise Rejected("wrong prompt type", f"{_PROMPT_TYPE}, got a JSON {_json_type(prompt)}")
-    for i, message in enumerate(prompt, 1):
-        fields = [message.get(k) for k in ("role", "content")] if isinstance(message, dict) else [None]
-        if not all(isinstance(f, str) for f in fields):
-            raise Rejected("wrong prompt type", f"{_PROMPT_TYPE}; message {i} is {_short(message)}")
-    if not any(m["content"].strip() for m in prompt):
-        raise Rejected("empty prompt")
-    return None, [{"role": m["role"], "content": m["content"]} for m in prompt]
-
-
-def _is_raw_gsm8k(record: dict) -> bool:
-    """A row of the raw GSM8K files: string question and answer, and no verl field to go by."""
-    return (
-        isinstance(record.get("question"), str)
-        and isinstance(record.get("answer"), str)
-        and not {"prompt", "reward_model", "data_source"} & record.keys()
-    )
-
-
-def _gsm8k_record(record: dict, split: str, position: int) -> dict:
-    """verl's preprocessing of a raw GSM8K row (extra_info.split is ingest's split, e.g. 'val')."""
-    try:
-        return verl_record(record["question"], record["answer"], split, position)
-    except ValueError as exc:
-        raise Rejected("missing ground truth", f"raw GSM8K row: {exc}") from None
-
-
-_PROMPT_TYPE = "prompt must be a string or a list of {role, content} messages with string fields"
-
-
-def _ground_truth(reward_model: Any) -> str:
-    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
-    if truth is None:
-        raise Rejected("missing ground truth", "missing reward_model.ground_truth")
-    if not isinstance(truth, str | int | float):
-        raise Rejected(
-            "bad ground truth",
-            f"reward_model.ground_truth must be a string or a number, got a JSON {_json_type(truth)}",
-        )
-    return str(truth)
-
-
-def _row_id(extra_info: Any, position: int) -> str:
-    """extra_info.index when present, else the row's position in its file."""
-    index = extra_info.get("index") if isinstance(extra_info, dict) else None
-    if index is None:
-        return str(position)
-    if isinstance(index, bool) or not isinstance(index, int | str):
-        raise Rejected("bad id", f"extra_info.index must be an integer or a string, got {_short(index)}")
-    return str(index)
 
 
 def _check_length(tokenizer, row: dict, data: dict) -> None:
@@ -305,7 +213,7 @@ def _json_rows(path: Path, content: bytes) -> Iterator[tuple[int, str, Any]]:
     except json.JSONDecodeError as exc:
         raise ValueError(f"data file {path} is not a JSON list: malformed JSON: {exc}") from exc
     for i, record in enumerate(records):
-        yield i + 1, _dumps(record), record
+        yield i + 1, dumps(record), record
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
@@ -314,7 +222,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"data file {path} is not readable parquet: {exc}") from exc
     for i, record in enumerate(records):
-        yield i + 1, _dumps(record), record
+        yield i + 1, dumps(record), record
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -384,16 +292,3 @@ def _shown(path: Path) -> str:
     """The path relative to the working directory when it is inside it."""
     relative = os.path.relpath(path)
     return path.as_posix() if relative.startswith("..") else relative
-
-
-def _json_type(value: Any) -> str:
-    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def _short(value: Any) -> str:
-    text = _dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, default=str)

@@ -71,13 +71,13 @@ def write_lines(path: Path, lines: list[str]) -> str:
     return str(path)
 
 
-def ingest(tmp_path, state, source: str, split="train", run="run"):
+def ingest(tmp_path, state, source: str, split="train", run="run", **data):
     result = ingest_prompts.fn(
         run=Run(str(tmp_path / run)),
         files=source,
         split=split,
         source_digest="t",
-        data=DATA,
+        data=DATA | data,
         tokenizer_state=state,
     )
     return result, pq.read_table(tmp_path / run / f"data/{split}.parquet").to_pylist()
@@ -141,6 +141,42 @@ def test_the_val_split_and_a_raw_row_without_an_answer(tmp_path, tokenizer_state
     _, rows = ingest(tmp_path, tokenizer_state, write_lines(tmp_path / "test.jsonl", lines), split="val")
     assert [r["prompt_id"] for r in rows] == ["val-0", "val-1", "val-2"]
     assert {json.loads(r["extra_info"])["split"] for r in rows} == {"val"}  # ingest's split, as stored
+
+
+def test_raw_rows_with_an_empty_question_or_no_answer_number_are_rejected(tmp_path, tokenizer_state):
+    """The instruction is appended to the question, so an empty question must be caught before."""
+    answer = "She has 2 + 3 = 5 apples.\n#### 5"
+    rows = [
+        {"question": "", "answer": answer},
+        {"question": " \n\t", "answer": answer},
+        {"question": True, "answer": answer},
+        {"question": ["How many?"], "answer": answer},
+        {"question": "How many?", "answer": 5},
+        {"question": "How many?", "answer": None},
+        {"question": "How many?", "answer": "  "},
+        {"question": "How many?", "answer": "#### ,"},
+        {"question": "How many?", "answer": "#### ."},
+        {"question": "How many?", "answer": "#### -"},
+        {"question": "How many?", "answer": answer},
+    ]
+    source = write_lines(tmp_path / "train.jsonl", [json.dumps(row) for row in rows])
+    result, kept = ingest(tmp_path, tokenizer_state, source, max_reject_fraction=1.0)
+    no_number = "raw GSM8K row: the answer's '####' line has no number"
+    reasons = pq.read_table(tmp_path / "run/data/rejects_train.parquet").to_pylist()
+    assert [(r["line"], r["reason"]) for r in reasons] == [
+        (1, "raw GSM8K row: empty question"),
+        (2, "raw GSM8K row: empty question"),
+        (3, "raw GSM8K row: question must be a string, got a JSON boolean"),
+        (4, "raw GSM8K row: question must be a string, got a JSON array"),
+        (5, "raw GSM8K row: answer must be a string, got a JSON number"),
+        (6, "raw GSM8K row: answer must be a string, got a JSON null"),
+        (7, "raw GSM8K row: the GSM8K answer has no '#### <number>' line"),
+        (8, no_number),
+        (9, no_number),
+        (10, "raw GSM8K row: the GSM8K answer has no '#### <number>' line"),
+    ]
+    assert result.value("rejected") == 10
+    assert [(r["prompt_id"], r["ground_truth"]) for r in kept] == [("train-10", "5")]
 
 
 def test_verl_parquet_gives_the_same_prompts_as_raw_jsonl(tmp_path, tokenizer_state):

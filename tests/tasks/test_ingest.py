@@ -300,3 +300,116 @@ def test_message_prompts_without_a_chat_template_are_rejected(tmp_path, tmp_path
     [(line, reason)] = rejects(tmp_path)
     assert line == 2 and reason.startswith("cannot render the prompt: ValueError: Cannot use chat template")
     assert ids(rows) == ["train-0"]
+
+
+def test_boolean_non_finite_and_blank_ground_truths_are_rejected(tmp_path, tokenizer_state):
+    # Python's json reads NaN, Infinity and 1e999 (not JSON, but what pandas and others write).
+    raw = '{"prompt": "1 + 2 = ", "data_source": "sums", "reward_model": {"ground_truth": %s}}'
+    lines = [
+        good(truth=True),
+        good(truth=False),
+        raw % "NaN",
+        raw % "Infinity",
+        raw % "-Infinity",
+        raw % "1e999",
+        good(truth=""),
+        good(truth=" \t"),
+        good(truth=3),
+        good(truth=2.5),
+        good(truth="0"),
+    ]
+    _, rows = ingest(tmp_path, tokenizer_state, write_jsonl(tmp_path / "t.jsonl", lines))
+    assert rejects(tmp_path) == [
+        (1, "reward_model.ground_truth must be a string or a number, got a JSON boolean"),
+        (2, "reward_model.ground_truth must be a string or a number, got a JSON boolean"),
+        (3, "reward_model.ground_truth must be a finite number, got NaN"),
+        (4, "reward_model.ground_truth must be a finite number, got Infinity"),
+        (5, "reward_model.ground_truth must be a finite number, got -Infinity"),
+        (6, "reward_model.ground_truth must be a finite number, got Infinity"),
+        (7, "empty reward_model.ground_truth"),
+        (8, "empty reward_model.ground_truth"),
+    ]
+    assert [r["ground_truth"] for r in rows] == ["3", "2.5", "0"]
+
+
+def verl_parquet(path, truth_type: pa.DataType, truths: list) -> str:
+    """verl-format rows whose reward_model.ground_truth column has the given parquet type."""
+    message = pa.struct([("content", pa.string()), ("role", pa.string())])
+    schema = pa.schema(
+        [
+            ("data_source", pa.string()),
+            ("prompt", pa.list_(message)),
+            ("reward_model", pa.struct([("ground_truth", truth_type)])),
+        ]
+    )
+    prompt = [{"content": "1 + 2 = ", "role": "user"}]
+    records = [{"data_source": "sums", "prompt": prompt, "reward_model": {"ground_truth": t}} for t in truths]
+    pq.write_table(pa.Table.from_pylist(records, schema=schema), path)
+    return str(path)
+
+
+BOOLEAN_TRUTH = "reward_model.ground_truth must be a string or a number, got a JSON boolean"
+EMPTY_TRUTH = "empty reward_model.ground_truth"
+
+
+@pytest.mark.parametrize(
+    ("truth_type", "truths", "expected", "kept"),
+    [
+        # pandas writes a missing number as NaN, so a float ground-truth column can hold one.
+        (
+            pa.float64(),
+            [float("nan"), 3.0],
+            [(1, "reward_model.ground_truth must be a finite number, got NaN")],
+            ["3.0"],
+        ),
+        (pa.bool_(), [True, False], [(1, BOOLEAN_TRUTH), (2, BOOLEAN_TRUTH)], []),
+        (
+            pa.string(),
+            ["", " ", None, "4"],
+            [(1, EMPTY_TRUTH), (2, EMPTY_TRUTH), (3, "missing reward_model.ground_truth")],
+            ["4"],
+        ),
+    ],
+    ids=["float", "bool", "string"],
+)
+def test_verl_parquet_ground_truths_are_checked_as_json_ones(
+    tmp_path, tokenizer_state, truth_type, truths, expected, kept
+):
+    # One usable row beside the parquet file, so that a file of bad rows alone still ingests.
+    usable = write_jsonl(tmp_path / "usable.jsonl", [good()])
+    source = verl_parquet(tmp_path / "t.parquet", truth_type, truths)
+    _, rows = ingest(tmp_path, tokenizer_state, [usable, source])
+    assert rejects(tmp_path) == expected
+    assert [r["ground_truth"] for r in rows] == ["3", *kept]
+
+
+def test_non_string_and_blank_labels_and_ids_are_rejected(tmp_path, tokenizer_state):
+    lines = [
+        good(data_source=True),
+        good(data_source=""),
+        good(data_source="  "),
+        good(data_source=7),
+        good(ability=False),
+        good(ability=1.5),
+        good(extra_info={"index": ""}),
+        good(extra_info={"index": " "}),
+        good(prompt=[{"role": " ", "content": "1 + 2 = "}]),
+        good(data_source=None, ability=None),
+        good(ability="", extra_info={"index": "a"}),
+    ]
+    _, rows = ingest(tmp_path, tokenizer_state, write_jsonl(tmp_path / "t.jsonl", lines))
+    shape = "prompt must be a string or a list of {role, content} messages with string fields"
+    assert rejects(tmp_path) == [
+        (1, "data_source must be a non-empty string, got true"),
+        (2, 'data_source must be a non-empty string, got ""'),
+        (3, 'data_source must be a non-empty string, got "  "'),
+        (4, "data_source must be a non-empty string, got 7"),
+        (5, "ability must be a string, got false"),
+        (6, "ability must be a string, got 1.5"),
+        (7, 'extra_info.index must be an integer or a non-empty string, got ""'),
+        (8, 'extra_info.index must be an integer or a non-empty string, got " "'),
+        (9, f"{shape}; message 1 has an empty role"),
+    ]
+    # null is read as absent, as a parquet column without a value for that row.
+    assert [(r["data_source"], r["ability"]) for r in rows] == [("unknown", ""), ("sums", "")]
+    assert ids(rows) == ["train-9", "train-a"]

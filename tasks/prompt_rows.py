@@ -1,0 +1,161 @@
+"""One source row → one prompts-table row (verl's dataset schema, or a raw GSM8K row converted as
+verl's preprocessing does), or `Rejected` with the short kind the ingest summary counts and the
+reason the rejects table keeps. Every field a reward or the catalog relies on is checked here, so
+that a bad value is a reject at ingest, never a failure (or a silent wrong score) later."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ppoflow.engine.gsm8k import verl_record
+
+VERL_FIELDS = {"prompt", "reward_model", "data_source"}
+JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+
+
+class Rejected(Exception):
+    """Why one row is rejected (raised inside the per-row checks, caught per row)."""
+
+    def __init__(self, kind: str, reason: str | None = None):
+        super().__init__(reason or kind)
+        self.kind, self.reason = kind, reason or kind
+
+
+def prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
+    """One prompts-table row (prompt_id is the bare id), or Rejected."""
+    if isinstance(record, Rejected):
+        raise record
+    if not isinstance(record, dict):
+        raise Rejected("not an object", f"not an object: a JSON {_json_type(record)}")
+    if _is_raw_gsm8k(record):
+        record, prompt_key = _gsm8k_record(record, split, position), "prompt"
+    if record.get(prompt_key) is None:
+        raise Rejected("missing prompt", f"missing prompt: no {prompt_key!r} field (data.prompt_key)")
+    text, messages = _prompt(record[prompt_key])
+    return {
+        "prompt_id": _row_id(record.get("extra_info"), position),
+        "split": split,
+        "row_index": position,
+        "data_source": _data_source(record.get("data_source")),
+        "ability": _ability(record.get("ability")),
+        "prompt_text": text,
+        "prompt_messages": messages,
+        "ground_truth": _ground_truth(record.get("reward_model")),
+        "extra_info": json.dumps(record.get("extra_info") or {}, default=str),
+    }
+
+
+def _prompt(prompt: Any) -> tuple[str | None, list[dict] | None]:
+    """(prompt_text, prompt_messages) of a string or a chat-message prompt."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise Rejected("empty prompt")
+        return prompt, None
+    if not isinstance(prompt, list):
+        raise Rejected("wrong prompt type", f"{_PROMPT_TYPE}, got a JSON {_json_type(prompt)}")
+    for i, message in enumerate(prompt, 1):
+        fields = [message.get(k) for k in ("role", "content")] if isinstance(message, dict) else [None]
+        if not all(isinstance(f, str) for f in fields):
+            raise Rejected("wrong prompt type", f"{_PROMPT_TYPE}; message {i} is {_short(message)}")
+        if not fields[0].strip():
+            raise Rejected("wrong prompt type", f"{_PROMPT_TYPE}; message {i} has an empty role")
+    if not any(m["content"].strip() for m in prompt):
+        raise Rejected("empty prompt")
+    return None, [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+def _is_raw_gsm8k(record: dict) -> bool:
+    """A row of the raw GSM8K files: a question and an answer, and no verl field to go by."""
+    return {"question", "answer"} <= record.keys() and not VERL_FIELDS & record.keys()
+
+
+def _gsm8k_record(record: dict, split: str, position: int) -> dict:
+    """verl's preprocessing of a raw GSM8K row (extra_info.split is ingest's split, e.g. 'val').
+    The raw fields are checked first: the appended instruction would hide an empty question."""
+    question = _raw_gsm8k_text(record, "question", "wrong prompt type")
+    answer = _raw_gsm8k_text(record, "answer", "bad ground truth")
+    if not question.strip():
+        raise Rejected("empty prompt", "raw GSM8K row: empty question")
+    try:
+        converted = verl_record(question, answer, split, position)
+    except ValueError as exc:
+        raise Rejected("missing ground truth", f"raw GSM8K row: {exc}") from None
+    # verl's pattern also matches '#### ,' or '#### .', which no response can answer correctly.
+    if not any(char.isdigit() for char in converted["reward_model"]["ground_truth"]):
+        raise Rejected("missing ground truth", "raw GSM8K row: the answer's '####' line has no number")
+    return converted
+
+
+def _raw_gsm8k_text(record: dict, name: str, kind: str) -> str:
+    value = record[name]
+    if not isinstance(value, str):
+        raise Rejected(kind, f"raw GSM8K row: {name} must be a string, got a JSON {_json_type(value)}")
+    return value
+
+
+_PROMPT_TYPE = "prompt must be a string or a list of {role, content} messages with string fields"
+
+
+def _ground_truth(reward_model: Any) -> str:
+    """reward_model.ground_truth as the string reward functions compare against. A bool would become
+    'True' and NaN 'nan' (pandas' missing number), which no response matches: both are rejects."""
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if truth is None:
+        raise Rejected("missing ground truth", "missing reward_model.ground_truth")
+    if isinstance(truth, bool) or not isinstance(truth, str | int | float):
+        raise Rejected(
+            "bad ground truth",
+            f"reward_model.ground_truth must be a string or a number, got a JSON {_json_type(truth)}",
+        )
+    if isinstance(truth, float) and not math.isfinite(truth):
+        raise Rejected(
+            "bad ground truth", f"reward_model.ground_truth must be a finite number, got {dumps(truth)}"
+        )
+    if not str(truth).strip():
+        raise Rejected("empty ground truth", "empty reward_model.ground_truth")
+    return str(truth)
+
+
+def _data_source(value: Any) -> str:
+    """The name that selects the reward function; absent (or null, as in a parquet row) is 'unknown'."""
+    if value is None:
+        return "unknown"
+    if not isinstance(value, str) or not value.strip():
+        raise Rejected("bad data source", f"data_source must be a non-empty string, got {_short(value)}")
+    return value
+
+
+def _ability(value: Any) -> str:
+    """verl's task category, kept as a label; absent or null is ''."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise Rejected("bad ability", f"ability must be a string, got {_short(value)}")
+    return value
+
+
+def _row_id(extra_info: Any, position: int) -> str:
+    """extra_info.index when present, else the row's position in its file."""
+    index = extra_info.get("index") if isinstance(extra_info, dict) else None
+    if index is None:
+        return str(position)
+    if isinstance(index, bool) or not isinstance(index, int | str) or not str(index).strip():
+        raise Rejected(
+            "bad id", f"extra_info.index must be an integer or a non-empty string, got {_short(index)}"
+        )
+    return str(index)
+
+
+def _json_type(value: Any) -> str:
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
