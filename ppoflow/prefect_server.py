@@ -28,6 +28,10 @@ SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREF
 STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120))
 
 
+class ServerDidNotStart(RuntimeError):
+    """The temporary server never answered its health check."""
+
+
 class TemporaryServer:
     """`with TemporaryServer() as api_url:` a Prefect API on 127.0.0.1 for the duration of the block."""
 
@@ -40,10 +44,18 @@ class TemporaryServer:
             port = _free_port()
             self.url = f"http://127.0.0.1:{port}/api"
             self.process = _start(port)
-            if _wait_healthy(self.url, self.process):
+            try:
+                healthy = _wait_healthy(self.url, self.process)
+            except BaseException:  # Ctrl-C while it starts
+                self.stop()
+                raise
+            if healthy:
                 return self.url
             self.stop()
-        raise RuntimeError(f"the temporary Prefect server did not start within {STARTUP_TIMEOUT_S:g} s")
+        raise ServerDidNotStart(
+            f"the temporary Prefect server did not start within {STARTUP_TIMEOUT_S:g} s (set "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or PREFECT_API_URL to use a running server)"
+        )
 
     def __exit__(self, *exc) -> None:
         self.stop()

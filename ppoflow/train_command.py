@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ppoflow.prefect_server import ServerDidNotStart, TemporaryServer
+
 LOG_NAME = "logs/train.log"
 EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
 
@@ -48,6 +50,9 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
     except KeyboardInterrupt:
         _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
         return EXIT_INTERRUPTED
+    except (ServerDidNotStart, OSError) as error:  # no server, or the run directory cannot be written
+        _say(f"ppoflow: {error}")
+        return EXIT_FAILED
     return 0
 
 
@@ -83,7 +88,6 @@ def _prefect_api() -> Iterator[None]:
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
-    from ppoflow.prefect_server import TemporaryServer
 
     with TemporaryServer() as url:
         os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
