@@ -38,6 +38,9 @@ class Run:
         return Path(self.run_dir)
 
 
+ROLES = ("actor", "critic")
+
+
 @dataclass(frozen=True)
 class ModelState:
     """One version of a trained model. `lineage` hashes the parent state's lineage and what it was
@@ -52,6 +55,14 @@ class ModelState:
     checkpoint: str | None
     checkpoint_digest: str | None = None
     origin: UpdateInputs | None = None
+
+    def __post_init__(self) -> None:
+        # A state read back from a run directory names paths to write (checkpoints/iter=k/<role>):
+        # nothing in it may lead out of the run.
+        if self.role not in ROLES:
+            raise ValueError(f"model state role must be one of {ROLES}, got {self.role!r}")
+        if self.checkpoint is not None and ".." in Path(self.checkpoint).parts:
+            raise ValueError(f"model state checkpoint {self.checkpoint!r} leads out of the run")
 
     def detached(self) -> ModelState:
         """This state without its replay history (a saved parent need not carry its own)."""

@@ -78,12 +78,22 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
     rebuilt."""
     if _intact(target):
         return target
+
+    def fill(staging: Path) -> None:
+        build(staging)
+        (staging / CACHE_DIGEST).write_text(directory_digest(staging))
+
+    return _replace_directory(target, fill, unless=lambda: _intact(target))  # built meanwhile?
+
+
+def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda: False) -> Path:
+    """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
+    leaves the old folder or none, never a part of one (unless `unless()` holds by then)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        build(staging)
-        (staging / CACHE_DIGEST).write_text(directory_digest(staging))
-        if _intact(target):  # another process built it meanwhile
+        fill(staging)
+        if unless():
             shutil.rmtree(staging)
             return target
         if target.exists():
@@ -160,25 +170,17 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
 
 
 def _install_copy(source: Path, target: Path) -> Path:
-    """`target` as an exact copy of the model directory `source` (replaced, through a staging
-    copy and a rename, when it is missing, damaged or different)."""
-    wanted = directory_digest(source)
+    """`target` as an exact copy of the model directory `source` (replaced when it is missing,
+    damaged or different)."""
     try:
-        if directory_digest(target) == wanted:
+        if directory_digest(target) == directory_digest(source):
             return target
     except OSError:
         pass
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*"))
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
+    ignore = shutil.ignore_patterns(".*")
+    return _replace_directory(
+        target, lambda staging: shutil.copytree(source, staging, dirs_exist_ok=True, ignore=ignore)
+    )
 
 
 def critic_state(base: ModelState) -> ModelState:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -132,12 +133,17 @@ def outputs_valid(run: Run, result: Any) -> bool:
     return True
 
 
-def _discard_foreign_result(run: Run, task, parameters: dict[str, Any]) -> None:
+def discard_unreadable_result(run: Run, task, parameters: dict[str, Any]) -> None:
     """Remove the stored result of this call unless ppoflow wrote it and can read it back."""
     path = run.path / RESULTS_DIR / key_for(task, {"run": run, **parameters})
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
         return
     try:
+        if path.is_symlink() or not path.is_file():  # a link or a FIFO is never a stored result
+            raise UnreadableResult(f"{path} is not a regular file")
         read_stored_result(path)
     except UnreadableResult:
         path.unlink(missing_ok=True)
@@ -147,7 +153,7 @@ def run_stage(task, run: Run, **parameters: Any):
     """Call a stage task with the run's result storage. A stored result that ppoflow cannot read
     safely, or whose files are gone or altered, is a miss: the task runs again. Returns
     (result, was_cached)."""
-    _discard_foreign_result(run, task, parameters)
+    discard_unreadable_result(run, task, parameters)
     bound = task.with_options(
         result_storage=run.path / RESULTS_DIR,
         result_serializer=ResultSerializer(),

@@ -7,6 +7,7 @@ no temp file (DESIGN.md "Identity, caching and resume").
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -15,6 +16,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -80,6 +82,9 @@ class ArtifactRef:
     digest: str
     rows: int
 
+    def __post_init__(self) -> None:
+        _relative(self.path)  # a reference read back from a run directory must not point outside it
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -103,9 +108,12 @@ class ArtifactCorrupt(ValueError):
 
 
 def file_digest(path: str | Path) -> str:
-    """'sha256:<hex>' of a file's bytes, read in 1 MiB chunks."""
+    """'sha256:<hex>' of a regular file's bytes, read in 1 MiB chunks (an OSError for anything else:
+    a FIFO planted under an artifact's name would block the read forever)."""
     sha = hashlib.sha256()
     with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         while chunk := f.read(_CHUNK):
             sha.update(chunk)
     return f"sha256:{sha.hexdigest()}"
@@ -282,10 +290,12 @@ def remove_stale_temp_files(run_dir: str | Path) -> int:
     catalog rebuilds (`.<name>.<hex>.tmp`, and a DuckDB `.tmp.wal`) and checkpoint or model staging
     folders. Call it only while holding the run's lock: then no live writer owns any of them.
     Returns how many were removed."""
-    run_dir = Path(run_dir)
+    run_dir = Path(run_dir).resolve()
     stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
     stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
     for path in stale:
+        if path.is_symlink() or not path.resolve().is_relative_to(run_dir):
+            continue  # a planted link: what it points at is not the run's to delete
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:

@@ -210,21 +210,19 @@ def test_an_execd_child_does_not_keep_the_lock(tmp_path):
 
 
 def _in_forked_child(run_dir, parent_released, results):
-    try:
-        acquire_run_lock(run_dir)
-    except RunLocked as error:
-        results.put(str(error))
-    else:
-        results.put("held")
-        release_run_lock(run_dir)
+    results.put(_try_and_release(run_dir))
     parent_released.wait(timeout=60)
+    results.put(_try_and_release(run_dir))
+
+
+def _try_and_release(run_dir) -> str:
+    """ "held" (then released), or the refusal's message."""
     try:
         acquire_run_lock(run_dir)
     except RunLocked as error:
-        results.put(str(error))
-    else:
-        results.put("held")
-        release_run_lock(run_dir)
+        return str(error)
+    release_run_lock(run_dir)
+    return "held"
 
 
 def test_a_forked_child_is_not_the_holder_and_can_take_the_lock_once_its_parent_releases_it(tmp_path):

@@ -10,8 +10,15 @@ import pickle
 
 import pytest
 
-from ppoflow.tasks.common import ModelState, StageResult, UpdateInputs
-from ppoflow.tasks.results import ResultSerializer, UnreadableResult, read_stored_result
+from ppoflow.tasks.common import ModelState, Run, StageResult, UpdateInputs, key_for
+from ppoflow.tasks.prepare import prepare_model
+from ppoflow.tasks.results import (
+    RESULTS_DIR,
+    ResultSerializer,
+    UnreadableResult,
+    discard_unreadable_result,
+    read_stored_result,
+)
 from ppoflow.tasks.storage import ArtifactRef
 
 
@@ -128,3 +135,32 @@ def test_a_record_ppoflow_wrote_reads_back(tmp_path):
     record = tmp_path / "update_actor-0123"
     _record(record, {"type": "ppoflow-json"}, ResultSerializer().dumps((stage, state)).decode())
     assert read_stored_result(record)[1] == state
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"type": "ModelState", "fields": {"role": "../../x", "lineage": "l", "step": 1, "checkpoint": None}},
+        {
+            "type": "ModelState",
+            "fields": {"role": "actor", "lineage": "l", "step": 1, "checkpoint": "../../x"},
+        },
+        {"type": "ArtifactRef", "fields": {"path": "/etc/passwd", "digest": "sha256:00", "rows": 1}},
+        {"type": "ArtifactRef", "fields": {"path": "iter=000001/../../x", "digest": "sha256:00", "rows": 1}},
+    ],
+)
+def test_a_record_of_ours_naming_paths_outside_the_run_is_refused(tmp_path, fields):
+    record = tmp_path / "update_actor-0123"
+    _record(record, {"type": "ppoflow-json"}, json.dumps(fields))
+    with pytest.raises(UnreadableResult):
+        read_stored_result(record)
+
+
+def test_a_fifo_under_a_results_name_is_discarded_without_blocking(tmp_path):
+    run = Run(str(tmp_path))
+    parameters = {"model_path": "builtin:tiny-addition", "seed": 1, "source": "builtin:tiny-addition"}
+    path = tmp_path / RESULTS_DIR / key_for(prepare_model, {"run": run, **parameters})
+    path.parent.mkdir()
+    os.mkfifo(path)
+    discard_unreadable_result(run, prepare_model, parameters)
+    assert not path.exists()
