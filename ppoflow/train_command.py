@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -29,31 +30,61 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
     130 interrupted)."""
     resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
     log_file = run_dir.resolve() / LOG_NAME
+    ctrl_c = _CtrlC()
     try:
-        with _prefect_api(), _logging_to(log_file, verbose):
-            from ppoflow.flows.train import ppo_train
-            from ppoflow.tasks.lock import RunLocked
-            from ppoflow.tasks.models import StateUnavailable
-
-            try:
-                ppo_train(config_file, overrides)
-            except (RunLocked, StateUnavailable) as error:
-                _say(f"ppoflow: {error}")
-                return EXIT_LOCKED
-            except BrokenPipeError:  # the reader of the output left: main's exit 141
-                raise
-            except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
-                logging.getLogger("ppoflow").exception("training stopped")
-                _say(f"ppoflow: training stopped: {describe(error)}")
-                _say(f"ppoflow: full log: {log_file}; after fixing the cause, resume with: {resume}")
-                return EXIT_FAILED
+        with ctrl_c, _prefect_api(), _logging_to(log_file, verbose):
+            return _train(config_file, overrides, log_file, resume, ctrl_c)
     except KeyboardInterrupt:
-        _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
-        return EXIT_INTERRUPTED
-    except (ServerDidNotStart, OSError) as error:  # no server, or the run directory cannot be written
+        pass
+    except BrokenPipeError:  # the reader of the output left: main's exit 141
+        raise
+    except (ServerDidNotStart, OSError) as error:  # no server, or no writable run directory
+        if not ctrl_c.pressed:
+            _say(f"ppoflow: {error}")
+            return EXIT_FAILED
+    _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
+    return EXIT_INTERRUPTED
+
+
+def _train(config_file: str | None, overrides: list[str], log_file: Path, resume: str, ctrl_c: _CtrlC) -> int:
+    from ppoflow.flows.train import ppo_train
+    from ppoflow.tasks.lock import RunLocked
+    from ppoflow.tasks.models import StateUnavailable
+
+    try:
+        ppo_train(config_file, overrides)
+    except (RunLocked, StateUnavailable) as error:
         _say(f"ppoflow: {error}")
+        return EXIT_LOCKED
+    except BrokenPipeError:
+        raise
+    except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
+        if ctrl_c.pressed:  # Ctrl-C surfaced as another error: Prefect reports a crashed run
+            raise KeyboardInterrupt from error
+        logging.getLogger("ppoflow").exception("training stopped")
+        _say(f"ppoflow: training stopped: {describe(error)}")
+        _say(f"ppoflow: full log: {log_file}; after fixing the cause, resume with: {resume}")
         return EXIT_FAILED
     return 0
+
+
+class _CtrlC:
+    """Records that Ctrl-C was pressed (then raises KeyboardInterrupt, as Python does), so an
+    interrupt that surfaces as another error is still reported as an interrupt."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+
+    def __enter__(self) -> _CtrlC:
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.signal(signal.SIGINT, self.previous)
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.pressed = True
+        raise KeyboardInterrupt
 
 
 def describe(error: BaseException) -> str:
@@ -79,7 +110,8 @@ def _finished(run_dir: Path) -> str:
     steps = [s for s in committed_iterations(run_dir) if s > 0] if run_dir.is_dir() else []
     if not steps:
         return "no training step had finished"
-    return f"steps 1–{steps[-1]} are finished and kept in {run_dir}"
+    done = "step 1 is" if steps[-1] == 1 else f"steps 1–{steps[-1]} are"
+    return f"{done} finished and kept in {run_dir}"
 
 
 @contextlib.contextmanager

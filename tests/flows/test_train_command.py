@@ -125,12 +125,10 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
-    assert trainer.returncode == 130
+    assert trainer.returncode == 130, err[-3000:]
     assert stopped_after < 20, f"took {stopped_after:.1f} s to stop"
     [line] = [line for line in err.splitlines() if line.strip()]
-    assert (
-        line.startswith("ppoflow: interrupted; steps 1–") and f"are finished and kept in {tmp_path}" in line
-    )
+    assert line.startswith("ppoflow: interrupted; step") and f"finished and kept in {tmp_path};" in line
     assert line.endswith(
         "resume with: ppoflow train " + " ".join(_command(tmp_path)[4:]) + " trainer.total_training_steps=20"
     )
