@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
@@ -64,19 +66,20 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     tracking = Tracking(cfg, run.path, total)
     history = []
 
-    def record(step: int, result, cached: bool) -> None:
-        metrics = report_iteration(step, total, result, cached=cached)
+    def record(step: int, result, seconds: float | None) -> None:
+        metrics = report_iteration(step, total, result, seconds=seconds)
         history.append(metrics | {"step": step})
         tracking.log(step, {k: v for k, v in metrics.items() if k != "wall_time"})
 
     try:
         if val_only or sc.val_before_train:  # verl validates a resumed model too, at its step
-            record(first - 1, *validate(run, sc, first - 1, state.actor, data))
+            record(first - 1, validate(run, sc, first - 1, state.actor, data)[0], None)
         for step in range(first, total + 1):
             position = data_position(data.train.ref.rows, step, sc.batching)
+            started = time.perf_counter()
             state, metrics, cached = ppo_iteration(run, sc, step, total, state, data, position["epoch"])
             record_trainer_state(run, step, state, position)
-            record(step, metrics, cached)
+            record(step, metrics, None if cached else time.perf_counter() - started)
     except BaseException:
         tracking.fail()
         raise

@@ -27,7 +27,10 @@ def _quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    if not verbose:
+    if verbose:  # Prefect's per-task lines, whatever level the environment asked for (unless DEBUG)
+        if os.environ.get("PREFECT_LOGGING_LEVEL", "").upper() != "DEBUG":
+            os.environ["PREFECT_LOGGING_LEVEL"] = "INFO"
+    else:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -85,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code = _run(argv)
         sys.stdout.flush()  # inside the try: a reader that left shows up at the last flush too
+    except KeyboardInterrupt:  # before training started (`train` reports its own interrupts)
+        print("\nppoflow: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # The reader closed the pipe (`ppoflow diagnose --format json | head -1`). git and coreutils
         # die of SIGPIPE there, which the shell reports as 141 (128 + 13): `set -o pipefail` scripts

@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -33,7 +34,10 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
     ctrl_c = _CtrlC()
     try:
         with ctrl_c, _prefect_api(), _logging_to(log_file, verbose):
-            return _train(config_file, overrides, log_file, resume, ctrl_c)
+            try:
+                return _train(config_file, overrides, log_file, resume, ctrl_c)
+            finally:
+                _deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:  # the reader of the output left: main's exit 141
@@ -87,10 +91,19 @@ class _CtrlC:
         raise KeyboardInterrupt
 
 
+MAX_MESSAGE = 400
+
+
 def describe(error: BaseException) -> str:
-    """The error's first line, with the disk-full case said plainly (it surfaces from safetensors,
-    torch and pyarrow in their own words)."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    """The error's first line (at most MAX_MESSAGE characters), with the disk-full case said plainly
+    (it surfaces from safetensors, torch and pyarrow in their own words)."""
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list):
+        failures = error.args[0]  # a copy of many files: (source, destination, why) each
+        text = f"{failures[0][2]} (and {len(failures) - 1} more files)" if failures else str(error)
+    else:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if len(text) > MAX_MESSAGE:
+        text = text[: MAX_MESSAGE - 1] + "…"
     if _disk_full(error):
         return f"the disk is full (no space left on device): {text}"
     return text
@@ -126,13 +139,12 @@ def _prefect_api() -> Iterator[None]:
         try:
             yield
         finally:
-            _deliver_prefect_logs_and_events()
             os.environ.pop("PREFECT_API_URL", None)
 
 
 def _deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:
     """Send what Prefect's background workers still hold while the server is up (they would
-    otherwise try at interpreter exit, after the server has stopped)."""
+    otherwise try at interpreter exit, after a temporary server has stopped)."""
     if "prefect" not in sys.modules:
         return
     from prefect.events.worker import EventsWorker
@@ -146,11 +158,12 @@ def _deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:
 def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
     """Everything logged (Prefect's task and flow errors with their tracebacks, library warnings,
     ppoflow's step lines) is appended to `log_file`; Prefect's console output only with -v."""
-    import prefect  # noqa: F401  (sets up Prefect's logging, which must come first)
+    from prefect.logging.configuration import ensure_logging_setup
     from prefect.logging.handlers import PrefectConsoleHandler
 
+    ensure_logging_setup()  # Prefect's own setup first: done later, it would leave out its console
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(log_file, encoding="utf-8")
+    handler = _LogFile(log_file, encoding="utf-8")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root, ours = logging.getLogger(), logging.getLogger("ppoflow")
     quieted = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)] if not verbose else []
@@ -164,6 +177,9 @@ def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
     ours.info("ppoflow train %s (pid %d, %s)", shlex.join(sys.argv[2:]), os.getpid(), time.strftime("%c"))
     try:
         yield
+    except KeyboardInterrupt:
+        ours.warning("interrupted (Ctrl-C)")
+        raise
     finally:
         root.removeHandler(handler)
         ours.removeHandler(handler)
@@ -171,6 +187,20 @@ def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
         handler.close()
         for console, level in zip(quieted, levels, strict=True):
             console.setLevel(level)
+
+
+class _LogFile(logging.FileHandler):
+    """The run's log file, silent once it cannot be written (a full disk): the terminal still gets
+    the one line that says why training stopped, not a traceback per log record."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failed = True
 
 
 def _say(line: str) -> None:

@@ -25,7 +25,6 @@ LOAD … are a ValueError naming their type.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -37,7 +36,7 @@ import duckdb
 import pyarrow as pa
 
 from .schemas import DATA_FILES, INVARIANTS, ITERATION_TABLES, STAGES, TABLES, empty_table
-from .storage import timed_io, write_json_atomic
+from .storage import read_json, timed_io, write_json_atomic
 
 __all__ = [
     "CATALOG_NAME",
@@ -88,7 +87,7 @@ def _tables_with_files(run_dir: Path) -> list[str]:
 
 def _recorded_tables(run_dir: Path) -> list[str] | None:
     try:
-        return json.loads((run_dir / CATALOG_TABLES).read_text())
+        return read_json(run_dir / CATALOG_TABLES)
     except (OSError, ValueError):
         return None
 
@@ -153,6 +152,8 @@ def connect_readonly(
     """A read-only connection whose default database is the run's catalog. Retries while another
     process holds the file read-write. Close it when done (or use it as a context manager)."""
     path = Path(run_dir).resolve() / CATALOG_NAME
+    if path.is_symlink():  # it would be read as the run's tables from wherever it points
+        raise ValueError(f"{path} is a link, not the run's catalog; remove it and rerun the training command")
     if not path.is_file():
         raise FileNotFoundError(f"no catalog at {path}; has this run finished an iteration?")
     # ATTACH into a fresh in-memory database rather than duckdb.connect(path): connect() reuses an
@@ -177,9 +178,10 @@ def connect_readonly(
 
 
 def connect_confined(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """connect_readonly, then confined to the run directory (_lock_down): for SQL that ppoflow did not
-    write. ppoflow's own readers keep connect_readonly, which follows the views wherever they point
-    (a catalog copied into another folder names the files of the run it was built for)."""
+    """connect_readonly, then confined to the run directory (_lock_down): for every reader of a run
+    (`ppoflow query`, diagnose, report), since the catalog's views are themselves read from the run.
+    A catalog copied into another folder still names the files of the run it was built for, which
+    are outside the copy: rebuild it there (refresh_catalog; `ppoflow train` does at its end)."""
     con = connect_readonly(run_dir)
     try:
         _lock_down(con, Path(run_dir).resolve())

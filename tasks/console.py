@@ -65,9 +65,9 @@ def validation_score(metrics: dict[str, float]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
-def report_iteration(step: int, total: int, result, *, cached: bool = False) -> dict[str, float]:
-    """One readable line per iteration: val score, reward mean, KL, clipfrac, and its seconds, or
-    "cached" when every stage came from cache (the seconds would be another run's)."""
+def report_iteration(step: int, total: int, result, *, seconds: float | None) -> dict[str, float]:
+    """One readable line per iteration: val score, reward mean, KL, clipfrac, and the seconds it
+    took in this process, or "cached" (seconds None) when every stage came from cache."""
     metrics = dict(result.values)
     val = validation_score(metrics)
     accuracy = [v for k, v in metrics.items() if k.startswith("val-aux/") and "/correctness/mean@" in k]
@@ -80,7 +80,7 @@ def report_iteration(step: int, total: int, result, *, cached: bool = False) -> 
             f"reward {_fmt(metrics, 'critic/score/mean')}",
             f"kl {_fmt(metrics, 'actor/ppo_kl', '.4f')}",
             f"clipfrac {_fmt(metrics, 'actor/pg_clipfrac')}",
-            "cached" if cached else f"{metrics.get('perf/time_per_step', 0.0):.1f}s",
+            "cached" if seconds is None else f"{seconds:.1f}s",
         ]
     say(" · ".join(parts))
     return metrics | {"wall_time": time.time()}

@@ -11,7 +11,7 @@ from pathlib import Path
 import duckdb
 import yaml
 
-from .catalog import CATALOG_NAME, connect_readonly
+from .catalog import CATALOG_NAME, connect_confined
 from .diagnose_checks import CHECKS
 from .diagnose_run import SEVERITY_RANK, Finding, RunData
 
@@ -67,10 +67,10 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
             "stopped before one did)"
         )
     try:
-        with connect_readonly(run_dir) as con:
+        with connect_confined(run_dir) as con:
             table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
             rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
-    except duckdb.Error as error:
+    except (duckdb.Error, ValueError) as error:  # a catalog that is a link, or made for another folder
         raise RunDirError(f"{run_dir}: cannot read the catalog: {error}") from error
     iters = table["iter"].to_pylist()
     metrics = {

@@ -36,6 +36,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -76,7 +77,7 @@ def acquire_run_lock(run_dir: Path) -> Path:
         if held:
             held.count += 1
             return path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: only the holder writes it
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(fd, 0)
@@ -90,6 +91,21 @@ def acquire_run_lock(run_dir: Path) -> Path:
             raise
         _held[key] = _Held(fd, os.getpid())
         return path
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, created if needed; never through a link (the holder truncates and writes it,
+    which through a planted link would clobber another file) and never anything but a regular file
+    (a FIFO would block)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # no O_TRUNC: only the holder writes
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as error:
+        raise RunLocked(f"{path} cannot be the run's lock file ({error.strerror}); remove it") from error
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunLocked(f"{path} cannot be the run's lock file (not a regular file); remove it")
+    return fd
 
 
 def release_run_lock(run_dir: Path) -> None:

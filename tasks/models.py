@@ -22,7 +22,7 @@ from ppoflow.engine.optim import OptimSettings, build_optimizer, resolve_warmup_
 
 from .common import ModelState, Run
 from .faults import inject_fault
-from .storage import file_digest, timed_io
+from .storage import file_digest, leads_outside, remove_from_run, timed_io
 
 
 @dataclass
@@ -93,12 +93,10 @@ def optim_path(directory: Path) -> Path:
 
 
 def checkpoint_digest(directory: Path) -> str:
-    """sha256 over the weights, the model config and the optimizer state of a checkpoint."""
-    h = hashlib.sha256()
-    files = sorted(directory.glob("*.safetensors")) + [directory / "config.json", optim_path(directory)]
-    for path in files:
-        h.update(path.name.encode())
-        h.update(file_digest(path).encode())
+    """sha256 over a checkpoint: every file of its directory (weights, config, tokenizer) and its
+    optimizer state."""
+    h = hashlib.sha256(directory_digest(directory).encode())
+    h.update(file_digest(optim_path(directory)).encode())
     return "sha256:" + h.hexdigest()
 
 
@@ -114,17 +112,22 @@ def directory_digest(directory: Path) -> str:
 
 def state_files_intact(run: Run, state: ModelState) -> bool:
     """Whether the files a state names still hold what was recorded: a base model's directory its
-    lineage, a saved update's checkpoint its digest. An update checkpoint that is gone is allowed
-    when a newer checkpoint of the role exists (pruned by max_*_ckpt_to_keep; replay rebuilds it
-    if ever needed); the newest one must be there, since the run names it as its output."""
+    lineage, a saved update's checkpoint (in the run, not through a link) its digest. An update
+    checkpoint that is gone is allowed when a newer checkpoint of the role exists (pruned by
+    max_*_ckpt_to_keep; replay rebuilds it if ever needed); the newest one must be there, since the
+    run names it as its output."""
     if state.checkpoint is None:
         return True
     directory = run.path / state.checkpoint
     try:
-        if state.checkpoint_digest is None:
-            return state.step != 0 or state.role != "actor" or directory_digest(directory) == state.lineage
+        if state.origin is None and state.step == 0:  # a base model: its lineage is its digest
+            return state.role != "actor" or directory_digest(directory) == state.lineage
+        if Path(state.checkpoint).is_absolute() or state.checkpoint_digest is None:
+            return False  # an update saves its checkpoint in the run, with a digest
         if not directory.exists():
             return _newer_checkpoint_exists(run, state)
+        if leads_outside(run.path / "checkpoints", directory):
+            return False
         return checkpoint_digest(directory) == state.checkpoint_digest
     except OSError:
         return False
@@ -233,7 +236,7 @@ def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer)
     final = run.path / relative
     final.parent.mkdir(parents=True, exist_ok=True)
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
-        shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+        remove_from_run(run.path / "checkpoints", leftover)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
     optim_tmp = final.parent / f".{role}.optim.pt.tmp"
     try:
@@ -242,8 +245,7 @@ def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer)
         state = {"optimizer": value.optimizer.state_dict(), "scheduler": value.scheduler.state_dict()}
         torch.save(state, optim_tmp)
         inject_fault("checkpoint", step)
-        if final.exists():
-            shutil.rmtree(final)
+        remove_from_run(run.path / "checkpoints", final)
         os.replace(staging, final)
         os.replace(optim_tmp, optim_path(final))
     except BaseException:
@@ -257,7 +259,9 @@ def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
     """Delete all but the newest `keep` checkpoints of `role` (None keeps all, as verl)."""
     if keep is None or keep <= 0:
         return
-    saved = sorted((run.path / "checkpoints").glob(f"iter=*/{role}"))
+    root = run.path / "checkpoints"
+    saved = sorted(root.glob(f"iter=*/{role}"))
     for directory in saved[:-keep]:
-        shutil.rmtree(directory, ignore_errors=True)
-        optim_path(directory).unlink(missing_ok=True)
+        if not leads_outside(root, directory):  # a planted link's target is not the run's
+            remove_from_run(root, directory)
+            remove_from_run(root, optim_path(directory))

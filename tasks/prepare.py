@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
@@ -20,7 +21,8 @@ from .catalog import refresh_catalog
 from .common import ModelState, Run, digest_of, stage_cache_key
 from .lock import acquire_run_lock, release_run_lock
 from .models import directory_digest
-from .storage import remove_stale_temp_files, write_text_atomic
+from .results import RESULTS_DIR
+from .storage import leads_outside, remove_stale_temp_files, write_text_atomic
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 SMOLLM2 = "builtin:smollm2-135m-instruct"
@@ -38,12 +40,20 @@ def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False) 
     path.mkdir(parents=True, exist_ok=True)
     acquire_run_lock(path)
     try:
+        _require_results_folder(path / RESULTS_DIR)
         remove_stale_temp_files(path)
         write_text_atomic(path / "config.yaml", config_yaml)
     except BaseException:
         release_run_lock(path)
         raise
     return Run(str(path), recompute=recompute)
+
+
+def _require_results_folder(path: Path) -> None:
+    """Stage results are kept in this folder; were it a file, Prefect would fail to keep any (in its
+    log only) and the run would silently lose its resume."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "stage results are kept in a folder; remove this", str(path))
 
 
 def cache_root() -> Path:
@@ -152,7 +162,7 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
     match model_path:
         case _ if model_path == BUILTIN_MODEL:
             checkpoint = "model/base"
-            directory = _install_copy(build_tiny_base(seed), run.path / checkpoint)
+            directory = _install_copy(build_tiny_base(seed), run, checkpoint)
         case _ if model_path == SMOLLM2:
             directory = converted_gguf(smollm2_gguf())
             checkpoint = str(directory)
@@ -169,9 +179,12 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
     return ModelState(role="actor", lineage=directory_digest(directory), step=0, checkpoint=checkpoint)
 
 
-def _install_copy(source: Path, target: Path) -> Path:
-    """`target` as an exact copy of the model directory `source` (replaced when it is missing,
-    damaged or different)."""
+def _install_copy(source: Path, run: Run, relative: str) -> Path:
+    """run/relative as an exact copy of the model directory `source` (replaced when it is missing,
+    damaged or different; never through a link that leads outside the run)."""
+    target = run.path / relative
+    if leads_outside(target.parent, target):
+        raise OSError(errno.EPERM, "a link in the run leads outside it; remove the link", str(target))
     try:
         if directory_digest(target) == directory_digest(source):
             return target

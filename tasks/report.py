@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .catalog import connect_readonly
+from .catalog import connect_confined
 from .console import EXAMPLE_QUERY
 from .diagnose import diagnose, load_run, require_iteration, validation_only
 from .diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
@@ -56,7 +56,7 @@ def sparkline(values: list[float]) -> str:
 
 def validation_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """data_source -> [(iter, mean validation score)], every validated iteration (0 = before training)."""
-    with connect_readonly(run_dir) as con:
+    with connect_confined(run_dir) as con:
         rows = con.execute(
             "SELECT data_source, iter, avg(score) FROM validation GROUP BY ALL ORDER BY data_source, iter"
         ).fetchall()

@@ -96,13 +96,69 @@ def _decode(data: Any) -> Any:
             return {str(k): _decode(v) for k, v in data["dict"].items()}
         case ["fields", "type"] if data["type"] in RESULT_TYPES and isinstance(data["fields"], dict):
             cls = RESULT_TYPES[data["type"]]
-            names = {f.name for f in dataclasses.fields(cls)}
-            if not set(data["fields"]) <= names:
-                raise ValueError(f"unknown fields of {data['type']}: {sorted(set(data['fields']) - names)}")
-            return cls(**{k: _decode(v) for k, v in data["fields"].items()})
+            fields = {k: _decode(v) for k, v in data["fields"].items()}
+            _check_fields(cls, fields)
+            return cls(**fields)
         case ["error"] if isinstance(data["error"], str):
             return RuntimeError(data["error"])
     raise ValueError(f"unexpected value {str(data)[:80]!r}")
+
+
+_NUMBER = (int, float)
+_COUNT_LIMIT = 2**31
+FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
+    ArtifactRef: {"path": (str,), "digest": (str,), "rows": (int,)},
+    StageResult: {
+        "stage": (str,),
+        "refs": (tuple,),
+        "cache_key": (str,),
+        "seconds": _NUMBER,
+        "values": (tuple,),
+    },
+    ModelState: {
+        "role": (str,),
+        "lineage": (str,),
+        "step": (int,),
+        "checkpoint": (str, type(None)),
+        "checkpoint_digest": (str, type(None)),
+        "origin": (UpdateInputs, type(None)),
+    },
+    UpdateInputs: {
+        "parent": (ModelState,),
+        "step": (int,),
+        "rollouts": (ArtifactRef,),
+        "advantages": (ArtifactRef,),
+        "config": (dict,),
+        "batching": (dict,),
+        "temperature": _NUMBER,
+        "total_steps": (int,),
+    },
+}
+"""The type of every field a stored result may set: a record that decodes to anything else is
+unreadable (recomputed), not a failure later in the stage that uses it."""
+
+
+def _check_fields(cls: type, fields: dict[str, Any]) -> None:
+    expected = FIELD_TYPES[cls]
+    for name, value in fields.items():
+        if name not in expected:
+            raise ValueError(f"{cls.__name__} has no field {name!r}")
+        if isinstance(value, bool) or not isinstance(value, expected[name]):
+            raise ValueError(f"{cls.__name__}.{name} is a {type(value).__name__}")
+        if (
+            isinstance(value, int)
+            and not 0 <= value < _COUNT_LIMIT
+            and name in ("rows", "step", "total_steps")
+        ):
+            raise ValueError(f"{cls.__name__}.{name}={value} is out of range")
+    if cls is StageResult:
+        if not all(isinstance(ref, ArtifactRef) for ref in fields.get("refs", ())):
+            raise ValueError("StageResult.refs holds something other than ArtifactRefs")
+        for pair in fields.get("values", ()):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise ValueError("StageResult.values holds something other than (name, number) pairs")
+            if isinstance(pair[1], bool) or not isinstance(pair[1], _NUMBER):
+                raise ValueError(f"StageResult value {pair[0]!r} is not a number")
 
 
 def read_stored_result(path: Path) -> Any:

@@ -37,7 +37,9 @@ __all__ = [
     "iteration_dir",
     "read_json",
     "read_manifest",
+    "leads_outside",
     "read_table",
+    "remove_from_run",
     "remove_stale_temp_files",
     "stage_path",
     "stage_refs",
@@ -111,12 +113,20 @@ def file_digest(path: str | Path) -> str:
     """'sha256:<hex>' of a regular file's bytes, read in 1 MiB chunks (an OSError for anything else:
     a FIFO planted under an artifact's name would block the read forever)."""
     sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with _open_regular(path) as f:
         while chunk := f.read(_CHUNK):
             sha.update(chunk)
     return f"sha256:{sha.hexdigest()}"
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file; an OSError otherwise. Opened without
+    blocking, so that a FIFO planted under a file's name cannot stall the run."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(fd, "rb")
 
 
 def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -203,7 +213,8 @@ def _json_bytes(obj: Any) -> bytes:
 
 
 def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
+    with _open_regular(path) as f:
+        return json.loads(f.read())
 
 
 def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
@@ -281,6 +292,29 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> str:
     return digest
 
 
+def leads_outside(root: str | Path, path: str | Path) -> bool:
+    """Whether `path`, below `root`, goes through a link on the way (so that it is not root's own):
+    what ppoflow deletes or replaces must not be what a planted link points at. `root` itself may be
+    a link (a checkpoints folder moved to a larger disk)."""
+    root = Path(root)
+    expected = os.path.join(os.path.realpath(root), os.path.relpath(path, root))
+    return os.path.realpath(path) != os.path.normpath(expected)
+
+
+def remove_from_run(root: str | Path, path: str | Path) -> None:
+    """Delete a file or folder below `root` (nothing if it is gone); an OSError, deleting nothing,
+    when the path goes through a link below `root`."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if leads_outside(root, path):
+        raise OSError(errno.EPERM, "refusing to delete through a link inside the run", str(path))
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 _TEMP_FILE = re.compile(r"^\..+\.tmp(\.wal)?$")
 _STAGING_DIRS = ("checkpoints/iter=*/.*", "model/.*")
 
@@ -294,12 +328,8 @@ def remove_stale_temp_files(run_dir: str | Path) -> int:
     stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
     stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
     for path in stale:
-        if path.is_symlink() or not path.resolve().is_relative_to(run_dir):
-            continue  # a planted link: what it points at is not the run's to delete
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        if not leads_outside(run_dir, path):  # what a planted link points at is not the run's
+            remove_from_run(run_dir, path)
     return len(stale)
 
 

@@ -8,12 +8,23 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
+from dataclasses import replace
 
+import pytest
 from transformers import AutoModelForCausalLM
 
+from ppoflow.tasks.results import ResultSerializer
 from ppoflow.tasks.storage import file_digest
 
 from .conftest import train
+
+
+def try_lock(run_dir) -> bool:
+    """Whether another process can take the run's lock (this one may hold it: the lock is re-entrant)."""
+    code = "import sys; from ppoflow.tasks.lock import acquire_run_lock; acquire_run_lock(sys.argv[1])"
+    return subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True).returncode == 0
 
 
 def _copy(run_dir, tmp_path):
@@ -57,10 +68,12 @@ def test_damaged_checkpoints_and_base_model_are_rebuilt_before_the_run_succeeds(
     run_dir, summary, _ = small_run
     copy = _copy(run_dir, tmp_path)
     final = copy / "checkpoints/iter=000002/actor/model.safetensors"
+    tokenizer = copy / "checkpoints/iter=000002/critic/tokenizer.json"
     optimizer = copy / "checkpoints/iter=000001/actor.optim.pt"
     base = copy / "model/base/model.safetensors"
-    expected = {path: file_digest(path) for path in (final, optimizer, base)}
+    expected = {path: file_digest(path) for path in (final, tokenizer, optimizer, base)}
     final.write_bytes(final.read_bytes()[:1000])
+    tokenizer.write_bytes(tokenizer.read_bytes()[:10])
     flipped = bytearray(optimizer.read_bytes())
     flipped[len(flipped) // 2] ^= 0x01
     optimizer.write_bytes(bytes(flipped))
@@ -109,3 +122,43 @@ def test_a_deleted_manifest_is_written_again_and_killed_writes_leave_nothing(sma
     assert file_digest(copy / metrics["path"]) == metrics["digest"]
     assert not any(path.exists() for path in [*leftovers, staging])
     assert (copy / "catalog.duckdb").is_file()
+
+
+def test_a_stored_result_naming_a_checkpoint_outside_the_run_is_recomputed(small_run, tmp_path):
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(copy / "checkpoints/iter=000002/actor", elsewhere)
+    [path] = [p for p in (copy / ".prefect-results").glob("update_actor-*") if "iter=000002" in p.read_text()]
+    record = json.loads(path.read_text())
+    stage, state = ResultSerializer().loads(record["result"].encode())
+    record["result"] = ResultSerializer().dumps((stage, replace(state, checkpoint=str(elsewhere)))).decode()
+    path.write_text(json.dumps(record))
+    again, _ = train(copy)
+    assert again["actor_checkpoint"] == str(copy / "checkpoints/iter=000002/actor")
+    assert again["val_scores"] == summary["val_scores"]
+
+
+def test_pruning_deletes_nothing_a_link_in_the_run_points_at(small_run, tmp_path):
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    victim = tmp_path / "victim"
+    (victim / "actor").mkdir(parents=True)
+    (victim / "actor/keep.txt").write_text("precious")
+    (victim / "actor.optim.pt").write_text("precious")
+    (copy / "checkpoints/iter=000000").symlink_to(victim)
+    train(copy, "trainer.total_training_steps=3", "trainer.max_actor_ckpt_to_keep=1")
+    assert (victim / "actor/keep.txt").read_text() == "precious"
+    assert (victim / "actor.optim.pt").read_text() == "precious"
+    kept = sorted(p.parent.parent.name for p in (copy / "checkpoints").glob("iter=*/actor/config.json"))
+    assert kept == ["iter=000003"]
+
+
+def test_a_results_store_that_is_not_a_folder_stops_the_run_before_it_starts(small_run, tmp_path):
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    shutil.rmtree(copy / ".prefect-results")
+    (copy / ".prefect-results").write_text("not a folder")
+    with pytest.raises(NotADirectoryError, match="stage results are kept in a folder"):
+        train(copy)
+    assert try_lock(copy)  # and the run is not left locked

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from ppoflow.tasks.catalog import CATALOG_NAME, query, refresh_catalog
+from ppoflow.tasks.catalog import query, refresh_catalog
 from ppoflow.tasks.diagnose import (
     RunDirError,
     RunInProgress,
@@ -241,11 +241,11 @@ def test_load_run_says_what_is_wrong(runs, tmp_path):
         load_run(val_only)
     assert f'`ppoflow query {val_only} "SELECT * FROM validation"`' in str(raised.value)
     # Validation rows without metrics read as validation-only even when the config does not say so:
-    # the same catalog (its views name the val_only run's files) under a config without val_only.
+    # a copy of the val_only run (its catalog rebuilt there) under a config without val_only.
     copy = tmp_path / "copy"
-    copy.mkdir()
+    shutil.copytree(val_only, copy)
     (copy / "config.yaml").write_text("trainer:\n  val_only: false\n")
-    shutil.copy(val_only / CATALOG_NAME, copy / CATALOG_NAME)
+    refresh_catalog(copy)
     with pytest.raises(ValidationOnlyRun):
         load_run(copy)
     scores = dict(query(val_only, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])

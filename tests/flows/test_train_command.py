@@ -96,10 +96,11 @@ def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
     assert "Traceback" not in failed.stdout
     text = log.read_text()
     assert "Traceback" in text and "InjectedFault" in text and "step   1/2" in text
-    resumed = subprocess.run(
-        _command(tmp_path), env=_env(own_server=False), capture_output=True, text=True, timeout=300
+    resumed = subprocess.run(  # -v: Prefect's own lines on the terminal too
+        [*_command(tmp_path), "-v"], env=_env(own_server=False), capture_output=True, text=True, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Task run 'update_actor-step1' - Finished in state Cached" in resumed.stderr
     steps = [line for line in resumed.stdout.splitlines() if line.startswith("step ")]
     assert steps[1].startswith("step   1/2") and steps[1].endswith("· cached")
     assert steps[2].startswith("step   2/2") and steps[2].endswith("s") and "cached" not in steps[2]
@@ -133,6 +134,7 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
         "resume with: ppoflow train " + " ".join(_command(tmp_path)[4:]) + " trainer.total_training_steps=20"
     )
     assert "Traceback" not in out + err
+    assert "interrupted (Ctrl-C)" in (tmp_path / "logs/train.log").read_text()
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
 
 
@@ -155,9 +157,11 @@ def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_pat
 @pytest.mark.skipif(
     shutil.which("unshare") is None, reason="needs unshare (util-linux) for a small filesystem"
 )
-def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("size", ["3m", "16k"])
+def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir, tmp_path, size):
     """A 3 MB filesystem fills while the first checkpoint is written (by safetensors, whose own
-    error would otherwise end the run in a long traceback)."""
+    error would otherwise end the run in a long traceback); a 16 kB one while the base model is
+    copied, with no room left for the log file either."""
     mount = tmp_path / "small-disk"
     mount.mkdir()
     small_disk = [
@@ -165,7 +169,7 @@ def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir
         "-rm",
         "sh",
         "-c",
-        'mount -t tmpfs -o size=3m none "$0" && exec "$@"',
+        f'mount -t tmpfs -o size={size} none "$0" && exec "$@"',
         str(mount),
     ]
     full = subprocess.run(
@@ -178,5 +182,6 @@ def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir
     assert full.returncode == 1, full.stderr[-3000:]
     first, second = full.stderr.splitlines()
     assert first.startswith("ppoflow: training stopped: the disk is full (no space left on device)")
+    assert len(first) < 500
     assert second.startswith(f"ppoflow: full log: {mount / 'run/logs/train.log'}")
     assert "Traceback" not in full.stdout + full.stderr

@@ -239,3 +239,18 @@ def test_a_forked_child_is_not_the_holder_and_can_take_the_lock_once_its_parent_
     assert results.get(timeout=60) == "held"
     child.join(timeout=60)
     assert child.exitcode == 0
+
+
+def test_a_planted_link_or_fifo_is_never_the_lock_and_what_it_points_at_is_untouched(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious data")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(RunLocked, match="cannot be the run's lock file"):
+        acquire_run_lock(run)
+    assert victim.read_text() == "precious data"
+    (run / LOCK_NAME).unlink()
+    os.mkfifo(run / LOCK_NAME)
+    with pytest.raises(RunLocked, match="not a regular file"):
+        acquire_run_lock(run)

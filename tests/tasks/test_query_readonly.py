@@ -323,3 +323,36 @@ def test_the_retraining_catalogs_views_work_after_the_lockdown(tmp_path):
     assert query(tmp_path, "SELECT round, decision FROM promotions")[1] == [(1, "promoted")]
     assert query(tmp_path, "SELECT version, bytes FROM dataset_files")[1] == [(1, 10)]
     assert query(tmp_path, 'SELECT round, iter, "critic/score/mean" FROM round_metrics')[1] == [(1, 4, 0.7)]
+
+
+def test_a_catalog_that_is_a_link_is_never_read(run, tmp_path):
+    other = tmp_path / "other.duckdb"
+    with duckdb.connect(str(other)) as con:
+        con.execute(f"CREATE TABLE metrics AS SELECT '{SECRET}' AS secret")
+    (run / CATALOG_NAME).unlink()
+    (run / CATALOG_NAME).symlink_to(other)
+    with pytest.raises(ValueError, match="is a link, not the run's catalog") as raised:
+        query(run, "SELECT * FROM metrics")
+    assert SECRET not in str(raised.value)
+
+
+def test_diagnose_reads_a_planted_catalog_confined(run, tmp_path):
+    """A catalog whose metrics view calls a function that writes files (the next statement of the
+    connection writes them): ppoflow's own readers run its SQL confined, as `ppoflow query` does."""
+    from ppoflow.tasks.catalog import _view_sql, write_catalog
+    from ppoflow.tasks.diagnose import RunDirError, load_run
+
+    logs = tmp_path / "duck_logs"
+    writes_logs = f"enable_logging(storage='file', storage_path='{logs}')"
+
+    def define(con):
+        for name in VIEW_ROWS.keys() - {"metrics", "updates"}:
+            con.execute(f"CREATE VIEW {name} AS {_view_sql(con, run, name)}")
+        planted = f"SELECT 1 AS iter, 1 AS step FROM (SELECT count(*) FROM {writes_logs})"
+        con.execute(f"CREATE VIEW metrics AS {planted}")
+
+    write_catalog(run, define)
+    (run / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    with pytest.raises(RunDirError, match="cannot read the catalog"):
+        load_run(run)
+    assert not logs.exists()

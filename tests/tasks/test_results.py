@@ -147,9 +147,19 @@ def test_a_record_ppoflow_wrote_reads_back(tmp_path):
         },
         {"type": "ArtifactRef", "fields": {"path": "/etc/passwd", "digest": "sha256:00", "rows": 1}},
         {"type": "ArtifactRef", "fields": {"path": "iter=000001/../../x", "digest": "sha256:00", "rows": 1}},
+        {"type": "StageResult", "fields": {"stage": "s", "refs": "oops", "cache_key": "k", "seconds": 1.0}},
+        {
+            "type": "StageResult",
+            "fields": {"stage": "s", "refs": {"tuple": [1]}, "cache_key": "k", "seconds": 1},
+        },
+        {
+            "type": "ModelState",
+            "fields": {"role": "actor", "lineage": "l", "step": 10**18, "checkpoint": None},
+        },
+        {"type": "ArtifactRef", "fields": {"path": "a.parquet", "digest": "sha256:00", "rows": True}},
     ],
 )
-def test_a_record_of_ours_naming_paths_outside_the_run_is_refused(tmp_path, fields):
+def test_a_record_of_ours_with_paths_outside_the_run_or_wrong_types_is_refused(tmp_path, fields):
     record = tmp_path / "update_actor-0123"
     _record(record, {"type": "ppoflow-json"}, json.dumps(fields))
     with pytest.raises(UnreadableResult):

@@ -230,3 +230,46 @@ def test_json_is_readable_and_permissions_follow_the_umask(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_fifo_under_an_artifacts_name_is_an_error_not_a_hang(tmp_path):
+    fifo = tmp_path / "part-00000.parquet"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        file_digest(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        storage.read_json(fifo)
+    assert not storage.artifact_is_valid(tmp_path, ArtifactRef("part-00000.parquet", "sha256:00", 1))
+
+
+def test_nothing_is_deleted_through_a_link_below_the_root(tmp_path):
+    victim = tmp_path / "outside/iter=000000/actor"
+    victim.mkdir(parents=True)
+    (victim / "keep.txt").write_text("precious")
+    root = tmp_path / "run/checkpoints"
+    root.mkdir(parents=True)
+    (root / "iter=000000").symlink_to(tmp_path / "outside/iter=000000")
+    assert storage.leads_outside(root, root / "iter=000000/actor")
+    with pytest.raises(OSError, match="refusing to delete through a link"):
+        storage.remove_from_run(root, root / "iter=000000/actor")
+    assert (victim / "keep.txt").read_text() == "precious"
+    moved = tmp_path / "bigger-disk"  # the root itself may be a link: checkpoints moved elsewhere
+    (moved / "iter=000001/actor").mkdir(parents=True)
+    (tmp_path / "run/linked").symlink_to(moved)
+    assert not storage.leads_outside(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    storage.remove_from_run(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    assert not (moved / "iter=000001/actor").exists()
+
+
+def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / ".notes.abc.tmp").write_text("someone else's")
+    run = tmp_path / "run"
+    (run / "iter=000001/rollout").mkdir(parents=True)
+    (run / "iter=000001/rollout/.part-00000.parquet.0a1b2c.tmp").write_bytes(b"partial")
+    (run / "iter=000002").symlink_to(outside)
+    (run / ".config.yaml.9f8e7d.tmp").symlink_to(outside / ".notes.abc.tmp")
+    storage.remove_stale_temp_files(run)
+    assert not (run / "iter=000001/rollout/.part-00000.parquet.0a1b2c.tmp").exists()
+    assert (outside / ".notes.abc.tmp").read_text() == "someone else's"
