@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from .schema import PPOFlowConfig, all_keys
 from .schema_checks import DERIVED, get_key
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
+from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
 """Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
@@ -310,6 +311,7 @@ def _where(keys: Sequence[str], origins: dict[KeyPath, str]) -> str:
 
 
 def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
+    _check_run_dir(config.trainer, origins)
     model = config.actor_rollout_ref.model
     _check_model(model.path, model.tokenizer_path, "actor_rollout_ref.model", origins)
     if config.use_critic:
@@ -323,6 +325,19 @@ def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
     _require(
         config.custom_reward_function.path, "custom_reward_function.path", "reward function file", origins
     )
+
+
+def _check_run_dir(trainer: TrainerConfig, origins: dict[KeyPath, str]) -> None:
+    """The schema refuses glob characters in the configured run directory; a relative one also takes
+    them from the directory it is run from, which only this machine knows."""
+    resolved = trainer.run_dir.resolve()
+    if any(char in str(resolved) for char in GLOB_CHARACTERS):
+        key = "trainer.experiment_name" if trainer.default_local_dir is None else "trainer.default_local_dir"
+        raise ConfigError(
+            f"run directory '{trainer.run_dir}' is '{resolved}' from this directory, which has glob "
+            f"characters ({GLOB_CHARACTERS}): DuckDB reads the run's tables by glob; run from another "
+            f"directory or set trainer.default_local_dir to one without them{_where([key], origins)}"
+        )
 
 
 def _is_local(path: str | None) -> bool:

@@ -2,11 +2,23 @@
 the sub-sections that several sections embed (optimizer, FSDP, DeepSpeed, checkpoint contents)."""
 
 import math
-from collections.abc import Sequence
-from typing import Annotated, Any, ClassVar, Literal, get_origin
+import types
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 
 class ConfigError(ValueError):
@@ -46,6 +58,19 @@ class Section(BaseModel):
             data[name] = value
         return data
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads True as 1 and 1.0, so `optim.lr=true` trained at a learning rate
+        # of 1.0; YAML also reads yes/no/on/off as booleans.
+        if info.field_name is None:
+            return value
+        found = misplaced_boolean(cls.model_fields[info.field_name].annotation, value)
+        if found is None:
+            return value
+        loc, wanted = found
+        raise error_at(loc, found_value(value, loc), f"Input should be {wanted}, not a boolean")
+
 
 def section_type(field: FieldInfo) -> type[Section] | None:
     """The sub-section class a field holds, or None for a value (leaf) field."""
@@ -53,6 +78,72 @@ def section_type(field: FieldInfo) -> type[Section] | None:
     if isinstance(annotation, type) and issubclass(annotation, Section):
         return annotation
     return None
+
+
+def error_at(loc: tuple[int | str, ...], value: Any, message: str) -> ValidationError:
+    """An error at `loc` below the field or section being validated: pydantic prefixes the enclosing
+    keys, so the loader names the exact key (betas[0], weights.correctness) with the bad value."""
+    error = PydanticCustomError("value_error", message)
+    return ValidationError.from_exception_data(
+        "Section", [InitErrorDetails(type=error, loc=loc, input=value)]
+    )
+
+
+def found_value(value: Any, loc: tuple[int | str, ...]) -> Any:
+    """The element at `loc` inside a value: the error shows it rather than the whole list."""
+    for key in loc:
+        value = value[key]
+    return value
+
+
+def misplaced_boolean(annotation: Any, value: Any) -> tuple[tuple[int | str, ...], str] | None:
+    """Where a bool sits in `value` at a place `annotation` types as int or float (and what it wants
+    there: 'an integer' or 'a number'), or None. Places that take a bool (bool, Any, Literal[True],
+    free-form entries) keep it."""
+    members = _members(annotation)
+    if isinstance(value, bool):
+        wanted = _number_wanted(members)
+        return ((), wanted) if wanted and not _takes_boolean(members) else None
+    for key, slot, item in _slots(members, value):
+        found = misplaced_boolean(slot, item)
+        if found is not None:
+            return (key, *found[0]), found[1]
+    return None
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The alternatives of a (possibly Annotated, possibly optional) type."""
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [member for arg in get_args(annotation) for member in _members(arg)]
+    return [annotation]
+
+
+def _number_wanted(members: list[Any]) -> str | None:
+    if float in members:
+        return "a number"
+    literals = [arg for m in members if get_origin(m) is Literal for arg in get_args(m)]
+    if int in members or any(isinstance(arg, int) and not isinstance(arg, bool) for arg in literals):
+        return "an integer"
+    return None
+
+
+def _takes_boolean(members: list[Any]) -> bool:
+    literals = [arg for m in members if get_origin(m) is Literal for arg in get_args(m)]
+    return bool in members or Any in members or any(isinstance(arg, bool) for arg in literals)
+
+
+def _slots(members: list[Any], value: Any) -> Iterable[tuple[int | str, Any, Any]]:
+    """(key, element type, element) of a list, tuple or dict value against a container type."""
+    for member in members:
+        origin, args = get_origin(member), get_args(member)
+        if isinstance(value, list | tuple) and origin in (list, tuple) and args:
+            variadic = origin is list or (len(args) == 2 and args[1] is Ellipsis)
+            return zip(range(len(value)), repeat(args[0]) if variadic else args, value, strict=False)
+        if isinstance(value, dict) and origin is dict and args:
+            return ((key, args[1], item) for key, item in value.items())
+    return ()
 
 
 def is_open_mapping(field: FieldInfo) -> bool:

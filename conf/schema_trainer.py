@@ -4,9 +4,15 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from .schema_common import Section, Seed
+from .schema_common import Section, Seed, error_at
+
+GLOB_CHARACTERS = "*?[]{}"
+"""What DuckDB reads as a pattern in a path: the run's tables are read by glob (tasks/catalog.py)."""
+
+NAME_MAX = 255
+"""The longest file name, in bytes, that Linux and macOS file systems take."""
 
 
 class TrainerConfig(Section):
@@ -50,7 +56,8 @@ class TrainerConfig(Section):
     critic_warmup: int = Field(0, ge=0)
     """Iterations that update only the critic before the actor starts."""
     default_local_dir: str | None = None
-    """Run directory; None means runs/<experiment_name> (see run_dir)."""
+    """Run directory; None means runs/<experiment_name> (see run_dir). No glob character (*?[]{}) and
+    no component longer than 255 bytes, so that the run can be written and read back."""
     max_actor_ckpt_to_keep: int | None = Field(None, gt=0)
     """Actor checkpoints kept on disk; None keeps all."""
     max_critic_ckpt_to_keep: int | None = Field(None, gt=0)
@@ -83,7 +90,47 @@ class TrainerConfig(Section):
                 f"a plain name for the run directory runs/<name> ({problem}); "
                 "to put the run elsewhere set trainer.default_local_dir"
             )
+        size = len(value.encode())
+        if size > NAME_MAX:
+            raise ValueError(
+                f"a name of at most {NAME_MAX} bytes in UTF-8 (it names the folder runs/<name>), "
+                f"got {size} bytes"
+            )
         return value
+
+    @field_validator("default_local_dir")
+    @classmethod
+    def _writable_dir(cls, value: str | None) -> str | None:
+        # Refused here rather than after a first step has run and written files into it.
+        if value is None:
+            return value
+        if any(char in value for char in GLOB_CHARACTERS):
+            raise ValueError(
+                f"a run directory without glob characters ({GLOB_CHARACTERS}): "
+                "DuckDB reads the run's tables by glob"
+            )
+        size = max((len(part.encode()) for part in Path(value).parts), default=0)
+        if size > NAME_MAX:
+            raise ValueError(
+                f"path components of at most {NAME_MAX} bytes in UTF-8 (the longest file name), "
+                f"got one of {size} bytes"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _name_globs_only_elsewhere(self) -> "TrainerConfig":
+        # The name is a path only when it makes the run directory: elsewhere it just labels the
+        # logger's run, where brackets are common (lr[3e-4]).
+        name = self.experiment_name
+        if self.default_local_dir is None and any(char in name for char in GLOB_CHARACTERS):
+            raise error_at(
+                ("experiment_name",),
+                name,
+                f"a name without glob characters ({GLOB_CHARACTERS}) for the run directory runs/<name>: "
+                "DuckDB reads the run's tables by glob; to keep this name, set trainer.default_local_dir "
+                "to a directory without them",
+            )
+        return self
 
     @property
     def world_size(self) -> int:

@@ -12,6 +12,8 @@ import codecs
 import hashlib
 import json
 import os
+import re
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from .common import ModelState, Run, StageResult, StageTimer, current_cache_key,
 from .console import say
 from .models import tokenizer_of
 from .prepare import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
-from .prompt_rows import Rejected, dumps, prompt_row
+from .prompt_rows import Rejected, prompt_row, raw_text
 from .rollout import prompt_token_ids
 from .schemas import SCHEMAS
 from .storage import ArtifactRef, write_table
@@ -198,22 +200,68 @@ def _jsonl_rows(content: bytes) -> Iterator[tuple[int, str, Any]]:
             continue
         text = raw.decode("utf-8", errors="replace")
         try:
-            yield line, text, json.loads(raw.decode("utf-8"))
+            decoded = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             yield line, text, Rejected("not UTF-8", f"not UTF-8: {exc}")
-        except json.JSONDecodeError as exc:
-            yield line, text, Rejected("malformed JSON", f"malformed JSON: {exc}")
+            continue
+        yield line, text, _parsed(decoded)
+
+
+def _parsed(text: str) -> Any:
+    """The JSON value of one row, or Rejected: a row json cannot read is that row's reject."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return Rejected("malformed JSON", f"malformed JSON: {exc}")
+    except RecursionError:
+        return Rejected("malformed JSON", "malformed JSON: nested too deeply")
+    except ValueError:  # json's only other error: an integer longer than Python reads
+        digits = sys.get_int_max_str_digits()
+        return Rejected(
+            "malformed JSON", f"malformed JSON: a number of more than {digits} digits (Python's limit)"
+        )
 
 
 def _json_rows(path: Path, content: bytes) -> Iterator[tuple[int, str, Any]]:
     try:
-        records = json.loads(content.decode("utf-8-sig"))
+        text = content.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ValueError(f"data file {path} is not UTF-8: {exc}") from exc
+    try:
+        records = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"data file {path} is not a JSON list: malformed JSON: {exc}") from exc
+    except (RecursionError, ValueError):  # an element nested too deeply, or too long a number
+        for i, element in enumerate(_list_elements(path, text)):
+            yield i + 1, element, _parsed(element)
+        return
     for i, record in enumerate(records):
-        yield i + 1, dumps(record), record
+        yield i + 1, raw_text(record), record
+
+
+_LIST_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]', re.S)
+
+
+def _list_elements(path: Path, text: str) -> list[str]:
+    """The text of each element of a top-level JSON list, split at the commas outside strings and
+    brackets: found without recursion, for a list json.loads gave up on. A list left open ends with
+    its last element; text after the list is an error of the file, as json.loads makes it."""
+    elements: list[str] = []
+    depth, start = 0, text.index("[") + 1
+    for token in _LIST_TOKEN.finditer(text, start):
+        char = token.group()[0]
+        if char in "[{":
+            depth += 1
+        elif char in "]}" and depth:
+            depth -= 1
+        elif char == "]" or (char == "," and not depth):
+            elements.append(text[start : token.start()].strip())
+            start = token.end()
+            if char == "]":
+                if text[start:].strip():
+                    raise ValueError(f"data file {path} is not a JSON list: text after the list")
+                return elements
+    return [*elements, text[start:].strip()]
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
@@ -222,7 +270,7 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
     except (pa.ArrowException, OSError) as exc:
         raise ValueError(f"data file {path} is not readable parquet: {exc}") from exc
     for i, record in enumerate(records):
-        yield i + 1, dumps(record), record
+        yield i + 1, raw_text(record), record
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 from ppoflow.engine.gsm8k import verl_record
 
 VERL_FIELDS = {"prompt", "reward_model", "data_source"}
 JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+KEPT_FIELDS = ("data_source", "ability", "reward_model", "extra_info")
+"""The fields besides the prompt whose values reach the prompts table."""
+MAX_DEPTH = 100
+"""Deepest nesting a kept field may have. verl's rows nest three levels and pyarrow reads parquet no
+deeper than about 50, while json.dumps (of extra_info, of a reject's raw text) recurses once per
+level up to Python's recursion limit (1000)."""
 
 
 class Rejected(Exception):
@@ -30,7 +37,9 @@ def prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
     if not isinstance(record, dict):
         raise Rejected("not an object", f"not an object: a JSON {_json_type(record)}")
     if _is_raw_gsm8k(record):
+        _check_values(record, ("question", "answer"))
         record, prompt_key = _gsm8k_record(record, split, position), "prompt"
+    _check_values(record, (prompt_key, *KEPT_FIELDS))
     if record.get(prompt_key) is None:
         raise Rejected("missing prompt", f"missing prompt: no {prompt_key!r} field (data.prompt_key)")
     text, messages = _prompt(record[prompt_key])
@@ -45,6 +54,63 @@ def prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
         "ground_truth": _ground_truth(record.get("reward_model")),
         "extra_info": json.dumps(record.get("extra_info") or {}, default=str),
     }
+
+
+def _check_values(record: dict, fields: tuple[str, ...]) -> None:
+    """Reject what no later write can take: a lone surrogate (no UTF-8 writer encodes one), an integer
+    too long for Python to print, nesting deeper than MAX_DEPTH. Walked with a stack of its own: a
+    recursive walk would fail on the very rows it is meant to catch."""
+    stack = [(name, name, record[name], 0) for name in reversed(fields) if name in record]
+    while stack:
+        field, path, value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise Rejected(
+                "malformed JSON",
+                f"malformed JSON: nested too deeply (more than {MAX_DEPTH} levels, in {field})",
+            )
+        _check_scalar(path, value)
+        stack.extend((field, sub, item, depth + 1) for sub, item in reversed(_children(path, value)))
+
+
+def _check_scalar(path: str, value: Any) -> None:
+    if isinstance(value, str) and not value.isascii() and _has_surrogate(value):
+        raise Rejected("not valid Unicode", f"not valid Unicode: lone surrogate in {path}")
+    if isinstance(value, int) and not _printable(value):
+        digits = sys.get_int_max_str_digits()
+        raise Rejected("number too long", f"a number of more than {digits} digits in {path}")
+
+
+def _children(path: str, value: Any) -> list[tuple[str, Any]]:
+    """(path, element) of each element of a list or dict; a dict's keys are listed as elements too,
+    so that they are checked as the strings they are."""
+    if isinstance(value, dict):
+        paths = [(f"{path}.{_escaped(str(key))}", key, item) for key, item in value.items()]
+        return [pair for sub, key, item in paths for pair in ((sub, key), (sub, item))]
+    if isinstance(value, list | tuple):
+        return [(f"{path}[{index}]", item) for index, item in enumerate(value)]
+    return []
+
+
+def _has_surrogate(text: str) -> bool:
+    # json reads a valid escaped pair as one character, so any surrogate left in a str is lone.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _printable(number: int) -> bool:
+    try:
+        str(number)
+    except ValueError:  # past sys.get_int_max_str_digits()
+        return False
+    return True
+
+
+def _escaped(text: str) -> str:
+    """Lone surrogates as their JSON escapes (\\ud800), so that the text can be written as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def _prompt(prompt: Any) -> tuple[str | None, list[dict] | None]:
@@ -159,3 +225,14 @@ def _short(value: Any) -> str:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def raw_text(record: Any) -> str:
+    """A source row as JSON text for the rejects table, lone surrogates written as escapes; a row
+    nested too deeply, or holding too long an integer, for json to write is described instead."""
+    try:
+        return _escaped(dumps(record))
+    except RecursionError:
+        return "(not shown: nested too deeply to print)"
+    except ValueError:  # json.dumps's other error on a parsed row: an integer too long to print
+        return f"(not shown: a number of more than {sys.get_int_max_str_digits()} digits)"

@@ -162,6 +162,83 @@ def test_beta_outside_zero_one_is_refused(override, shown, wanted):
     assert error_of(override) == expected(override, shown, wanted)
 
 
+BOOLEAN_SPELLINGS = ["true", "True", "TRUE", "false", "False", "yes", "no", "on", "off"]
+"""What YAML 1.1 (PyYAML, as OmegaConf) reads as a boolean, in overrides and files alike."""
+
+NUMBER_KEYS = [
+    ("actor_rollout_ref.actor.optim.lr", "a number"),
+    ("actor_rollout_ref.actor.entropy_coeff", "a number"),
+    ("data.max_reject_fraction", "a number"),
+    ("critic.cliprange_value", "a number"),
+    ("trainer.total_training_steps", "an integer"),  # int | None
+    ("actor_rollout_ref.rollout.n", "an integer"),
+    ("trainer.seed", "an integer"),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "an integer"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "an integer"),  # Literal[1]
+    ("actor_rollout_ref.actor.deepspeed_config.zero_stage", "an integer"),  # Literal[0, 1, 2, 3]
+]
+
+
+@pytest.mark.parametrize("spelling", BOOLEAN_SPELLINGS)
+@pytest.mark.parametrize(("key", "wanted"), NUMBER_KEYS)
+def test_boolean_for_a_number_is_refused(key, wanted, spelling):
+    # pydantic's lax mode reads True as 1 and 1.0: lr=true trained at a learning rate of 1.0.
+    override = f"{key}={spelling}"
+    shown = repr(spelling.lower() in ("true", "yes", "on"))
+    assert error_of(override) == expected(override, shown, f"{wanted}, not a boolean")
+
+
+@pytest.mark.parametrize(
+    ("override", "shown", "key"),
+    [
+        ("actor_rollout_ref.actor.optim.betas=[true, 0.999]", "True", None),
+        ("critic.optim.betas=[0.9, false]", "False", None),  # False would have read as a valid 0.0
+        ("reward.weights.correctness=true", "True", None),
+        ("reward.weights={format: no}", "False", "reward.weights.format"),
+    ],
+)
+def test_boolean_inside_a_numeric_list_or_mapping_is_refused(override, shown, key):
+    assert error_of(override) == expected(override, shown, "a number, not a boolean", key=key)
+
+
+def test_boolean_for_a_number_in_a_config_file_is_refused(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  total_training_steps: yes\n")
+    assert error_of(path=path) == (
+        f"invalid value True for 'trainer.total_training_steps' (file '{path}'): "
+        "expected an integer, not a boolean"
+    )
+
+
+def test_boolean_for_a_number_is_refused_when_the_tree_is_built_directly():
+    with pytest.raises(ValidationError, match="Input should be a number, not a boolean") as info:
+        PPOFlowConfig.model_validate({"actor_rollout_ref": {"actor": {"optim": {"betas": [0.9, True]}}}})
+    assert info.value.errors()[0]["loc"] == ("actor_rollout_ref", "actor", "optim", "betas", 1)
+
+
+@pytest.mark.parametrize(
+    ("spelling", "value"), [("true", True), ("True", True), ("yes", True), ("off", False)]
+)
+def test_boolean_keys_and_free_form_entries_still_take_booleans(spelling, value):
+    cfg = load_config(
+        None,
+        [
+            f"trainer.val_only={spelling}",
+            f"actor_rollout_ref.actor.use_kl_loss={spelling}",
+            f"actor_rollout_ref.model.override_config.use_cache={spelling}",
+            f"actor_rollout_ref.actor.fsdp_config.wrap_policy.transformer_layer_cls={spelling}",
+        ],
+    )
+    assert cfg.trainer.val_only is value and cfg.actor_rollout_ref.actor.use_kl_loss is value
+    assert cfg.actor_rollout_ref.model.override_config["use_cache"] is value
+    assert cfg.actor_rollout_ref.actor.fsdp_config.wrap_policy == {"transformer_layer_cls": value}
+
+
+def test_integers_still_load_as_floats_and_floats_as_whole_integers():
+    cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1", "trainer.total_training_steps=3.0"])
+    assert cfg.actor_rollout_ref.actor.optim.lr == 1.0 and cfg.trainer.total_training_steps == 3
+
+
 PLAIN_NAME = (
     "a plain name for the run directory runs/<name> ({}); "
     "to put the run elsewhere set trainer.default_local_dir"
@@ -293,6 +370,7 @@ def ppoflow(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         ("actor_rollout_ref.actor.optim.lr=inf", "invalid value 'inf' for 'actor_rollout_ref.actor.optim"),
         ("reward.weights.correctness=.nan", "invalid value nan for 'reward.weights.correctness'"),
         ("trainer.experiment_name={tmp}/escape", "(it is an absolute path)"),
+        ("actor_rollout_ref.actor.optim.lr=true", "expected a number, not a boolean"),
     ],
 )
 def test_cli_refuses_with_exit_2_before_writing(tmp_path, command, override, message):

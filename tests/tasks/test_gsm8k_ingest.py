@@ -179,6 +179,24 @@ def test_raw_rows_with_an_empty_question_or_no_answer_number_are_rejected(tmp_pa
     assert [(r["prompt_id"], r["ground_truth"]) for r in kept] == [("train-10", "5")]
 
 
+def test_raw_rows_with_a_lone_surrogate_are_rejected_naming_the_field(tmp_path, tokenizer_state):
+    # json reads the escape \ud800 as a lone surrogate, which the prompts table cannot encode.
+    answer = "She has 2 + 3 = 5 apples.\n#### 5"
+    rows = [
+        {"question": "How many\ud800?", "answer": answer},
+        {"question": "How many?", "answer": answer.replace("She", "\udfffShe")},
+        {"question": "How many?", "answer": answer},
+    ]
+    source = write_lines(tmp_path / "train.jsonl", [json.dumps(row) for row in rows])
+    result, kept = ingest(tmp_path, tokenizer_state, source, max_reject_fraction=1.0)
+    reasons = pq.read_table(tmp_path / "run/data/rejects_train.parquet").to_pylist()
+    assert [(r["line"], r["reason"]) for r in reasons] == [
+        (1, "not valid Unicode: lone surrogate in question"),
+        (2, "not valid Unicode: lone surrogate in answer"),
+    ]
+    assert [(r["prompt_id"], r["ground_truth"]) for r in kept] == [("train-2", "5")]
+
+
 def test_verl_parquet_gives_the_same_prompts_as_raw_jsonl(tmp_path, tokenizer_state):
     lines = gsm8k_lines("train.jsonl", 20)
     _, from_jsonl = ingest(tmp_path, tokenizer_state, write_lines(tmp_path / "train.jsonl", lines), run="a")
