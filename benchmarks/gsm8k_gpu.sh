@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-20}"
-data="${2:-../shared/data/gsm8k}"
+data="${2:-data/gsm8k}"
 run="runs/gsm8k-gpu-bench"
 rm -rf "$run"
 start=$(date +%s)

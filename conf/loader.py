@@ -6,6 +6,7 @@ made it, so each error names the key, the layer, the bad value and what is expec
 import copy
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -14,12 +15,17 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .effects import check_supported
+from .model_paths import local_model_path
 from .schema import PPOFlowConfig, all_keys
+from .schema_actor import ActorModelConfig
 from .schema_checks import DERIVED, get_key
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
 from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
+TINY_MODEL = ActorModelConfig.model_fields["path"].default
+"""The built-in tiny model, the only one the embedded default is for."""
 """Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
@@ -57,11 +63,12 @@ _YamlLoader.add_implicit_resolver(
 )
 
 
-def _uses_builtin_model(assignments: list[Assignment]) -> bool:
+def _uses_tiny_model(assignments: list[Assignment]) -> bool:
     """The embedded default tunes the built-in tiny model; a command line that points the actor at
-    another model gets verl's defaults instead of silently inheriting the tiny model's settings."""
+    any other model (the built-in SmolLM2 too) gets verl's defaults instead of silently inheriting
+    the tiny model's settings."""
     paths = [a.value for a in assignments if a.path == ("actor_rollout_ref", "model", "path")]
-    return not paths or str(paths[-1]).startswith("builtin:")
+    return not paths or paths[-1] == TINY_MODEL
 
 
 def load_config(
@@ -83,13 +90,33 @@ def load_config(
         assignments += _file_assignments(Path(config_path), "file")
     for number, text in enumerate(overrides, start=1):
         assignments += _override_assignments(number, text)
-    if base == "embedded" and config_path is None and _uses_builtin_model(assignments):
+    if base == "embedded" and config_path is None and _uses_tiny_model(assignments):
         assignments = _file_assignments(EMBEDDED_DEFAULT, "embedded default") + assignments
     tree, origins = _merge(assignments)
     config = _validate(tree, origins)
+    config._origins = {".".join(key): origin for key, origin in origins.items()}
+    check_supported(config, lambda key: _origin_under(key, origins))
     if check_paths:
         _check_paths(config, origins)
     return config
+
+
+PATH_KEYS = {("data", "train_files"), ("data", "val_files"), ("custom_reward_function", "path")}
+"""Keys naming files, which a config file names relative to its own folder (an override: to the
+working directory). They are stored absolute, so that the run's config.yaml reads back the same."""
+
+
+def _absolute(assignment: Assignment, folder: Path) -> Assignment:
+    def resolve(name: Any) -> Any:
+        if not isinstance(name, str) or not _is_local(name) or Path(name).is_absolute():
+            return name
+        return os.path.normpath(folder.absolute() / name)
+
+    if assignment.path not in PATH_KEYS:
+        return assignment
+    value = assignment.value
+    resolved = [resolve(v) for v in value] if isinstance(value, list) else resolve(value)
+    return assignment._replace(value=resolved)
 
 
 def _file_assignments(path: Path, kind: str) -> list[Assignment]:
@@ -105,7 +132,7 @@ def _file_assignments(path: Path, kind: str) -> list[Assignment]:
         return []
     if not isinstance(data, dict):
         raise ConfigError(f"YAML file '{path}' must map keys to values, but holds a {type(data).__name__}")
-    return list(_assignments((), data, f"{kind} '{path}'"))
+    return [_absolute(a, path.parent) for a in _assignments((), data, f"{kind} '{path}'")]
 
 
 def _override_assignments(number: int, text: str) -> list[Assignment]:
@@ -119,7 +146,7 @@ def _override_assignments(number: int, text: str) -> list[Assignment]:
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or exc
         raise ConfigError(f"cannot parse the value {raw!r} of {origin}: {problem}") from None
-    return list(_assignments(tuple(key.split(".")), value, origin))
+    return [_absolute(a, Path.cwd()) for a in _assignments(tuple(key.split(".")), value, origin)]
 
 
 def _assignments(raw: KeyPath, value: Any, origin: str) -> Iterator[Assignment]:
@@ -303,6 +330,13 @@ def _origin_of(key: str, origins: dict[KeyPath, str]) -> str:
     return "the model default"
 
 
+def _origin_under(key: str, origins: dict[KeyPath, str]) -> str:
+    """Who set a key, or for a free-form mapping the first entry set below it."""
+    path = tuple(key.split("."))
+    below = [origin for set_key, origin in origins.items() if set_key[: len(path)] == path]
+    return below[0] if below else _origin_of(key, origins)
+
+
 def _where(keys: Sequence[str], origins: dict[KeyPath, str]) -> str:
     """Where the keys of a cross-key error were set; keys left at their defaults are not listed."""
     set_by = [(key, _origin_of(key, origins)) for key in keys]
@@ -347,13 +381,25 @@ def _is_local(path: str | None) -> bool:
 
 def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str]) -> None:
     if _is_local(path) and not Path(str(path)).exists():
-        raise ConfigError(f"{what} '{path}' ({key}) does not exist{_where([key], origins)}")
+        origin = _origin_of(key, origins)
+        relative = (
+            " (a relative path in a config file is read from the file's folder)"
+            if (origin.startswith("file "))
+            else ""
+        )
+        raise ConfigError(f"{what} '{path}' ({key}) does not exist{relative}{_where([key], origins)}")
 
 
 def _check_model(
     path: str | None, tokenizer_path: str | None, section: str, origins: dict[KeyPath, str]
 ) -> None:
     key = f"{section}.path"
+    try:
+        path = None if path is None else local_model_path(path, key)
+        tokenizer_key = f"{section}.tokenizer_path"
+        tokenizer_path = None if tokenizer_path is None else local_model_path(tokenizer_path, tokenizer_key)
+    except ConfigError as error:
+        raise ConfigError(f"{error}{_where(error.keys, origins)}") from None
     _require(path, key, "model path", origins)
     _require(tokenizer_path, f"{section}.tokenizer_path", "tokenizer path", origins)
     if not _is_local(path):

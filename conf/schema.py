@@ -1,15 +1,18 @@
 """The whole config tree, `PPOFlowConfig`: verl's key names, ppoflow's defaults, each written once,
 here and in the section modules. YAML files under conf/ hold overrides only (see loader.py)."""
 
+import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from pydantic_core import to_jsonable_python
 
+from .effects import without_effect
 from .schema_actor import ActorRolloutRefConfig
 from .schema_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
 from .schema_checks import resolve_and_check
@@ -41,6 +44,12 @@ class PPOFlowConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     """The training loop."""
 
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    """Dotted key → the layer that set it (load_config fills it); keys not in it are defaults."""
+
+    def __eq__(self, other: object) -> bool:  # the values, whichever layers set them
+        return isinstance(other, PPOFlowConfig) and self.model_dump() == other.model_dump()
+
     @model_validator(mode="after")
     def _resolve_and_check(self) -> "PPOFlowConfig":
         resolve_and_check(self)
@@ -66,9 +75,77 @@ class PPOFlowConfig(Section):
         """The run directory: trainer.default_local_dir, else runs/<trainer.experiment_name>."""
         return self.trainer.run_dir
 
-    def to_yaml(self) -> str:
-        """The full effective config as YAML; load_config reads it back to an equal config."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+    def to_yaml(self, *, origins: bool = False) -> str:
+        """The full effective config as YAML; load_config reads it back to an equal config. With
+        `origins`, each value set by a layer carries a comment naming it (the rest are defaults)."""
+        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+        if not origins:
+            return text
+        header = (
+            "# The effective config: a comment names the layer that set a value; the rest are defaults.\n"
+        )
+        return header + _annotated(text, self._origins)
+
+    def origin_of(self, key: str) -> str:
+        """The layer that set a dotted key: a config file, an override, the embedded default."""
+        return self._origins.get(key, "the model default")
+
+    def settings_without_effect(self) -> list[tuple[str, str]]:
+        """(key, why) for each key a user's layer set to other than its default that has no effect in
+        this run (conf/effects.py); a whole effective config read back as a file is not noise."""
+        chosen = [
+            key
+            for key, origin in self._origins.items()
+            if not origin.startswith("embedded default") and value_at(self, key) != default_of(key)
+        ]
+        return without_effect(self, chosen)
+
+    def no_effect_warning(self) -> str | None:
+        """One line naming the keys set that have no effect in this run, grouped by why; or None."""
+        reasons: dict[str, list[str]] = {}
+        for key, why in self.settings_without_effect():
+            reasons.setdefault(why, []).append(key)
+        if not reasons:
+            return None
+        return "no effect in this run: " + "; ".join(f"{', '.join(k)} ({why})" for why, k in reasons.items())
+
+
+def value_at(cfg: BaseModel, key: str) -> Any:
+    """The value at a dotted key, entries of free-form mappings included."""
+    value: Any = cfg
+    for name in key.split("."):
+        value = value.get(name) if isinstance(value, dict) else getattr(value, name)
+    return value
+
+
+def default_of(key: str) -> Any:
+    """A dotted key's value in the default config (keys that follow others included; an entry of a
+    free-form mapping that is not there by default: None)."""
+    return value_at(_default_config(), key)
+
+
+@functools.cache
+def _default_config() -> "PPOFlowConfig":
+    return PPOFlowConfig()
+
+
+_KEY_LINE = re.compile(r"^( *)(?:- )?([^ #:'\"][^:]*|'[^']*'|\"[^\"]*\"):(?: |$)")
+
+
+def _annotated(text: str, origins: dict[str, str]) -> str:
+    """YAML from safe_dump with `# <origin>` after each key that a layer set."""
+    path: list[tuple[int, str]] = []
+    lines = []
+    for line in text.splitlines():
+        match = _KEY_LINE.match(line)
+        if match is not None and not line.lstrip().startswith("- "):
+            indent, key = len(match.group(1)), match.group(2).strip("'\"")
+            path = [(i, k) for i, k in path if i < indent] + [(indent, key)]
+            origin = origins.get(".".join(k for _, k in path))
+            if origin is not None:
+                line = f"{line}  # {origin}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def all_keys(model: type[BaseModel] = PPOFlowConfig, prefix: str = "") -> list[str]:

@@ -191,8 +191,9 @@ class RolloutConfig(Section):
     """Token budget of one forward batch when log_prob_use_dynamic_bsz is on."""
     calculate_log_probs: bool = False
     """Also return the engine's own log-probs of the sampled tokens (rollout_log_probs)."""
-    seed: Seed = 0
-    """Sampling seed; each iteration derives its own from it."""
+    seed: Seed | None = None
+    """Sampling seed of training rollouts; each iteration derives its own from it. None follows
+    trainer.seed (verl's default is 0)."""
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling used for validation."""
 

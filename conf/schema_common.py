@@ -213,7 +213,7 @@ class OptimConfig(Section):
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     """AdamW moment coefficients (β1, β2), each in [0, 1)."""
     total_training_steps: int = -1
-    """Steps the schedule spans; -1 is filled in at run time from the trainer's step count."""
+    """Steps the LR schedule (cosine decay, warm-up ratio) spans; -1 follows the run's training steps."""
 
 
 class FsdpConfig(Section):

@@ -66,10 +66,12 @@ def generate_rollouts(
     seed: int,
     pad_token_id: int,
     micro_batch_size: int,
+    ref_micro_batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
-    trainer's forward pass at the sampling temperature."""
+    trainer's forward pass at the sampling temperature, `micro_batch_size` (and
+    `ref_micro_batch_size`, default the same) sequences at a time."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
     out = engine.generate(repeated, params, seed=seed, on_batch=on_batch)
     batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
@@ -78,7 +80,12 @@ def generate_rollouts(
     ref = None
     if reference is not None:
         ref = unpad(
-            compute_log_probs(reference, batch, temperature=temperature, micro_batch_size=micro_batch_size),
+            compute_log_probs(
+                reference,
+                batch,
+                temperature=temperature,
+                micro_batch_size=ref_micro_batch_size or micro_batch_size,
+            ),
             batch.response_mask,
         )
     return Rollouts(

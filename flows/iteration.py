@@ -60,7 +60,7 @@ def ppo_iteration(
         prompts=data.train.ref,
         rollout=sc.rollout,
         batching=sc.batching,
-        seed=sc.seed,
+        seed=sc.rollout_seed,
     )
     reward = stage(reward_stage, step=step, rollouts=rollout.ref, prompts=data.train.ref, reward=sc.reward)
     advantage = stage(

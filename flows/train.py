@@ -9,7 +9,7 @@ from prefect import flow
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
 from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState
-from ppoflow.tasks.console import report_iteration, report_run
+from ppoflow.tasks.console import report_iteration, report_run, say
 from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, require_full_batch, source_digest
 from ppoflow.tasks.models import set_device
 from ppoflow.tasks.prepare import (
@@ -19,6 +19,7 @@ from ppoflow.tasks.prepare import (
     model_source,
     open_run,
     prepare_model,
+    require_same_tokenizer,
     set_torch_threads,
 )
 from ppoflow.tasks.results import run_stage
@@ -43,7 +44,9 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 def train(cfg: PPOFlowConfig) -> dict:
     set_torch_threads(cfg.trainer.num_threads)
     set_device(cfg.trainer.device)
-    run = open_run(cfg.run_dir, cfg.to_yaml(), recompute=cfg.trainer.resume_mode == "disable")
+    run = open_run(cfg.run_dir, cfg.to_yaml(origins=True), recompute=cfg.trainer.resume_mode == "disable")
+    if (warning := cfg.no_effect_warning()) is not None:
+        say(f"ppoflow: {warning}")
     try:
         return _train(run, cfg)
     finally:
@@ -61,7 +64,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     )
     val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
     data = _datasets(run, cfg, base)
-    first, state = _starting_state(cfg, sc, base)
+    first, state = _starting_state(cfg, sc, base, _critic_base(run, cfg, base) if sc.use_critic else None)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     tracking = Tracking(cfg, run.path, total)
     history = []
@@ -114,11 +117,25 @@ def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
     return Datasets(train=train, val=ingest(cfg.data.val_files, "val"))
 
 
-def _starting_state(cfg: PPOFlowConfig, sc, base: ModelState) -> tuple[int, TrainState]:
-    """(first step, models and β): the base model, or a saved checkpoint with resume_mode=resume_path."""
+def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
+    """The critic's backbone: the actor's base model, or critic.model.path when it names another."""
+    path = cfg.critic.model.path
+    if path == cfg.actor_rollout_ref.model.path:
+        return base
+    critic_base, _ = run_stage(
+        prepare_model, run, model_path=path, seed=cfg.trainer.seed, source=model_source(path)
+    )
+    require_same_tokenizer(run, base, critic_base, path)
+    return critic_base
+
+
+def _starting_state(
+    cfg: PPOFlowConfig, sc, base: ModelState, critic_base: ModelState | None
+) -> tuple[int, TrainState]:
+    """(first step, models and β): the base models, or a saved checkpoint with resume_mode=resume_path."""
     state = TrainState(
         actor=base,
-        critic=critic_state(base) if sc.use_critic else None,
+        critic=critic_state(critic_base) if critic_base is not None else None,
         reference=base if sc.use_reference else None,
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )

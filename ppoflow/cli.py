@@ -135,13 +135,13 @@ def _load(args):
 
 def _train(args) -> int:
     _quiet_libraries(args.verbose)
-    cfg = _load(args)
-    if cfg is None:
-        return 2
-    if not args.verbose:
+    if not args.verbose:  # before the config is loaded: checking a GGUF model converts it once
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()
+    cfg = _load(args)
+    if cfg is None:
+        return 2
     from ppoflow.train_command import run_training
 
     return run_training(args.config, args.overrides, cfg.run_dir, args.verbose)
@@ -151,7 +151,9 @@ def _config(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
-    print(cfg.to_yaml(), end="")
+    print(cfg.to_yaml(origins=True), end="")
+    if (warning := cfg.no_effect_warning()) is not None:
+        print(f"ppoflow: {warning}", file=sys.stderr)
     return 0
 
 

@@ -37,6 +37,7 @@ from .storage import ArtifactRef, write_table
 
 INGEST_KEYS = (
     "prompt_key",
+    "reward_fn_key",
     "max_prompt_length",
     "truncation",
     "filter_overlong_prompts",
@@ -148,7 +149,7 @@ def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[
         position = -1
         for position, (line, raw, record) in enumerate(_read_rows(Path(name))):
             try:
-                row = prompt_row(record, data["prompt_key"], split, position)
+                row = prompt_row(record, data["prompt_key"], split, position, data["reward_fn_key"])
                 _check_length(tokenizer, row, data)
                 first = seen.get(row["prompt_id"])
                 if first is not None:

@@ -14,13 +14,14 @@ from pathlib import Path
 
 from prefect import task
 
+from ppoflow.conf.model_paths import local_model_path
 from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 
 from .catalog import refresh_catalog
 from .common import ModelState, Run, digest_of, stage_cache_key
 from .lock import acquire_run_lock, release_run_lock
-from .models import directory_digest
+from .models import directory_digest, tokenizer_of
 from .results import RESULTS_DIR
 from .storage import leads_outside, remove_stale_temp_files, write_text_atomic
 
@@ -149,12 +150,12 @@ def model_source(model_path: str) -> str:
     of its files (cheap; an edited model directory is a cache miss)."""
     if model_path.startswith("builtin:"):
         return model_path
-    path = Path(model_path).resolve()
+    path = Path(local_model_path(model_path)).resolve()
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     return digest_of([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
 
 
-@task(name="prepare_model", cache_key_fn=stage_cache_key)
+@task(name="prepare_model", task_run_name="prepare_model", cache_key_fn=stage_cache_key)
 def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelState:
     """The initial actor (and reference): the built-in tiny model copied into the run, a GGUF file
     (or the built-in SmolLM2) converted once to a cached Hugging Face directory, or a local Hugging
@@ -173,8 +174,8 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
         case _ if model_path.endswith(".gguf"):
             directory = converted_gguf(Path(model_path))
             checkpoint = str(directory)
-        case _:
-            directory = Path(model_path).resolve()
+        case _:  # a local directory, or a Hugging Face id in the local cache
+            directory = Path(local_model_path(model_path)).resolve()
             checkpoint = str(directory)
     return ModelState(role="actor", lineage=directory_digest(directory), step=0, checkpoint=checkpoint)
 
@@ -194,6 +195,17 @@ def _install_copy(source: Path, run: Run, relative: str) -> Path:
     return _replace_directory(
         target, lambda staging: shutil.copytree(source, staging, dirs_exist_ok=True, ignore=ignore)
     )
+
+
+def require_same_tokenizer(run: Run, actor: ModelState, critic: ModelState, critic_path: str) -> None:
+    """The critic scores the actor's responses token by token, so its model must share the actor's
+    vocabulary (verl reads the critic's tokenizer from the actor too)."""
+    if tokenizer_of(run, actor).get_vocab() != tokenizer_of(run, critic).get_vocab():
+        raise ValueError(
+            f"critic.model.path={critic_path}: its tokenizer is not the actor's "
+            f"(actor_rollout_ref.model.path): the critic reads the actor's tokens, so it needs a model "
+            "with the same vocabulary"
+        )
 
 
 def critic_state(base: ModelState) -> ModelState:

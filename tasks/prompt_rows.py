@@ -30,16 +30,20 @@ class Rejected(Exception):
         self.kind, self.reason = kind, reason or kind
 
 
-def prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
-    """One prompts-table row (prompt_id is the bare id), or Rejected."""
+def prompt_row(
+    record: Any, prompt_key: str, split: str, position: int, source_key: str = "data_source"
+) -> dict:
+    """One prompts-table row (prompt_id is the bare id), or Rejected. Its data_source, which picks
+    the reward function, is the row's `source_key` field (verl's data.reward_fn_key); a raw GSM8K
+    row gets verl's 'openai/gsm8k'."""
     if isinstance(record, Rejected):
         raise record
     if not isinstance(record, dict):
         raise Rejected("not an object", f"not an object: a JSON {_json_type(record)}")
     if _is_raw_gsm8k(record):
         _check_values(record, ("question", "answer"))
-        record, prompt_key = _gsm8k_record(record, split, position), "prompt"
-    _check_values(record, (prompt_key, *KEPT_FIELDS))
+        record, prompt_key, source_key = _gsm8k_record(record, split, position), "prompt", "data_source"
+    _check_values(record, (prompt_key, source_key, *KEPT_FIELDS))
     if record.get(prompt_key) is None:
         raise Rejected("missing prompt", f"missing prompt: no {prompt_key!r} field (data.prompt_key)")
     text, messages = _prompt(record[prompt_key])
@@ -47,7 +51,7 @@ def prompt_row(record: Any, prompt_key: str, split: str, position: int) -> dict:
         "prompt_id": _row_id(record.get("extra_info"), position),
         "split": split,
         "row_index": position,
-        "data_source": _data_source(record.get("data_source")),
+        "data_source": _data_source(record.get(source_key), source_key),
         "ability": _ability(record.get("ability")),
         "prompt_text": text,
         "prompt_messages": messages,
@@ -184,12 +188,13 @@ def _ground_truth(reward_model: Any) -> str:
     return str(truth)
 
 
-def _data_source(value: Any) -> str:
+def _data_source(value: Any, key: str = "data_source") -> str:
     """The name that selects the reward function; absent (or null, as in a parquet row) is 'unknown'."""
     if value is None:
         return "unknown"
     if not isinstance(value, str) or not value.strip():
-        raise Rejected("bad data source", f"data_source must be a non-empty string, got {_short(value)}")
+        named = key if key == "data_source" else f"{key} (data.reward_fn_key)"
+        raise Rejected("bad data source", f"{named} must be a non-empty string, got {_short(value)}")
     return value
 
 

@@ -100,6 +100,7 @@ def rollout_stage(
             seed=rollout_seed,
             pad_token_id=tokenizer.pad_token_id,
             micro_batch_size=rollout["log_prob_micro_batch_size_per_gpu"],
+            ref_micro_batch_size=rollout["ref_log_prob_micro_batch_size_per_gpu"],
             on_batch=advance,
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)

@@ -36,6 +36,7 @@ class StageConfig:
     reward: dict
     trainer: dict
     seed: int
+    rollout_seed: int
     use_critic: bool
     use_reference: bool
     critic_warmup: int
@@ -59,6 +60,7 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
     n = arr.rollout.n
     full_rollout = arr.rollout.model_dump(mode="json")
     rollout = {key: full_rollout[key] for key in ROLLOUT_KEYS}
+    rollout["ref_log_prob_micro_batch_size_per_gpu"] = arr.ref.log_prob_micro_batch_size_per_gpu
     actor = arr.actor.model_dump(mode="json") | {
         "effective_clip_ratio_low": arr.actor.effective_clip_ratio_low,
         "effective_clip_ratio_high": arr.actor.effective_clip_ratio_high,
@@ -97,6 +99,7 @@ def stage_config(cfg: PPOFlowConfig) -> StageConfig:
             "max_critic_ckpt_to_keep": cfg.trainer.max_critic_ckpt_to_keep,
         },
         seed=cfg.trainer.seed,
+        rollout_seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
         use_critic=cfg.use_critic,
         use_reference=cfg.use_reference_policy,
         critic_warmup=cfg.trainer.critic_warmup,

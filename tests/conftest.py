@@ -17,16 +17,12 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(int(os.environ.get("PPOFLOW_NUM_THREADS", "1")))
 
-GSM8K_DIR = Path(
-    os.environ.get("PPOFLOW_GSM8K_DIR", Path(__file__).resolve().parents[2] / "shared/data/gsm8k")
-)
-"""The real GSM8K JSONL files: ../shared/data/gsm8k beside the repository (or $PPOFLOW_GSM8K_DIR)."""
+GSM8K_DIR = Path(__file__).resolve().parents[1] / "data/gsm8k"
+"""The real GSM8K JSONL files the project ships (data/gsm8k/)."""
 
 
 def gsm8k_file(name: str) -> Path:
-    path = GSM8K_DIR / name
-    assert path.is_file(), f"GSM8K data not found at {path}: set PPOFLOW_GSM8K_DIR"
-    return path
+    return GSM8K_DIR / name
 
 
 @pytest.fixture(scope="session")

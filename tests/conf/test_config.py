@@ -169,9 +169,10 @@ def test_newer_verl_scheduler_name_is_accepted():
 
 
 def test_free_form_mappings_merge_entry_by_entry():
-    cfg = load_config(None, ["reward.weights.format=0.2", "actor_rollout_ref.model.override_config.x.y=1"])
+    wrap = "actor_rollout_ref.actor.fsdp_config.wrap_policy"
+    cfg = load_config(None, ["reward.weights.format=0.2", f"{wrap}.x.y=1"])
     assert cfg.reward.weights == {"correctness": 0.9, "format": 0.2}
-    assert cfg.actor_rollout_ref.model.override_config == {"x": {"y": 1}}
+    assert cfg.actor_rollout_ref.actor.fsdp_config.wrap_policy == {"x": {"y": 1}}
 
 
 def test_derived_keys_follow_their_sources():

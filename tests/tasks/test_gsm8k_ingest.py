@@ -23,6 +23,7 @@ INSTRUCTION = 'Let\'s think step by step and output the final answer after "####
 # The tiny tokenizer is one token per character and the longest GSM8K question is 985 characters.
 DATA = {
     "prompt_key": "prompt",
+    "reward_fn_key": "data_source",
     "max_prompt_length": 2048,
     "truncation": "error",
     "filter_overlong_prompts": False,

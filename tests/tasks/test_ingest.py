@@ -17,6 +17,7 @@ from ppoflow.tasks.ingest import ingest_prompts
 
 DATA = {
     "prompt_key": "prompt",
+    "reward_fn_key": "data_source",
     "max_prompt_length": 16,
     "truncation": "error",
     "filter_overlong_prompts": False,
@@ -286,3 +287,19 @@ def test_message_prompts_without_a_chat_template_are_rejected(tmp_path, tmp_path
     [(line, reason)] = rejects(tmp_path)
     assert line == 2 and reason.startswith("cannot render the prompt: ValueError: Cannot use chat template")
     assert ids(rows) == ["train-0"]
+
+
+def test_the_data_source_comes_from_the_field_reward_fn_key_names(tmp_path, tokenizer_state):
+    """verl's data.reward_fn_key: the row's field that picks the reward function."""
+    lines = [good(task="sums"), good(task="other", data_source="ignored"), good(data_source="sums")]
+    path = write_jsonl(tmp_path / "t.jsonl", lines)
+    _, rows = ingest(tmp_path, tokenizer_state, path, reward_fn_key="task")
+    assert [r["data_source"] for r in rows] == ["sums", "other", "unknown"]
+    lines = [good(task=7)]
+    ingest(
+        tmp_path,
+        tokenizer_state,
+        write_jsonl(tmp_path / "u.jsonl", [good(task="x"), *lines]),
+        reward_fn_key="task",
+    )
+    assert rejects(tmp_path) == [(2, "task (data.reward_fn_key) must be a non-empty string, got 7")]

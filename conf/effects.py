@@ -1,0 +1,238 @@
+"""verl keys that a ppoflow run cannot honour: refused when honouring them would change the results,
+named in one warning at start when they only tune a backend or a feature this run does not use.
+
+Every key of the tree either does what verl does with it, or is listed here: a setting is never
+accepted and silently dropped. Only keys set by the user (a config file or an override) are
+reported; keys left at their defaults say nothing.
+"""
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .schema_checks import get_key
+from .schema_common import ConfigError
+
+if TYPE_CHECKING:
+    from .schema import PPOFlowConfig
+
+MODELS = ("actor_rollout_ref.model", "critic.model")
+INERT_MODEL_OVERRIDES: dict[str, float | None] = {
+    **dict.fromkeys(
+        ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"), 0.0
+    ),
+    "classifier_dropout": 0.0,
+    "use_cache": None,  # any value: generation keeps its KV cache, training needs none
+}
+"""override_config entries ppoflow already does (dropout off) or that change no result."""
+DYNAMIC_BATCHING = (
+    ("actor_rollout_ref.actor", "use_dynamic_bsz", "ppo_micro_batch_size_per_gpu"),
+    ("critic", "use_dynamic_bsz", "ppo_micro_batch_size_per_gpu"),
+    ("critic", "use_dynamic_bsz", "forward_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
+    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
+)
+"""(section, dynamic-batch switch, the fixed micro-batch size ppoflow uses instead)."""
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    """Keys (fnmatch patterns over dotted keys) with no effect in a run where `applies(cfg)` holds."""
+
+    keys: tuple[str, ...]
+    why: str
+    applies: Callable[["PPOFlowConfig"], bool] = lambda cfg: True
+
+
+def _hf_rollout(cfg: "PPOFlowConfig") -> bool:
+    return cfg.actor_rollout_ref.rollout.name == "hf"
+
+
+NO_EFFECT: tuple[NoEffect, ...] = (
+    NoEffect(
+        tuple(
+            f"actor_rollout_ref.rollout.{key}"
+            for key in (
+                "gpu_memory_utilization",
+                "tensor_model_parallel_size",
+                "max_num_batched_tokens",
+                "max_num_seqs",
+                "enforce_eager",
+                "free_cache_engine",
+                "enable_chunked_prefill",
+                "dtype",
+            )
+        ),
+        "vLLM settings; this run generates with transformers (rollout.name=hf)",
+        _hf_rollout,
+    ),
+    NoEffect(
+        ("trainer.nnodes", "trainer.n_gpus_per_node"),
+        "updates run in one process; the world size only enters verl's batch-size checks",
+        lambda cfg: cfg.world_size > 1,
+    ),
+    NoEffect(
+        (
+            "actor_rollout_ref.actor.strategy",
+            "critic.strategy",
+            "*.fsdp_config.*",
+            "*.deepspeed_config.*",
+            "actor_rollout_ref.hybrid_engine",
+            "actor_rollout_ref.model.use_shm",
+            "trainer.balance_batch",
+        ),
+        "training runs in one process, without FSDP or DeepSpeed sharding",
+    ),
+    NoEffect(
+        (
+            "*.use_remove_padding",
+            "actor_rollout_ref.actor.use_torch_compile",
+            "*.enable_gradient_checkpointing",
+        ),
+        "a speed or memory setting of verl's training backend; results are the same without it",
+    ),
+    NoEffect(
+        ("*.use_dynamic_bsz", "*.log_prob_use_dynamic_bsz", "*max_token_len_per_gpu"),
+        "micro-batches have a fixed number of responses (*_micro_batch_size_per_gpu); losses are "
+        "aggregated over the mini-batch, so the result is the same",
+    ),
+    NoEffect(
+        ("*.checkpoint.save_contents", "*.checkpoint.load_contents", "trainer.del_local_ckpt_after_load"),
+        "a checkpoint always holds the weights (a Hugging Face directory), optimizer and LR schedule",
+    ),
+    NoEffect(
+        tuple(f"{model}.override_config.{key}" for model in MODELS for key in INERT_MODEL_OVERRIDES),
+        "dropout is always off in ppoflow's models, and the KV cache is used where it helps",
+    ),
+    NoEffect(
+        ("trainer.rollout_data_dir", "trainer.validation_data_dir"),
+        "every rollout and validation generation is in the rollouts and validation tables (ppoflow query)",
+    ),
+    NoEffect(
+        (
+            "trainer.esi_redundant_time",
+            "data.dataloader_num_workers",
+            "data.val_batch_size",
+            "data.return_raw_chat",
+            "reward_model.launch_reward_fn_async",
+            "actor_rollout_ref.rollout.calculate_log_probs",
+        ),
+        "ppoflow's stages do this their own way (prompts read from parquet; validation in "
+        "micro-batches of rollout.log_prob_micro_batch_size_per_gpu; rewards in their own stage; "
+        "rollout log-probs always recorded)",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A key whose value `refused(value, cfg)` would change what is trained: a ConfigError."""
+
+    key: str
+    refused: Callable[[Any, "PPOFlowConfig"], bool]
+    why: str
+
+
+def _inert_override(key: str, value: Any) -> bool:
+    """An override_config entry that changes nothing in ppoflow's models."""
+    if key not in INERT_MODEL_OVERRIDES:
+        return False
+    wanted = INERT_MODEL_OVERRIDES[key]
+    return wanted is None or value == wanted
+
+
+def _not_the_actor_model(value: Any, cfg: "PPOFlowConfig") -> bool:
+    """A tokenizer other than the actor model's own (the critic reads the actor's responses, so its
+    tokenizer is the actor's too, as in verl)."""
+    model = cfg.actor_rollout_ref.model.path
+    return value is not None and Path(value).resolve() != Path(model).resolve()
+
+
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    Unsupported(
+        "actor_rollout_ref.model.lora_rank",
+        lambda value, cfg: value > 0,
+        "LoRA is not supported yet: every weight of the actor trains (set lora_rank=0)",
+    ),
+    Unsupported(
+        "data.tokenizer",
+        _not_the_actor_model,
+        "prompts are measured with the actor's tokenizer, as they are generated with it "
+        "(leave data.tokenizer unset)",
+    ),
+    *(
+        Unsupported(
+            f"{model}.tokenizer_path",
+            _not_the_actor_model,
+            "ppoflow reads the tokenizer from the actor's model directory: put the tokenizer files "
+            "into actor_rollout_ref.model.path (or leave tokenizer_path unset)",
+        )
+        for model in MODELS
+    ),
+    *(
+        Unsupported(
+            f"{model}.override_config",
+            lambda value, cfg: any(not _inert_override(k, v) for k, v in value.items()),
+            "model config overrides other than turning dropout off (always off in ppoflow) and "
+            "use_cache are not supported: edit config.json of a copy of the model",
+        )
+        for model in MODELS
+    ),
+    *(
+        Unsupported(
+            f"{model}.trust_remote_code",
+            lambda value, cfg: value,
+            "models with their own code are not loaded: use a model transformers knows natively",
+        )
+        for model in MODELS
+    ),
+    Unsupported(
+        "actor_rollout_ref.model.external_lib",
+        lambda value, cfg: value is not None,
+        "ppoflow imports no module from a config: use a model transformers knows natively",
+    ),
+    Unsupported(
+        "reward_model.enable",
+        lambda value, cfg: value,
+        "a learned reward model is not supported yet: rewards come from rule-based or custom "
+        "functions (custom_reward_function.path)",
+    ),
+    Unsupported(
+        "reward_model.reward_manager",
+        lambda value, cfg: value not in ("naive", "batch", "prime"),
+        "ppoflow scores each response with its reward function, as verl's naive, batch and prime "
+        "managers do; other managers (dapo's overlong penalty) change the reward",
+    ),
+    *(
+        Unsupported(
+            f"{section}.{switch}",
+            lambda value, cfg, size_key=f"{section}.{size}": value and get_key(cfg, size_key) is None,
+            f"dynamic batching by token count is not implemented: set {section}.{size}",
+        )
+        for section, switch, size in DYNAMIC_BATCHING
+    ),
+)
+
+
+def check_supported(cfg: "PPOFlowConfig", where: Callable[[str], str]) -> None:
+    """A ConfigError naming every key whose value would change the run in a way ppoflow cannot do;
+    `where(key)` says which layer set it."""
+    problems = [
+        f"{rule.key}={get_key(cfg, rule.key)!r} ({where(rule.key)}): {rule.why}"
+        for rule in UNSUPPORTED
+        if rule.refused(get_key(cfg, rule.key), cfg)
+    ]
+    if problems:
+        raise ConfigError("\n".join(problems), keys=[rule.key for rule in UNSUPPORTED])
+
+
+def without_effect(cfg: "PPOFlowConfig", set_keys: Iterable[str]) -> list[tuple[str, str]]:
+    """(key, why) for each key the user set that has no effect in this run, in the order given."""
+    found = []
+    for key in set_keys:
+        rule = next((r for r in NO_EFFECT if any(fnmatchcase(key, p) for p in r.keys)), None)
+        if rule is not None and rule.applies(cfg):
+            found.append((key, rule.why))
+    return found

@@ -1,0 +1,177 @@
+"""Every key does what verl does with it, is refused, or is named in one warning: where each value
+came from, which defaults a model gets, and which keys have no effect in a run."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ppoflow.conf import ConfigError, PPOFlowConfig, all_keys, load_config
+from ppoflow.conf.effects import NO_EFFECT, UNSUPPORTED
+from ppoflow.conf.schema_checks import get_key
+
+SMOLLM2 = "actor_rollout_ref.model.path=builtin:smollm2-135m-instruct"
+
+
+def test_the_builtin_smollm2_gets_verls_defaults_not_the_tiny_models():
+    cfg = load_config(None, [SMOLLM2], check_paths=False)
+    defaults = PPOFlowConfig()
+    assert cfg.actor_rollout_ref.actor.ppo_epochs == defaults.actor_rollout_ref.actor.ppo_epochs == 1
+    assert cfg.trainer.total_training_steps is None
+    assert cfg.trainer.total_epochs == defaults.trainer.total_epochs
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 32
+    assert cfg.origin_of("actor_rollout_ref.actor.ppo_epochs") == "the model default"
+
+
+def test_a_batch_error_with_smollm2_names_the_users_layer_not_the_embedded_default():
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [SMOLLM2, "data.train_batch_size=48"], check_paths=False)
+    assert "embedded default" not in str(raised.value) and "data.train_batch_size=48" in str(raised.value)
+
+
+def test_ppoflow_config_says_where_each_value_came_from(tmp_path):
+    settings = tmp_path / "run.yaml"
+    settings.write_text("trainer:\n  total_epochs: 3\n")
+    printed = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "config", "--config", str(settings), "critic.optim.lr=2e-5"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = printed.splitlines()
+    assert lines[0].startswith("# The effective config")
+    assert f"  total_epochs: 3  # file '{settings}'" in lines
+    assert "    lr: 2.0e-05  # command-line override #1 'critic.optim.lr=2e-5'" in lines
+    assert "  total_training_steps: null" in lines  # a default: no comment
+    assert load_config(None, []) == load_config(None, []) and printed.count("# ") >= 3
+
+
+VERL_QUICKSTART_NO_EFFECT = [
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "trainer.n_gpus_per_node=2",
+    "actor_rollout_ref.actor.strategy=fsdp",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+    "critic.model.enable_gradient_checkpointing=true",
+    "actor_rollout_ref.model.use_remove_padding=true",
+    "actor_rollout_ref.model.override_config.attention_dropout=0.0",
+    "trainer.rollout_data_dir=/tmp/rollouts",
+]
+
+
+TWO_GPUS_FIT = [  # micro-batches that fit a per-GPU share of two GPUs: these keys take effect
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "critic.ppo_micro_batch_size_per_gpu=16",
+]
+
+
+def test_keys_without_effect_are_named_once_with_why_and_defaults_say_nothing():
+    cfg = load_config(None, [*TWO_GPUS_FIT, *VERL_QUICKSTART_NO_EFFECT], check_paths=False)
+    unused = dict(cfg.settings_without_effect())
+    assert list(unused) == [override.split("=")[0] for override in VERL_QUICKSTART_NO_EFFECT]
+    assert "rollout.name=hf" in unused["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    assert "one process" in unused["trainer.n_gpus_per_node"]
+    warning = cfg.no_effect_warning()
+    assert warning.startswith("no effect in this run: ") and "\n" not in warning
+    quiet = load_config(
+        None, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.5", "trainer.n_gpus_per_node=1"]
+    )
+    assert quiet.no_effect_warning() is None  # set to what they are anyway
+    assert load_config().no_effect_warning() is None  # the embedded default sets only keys it uses
+
+
+def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(tmp_path):
+    cfg = load_config(None, ["actor_rollout_ref.rollout.gpu_memory_utilization=0.4"], check_paths=False)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml(origins=True))
+    again = load_config(saved, check_paths=False)
+    assert again == cfg
+    assert [key for key, _ in again.settings_without_effect()] == [
+        "actor_rollout_ref.rollout.gpu_memory_utilization"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "why"),
+    [
+        ("actor_rollout_ref.model.lora_rank=8", "LoRA is not supported yet"),
+        ("reward_model.enable=true", "a learned reward model is not supported yet"),
+        ("reward_model.reward_manager=dapo", "dapo's overlong penalty"),
+        ("actor_rollout_ref.model.override_config.rope_theta=5000", "model config overrides other than"),
+        (
+            "actor_rollout_ref.model.override_config.attention_dropout=0.1",
+            "model config overrides other than",
+        ),
+        ("actor_rollout_ref.model.trust_remote_code=true", "models with their own code are not loaded"),
+        ("critic.model.trust_remote_code=true", "models with their own code are not loaded"),
+        ("actor_rollout_ref.model.external_lib=my_models", "imports no module from a config"),
+        ("actor_rollout_ref.model.tokenizer_path=/elsewhere", "reads the tokenizer from the actor's model"),
+        ("data.tokenizer=/elsewhere", "measured with the actor's tokenizer"),
+        (
+            "actor_rollout_ref.actor.use_dynamic_bsz=true "
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+            "dynamic batching by token count is not implemented",
+        ),
+    ],
+)
+def test_a_setting_that_would_change_the_run_in_a_way_ppoflow_cannot_is_refused(override, why):
+    with pytest.raises(ConfigError, match=why) as raised:
+        load_config(None, override.split(), check_paths=False)
+    key = override.split()[0].split("=")[0].removesuffix(".rope_theta").removesuffix(".attention_dropout")
+    assert str(raised.value).startswith(key) and "(command-line override #1" in str(raised.value)
+
+
+def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
+    same = tmp_path / "model"
+    cfg = load_config(
+        None,
+        [
+            f"actor_rollout_ref.model.path={same}",
+            f"actor_rollout_ref.model.tokenizer_path={same}",
+            "reward_model.reward_manager=batch",
+            "actor_rollout_ref.actor.use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.seed=7",
+            "data.reward_fn_key=task",
+            "actor_rollout_ref.actor.optim.total_training_steps=100",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        ],
+        check_paths=False,
+    )
+    assert [key for key, _ in cfg.settings_without_effect()] == ["actor_rollout_ref.actor.use_dynamic_bsz"]
+
+
+def test_every_key_is_read_by_ppoflow_or_accounted_for():
+    """A key of the tree that no stage reads must be in conf/effects.py (refused or named as without
+    effect): new keys cannot become silent no-ops. Keys that configure only the config itself
+    (deprecated sizes it converts, keys it derives or checks) are listed here."""
+    from fnmatch import fnmatchcase
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    source = "\n".join(
+        path.read_text()
+        for folder in ("engine", "tasks", "flows", "ppoflow")
+        for path in (root / folder).rglob("*.py")
+    )
+    accounted = [pattern for rule in NO_EFFECT for pattern in rule.keys] + [rule.key for rule in UNSUPPORTED]
+    config_only = {
+        "actor_rollout_ref.actor.ppo_micro_batch_size",  # converted to the per-GPU size
+        "actor_rollout_ref.ref.log_prob_micro_batch_size",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+        "critic.ppo_micro_batch_size",
+        "critic.forward_micro_batch_size",
+        "critic.rollout_n",  # must equal rollout.n
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",  # only 1 is accepted
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        "critic.ulysses_sequence_parallel_size",
+    }
+    silent = [
+        key
+        for key in all_keys()
+        if key not in config_only
+        and not any(fnmatchcase(key, pattern) for pattern in accounted)
+        and key.rsplit(".", 1)[-1] not in source
+    ]
+    assert silent == []
+    for key in config_only | {rule.key for rule in UNSUPPORTED}:
+        get_key(PPOFlowConfig(), key)  # each names a real key

@@ -1,0 +1,82 @@
+"""Data and models a user has: paths in a config file are read from its folder, the GSM8K data ships
+with the project, and a Hugging Face model id loads from the local cache (never downloaded)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ppoflow.conf import ConfigError, load_config
+from ppoflow.conf.model_paths import local_model_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_a_relative_data_path_in_a_config_file_is_read_from_the_files_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("{}\n")
+    settings = folder / "run.yaml"
+    settings.write_text("data:\n  train_files: train.jsonl\n  val_files: [train.jsonl]\n")
+    monkeypatch.chdir(tmp_path)  # elsewhere: the path is still the file's neighbour
+    cfg = load_config(settings)
+    assert cfg.data.train_files == str(folder / "train.jsonl")
+    assert cfg.data.val_files == [str(folder / "train.jsonl")]
+    settings.write_text("data:\n  train_files: missing.jsonl\n")
+    with pytest.raises(ConfigError, match="read from the file's folder") as raised:
+        load_config(settings)
+    assert str(folder / "missing.jsonl") in str(raised.value) and f"file '{settings}'" in str(raised.value)
+
+
+def test_a_relative_path_on_the_command_line_is_read_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ["data.train_files=train.jsonl"])
+    assert cfg.data.train_files == str(tmp_path / "train.jsonl")
+
+
+@pytest.mark.parametrize("name", ["gsm8k.yaml", "gsm8k_cpu.yaml"])
+def test_the_gsm8k_configs_find_the_shipped_data_from_any_directory(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(REPO / "conf" / name, check_paths=False)
+    assert cfg.data.train_files == str(REPO / "data/gsm8k/train.jsonl")
+    assert cfg.data.val_files == str(REPO / "data/gsm8k/test.jsonl")
+    assert len(Path(cfg.data.train_files).read_text().splitlines()) == 7473
+    assert len(Path(cfg.data.val_files).read_text().splitlines()) == 1319
+    assert (REPO / "data/gsm8k/LICENSE").read_text().startswith("MIT License")
+
+
+def hf_cache(root: Path, repo_id: str, model_dir: Path) -> Path:
+    """The Hugging Face cache layout (hub/models--org--name/{refs/main, snapshots/<commit>/}) with
+    `model_dir`'s files as the snapshot, as `hf download` leaves it."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return repo / "snapshots" / commit
+
+
+def test_a_hugging_face_id_loads_from_the_local_cache(tiny_model_dir, tmp_path, monkeypatch):
+    from ppoflow.tasks.common import Run
+    from ppoflow.tasks.prepare import model_source, prepare_model
+
+    snapshot = hf_cache(tmp_path / "hub", "acme/tiny-adder", tiny_model_dir)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert local_model_path("acme/tiny-adder") == str(snapshot)
+    cfg = load_config(None, ["actor_rollout_ref.model.path=acme/tiny-adder"])
+    assert cfg.actor_rollout_ref.model.path == "acme/tiny-adder"  # the id, as the user wrote it
+    state = prepare_model.fn(
+        Run(str(tmp_path / "run")), "acme/tiny-adder", 1, model_source("acme/tiny-adder")
+    )
+    assert state.checkpoint == str(snapshot.resolve())
+
+
+def test_a_hugging_face_id_not_in_the_cache_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["actor_rollout_ref.model.path=Qwen/Qwen2.5-0.5B-Instruct"])
+    message = str(raised.value)
+    assert "not in the local cache" in message and str(tmp_path / "empty-hub") in message
+    assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in message and "builtin:smollm2-135m-instruct" in message
+    assert "command-line override #1" in message
