@@ -154,6 +154,8 @@ def connect_readonly(
     path = Path(run_dir).resolve() / CATALOG_NAME
     if path.is_symlink():  # it would be read as the run's tables from wherever it points
         raise ValueError(f"{path} is a link, not the run's catalog; remove it and rerun the training command")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"no run directory at {path.parent}")
     if not path.is_file():
         raise FileNotFoundError(f"no catalog at {path}; has this run finished an iteration?")
     # ATTACH into a fresh in-memory database rather than duckdb.connect(path): connect() reuses an

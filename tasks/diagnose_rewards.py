@@ -70,10 +70,10 @@ def check_reward_signal(run: RunData) -> list[Finding]:
             "critic/vf_explained_var is meaningless here: the returns have no variance, so "
             "1 − Var(R−V)/(Var(R)+1e-5) measures the epsilon, not the critic"
         )
-    keys = {
-        "custom_reward_function.path": "a reward that separates good from bad responses",
-        "reward.weights": "weights that are not all zero",
-    }
+    keys = {"custom_reward_function.path": "a reward that separates good from bad responses"}
+    weights = run.setting("reward.weights") or {}
+    if weights and not any(weights.values()):  # only then is a weight the cause
+        keys["reward.weights"] = "weights that are not all zero"
     severity: Severity = "critical" if len(flat) == len(std) else "warning"
     title = f"no reward signal: every response scores {values} in {where}"
     return [Finding("reward_constant", severity, title, tuple(evidence), tuple(causes), run.advise(keys))]

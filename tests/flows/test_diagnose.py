@@ -156,6 +156,7 @@ def test_zero_reward_is_no_signal_and_explained_variance_is_called_meaningless(r
     assert evidence(reward, "critic/vf_explained_var") == tuple(metric(run_dir, "critic/vf_explained_var"))
     assert any("meaningless" in c for c in reward.causes)
     assert "critic_not_fitting" not in found  # returns without variance say nothing about the critic
+    assert "reward.weights" not in reward.config_keys  # they are 0.9 and 0.1: not the cause
     assert "advantage is 0" in found["policy_not_moving"].causes[0]
 
 

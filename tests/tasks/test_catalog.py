@@ -229,6 +229,8 @@ def test_query_errors_name_the_available_views(run):
 def test_a_run_without_catalog_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no catalog at .*has this run finished an iteration"):
         connect_readonly(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"^no run directory at {tmp_path / 'typo'}$"):
+        connect_readonly(tmp_path / "typo")
 
 
 def test_refresh_while_a_reader_is_open_succeeds_and_the_reader_keeps_its_snapshot(tmp_path):

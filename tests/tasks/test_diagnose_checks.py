@@ -267,3 +267,13 @@ def test_exit_code_counts_warnings_not_infos():
 
 def test_every_check_is_quiet_on_an_empty_run():
     assert [f for check in CHECKS for f in check(hand())] == []
+
+
+def test_a_constant_reward_points_at_the_weights_only_when_they_are_all_zero():
+    flat = {"rewards/score_std": [0, 0], "rewards/score_mean": [0, 0]}
+    (zeroed,) = check_reward_signal(hand(rows=flat, reward__weights={"correctness": 0.0, "format": 0.0}))
+    assert "reward.weights" in zeroed.config_keys
+    (weighted,) = check_reward_signal(hand(rows=flat, reward__weights={"correctness": 0.9, "format": 0.1}))
+    assert (
+        "reward.weights" not in weighted.config_keys and "custom_reward_function.path" in weighted.config_keys
+    )
