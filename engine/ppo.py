@@ -68,12 +68,13 @@ def generate_rollouts(
     micro_batch_size: int,
     ref_micro_batch_size: int | None = None,
     on_batch: Callable[[int], None] | None = None,
+    on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
     trainer's forward pass at the sampling temperature, `micro_batch_size` (and
     `ref_micro_batch_size`, default the same) sequences at a time."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
-    out = engine.generate(repeated, params, seed=seed, on_batch=on_batch)
+    out = engine.generate(repeated, params, seed=seed, on_batch=on_batch, on_tokens=on_tokens)
     batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     temperature = params.logit_temperature
     old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)

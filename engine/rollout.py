@@ -64,8 +64,10 @@ class RolloutEngine(Protocol):
         *,
         seed: int,
         on_batch: Callable[[int], None] | None = None,
+        on_tokens: Callable[[int], None] | None = None,
     ) -> RolloutOutput:
-        """Generate one response per prompt (repeat a prompt n times for n samples)."""
+        """Generate one response per prompt (repeat a prompt n times for n samples); `on_batch(k)`
+        after k responses are finished, `on_tokens(k)` after k more tokens are generated."""
         ...
 
 
@@ -112,7 +114,7 @@ class HFRolloutEngine:
         self._cache_kw = cache_keyword(model)
 
     @torch.no_grad()
-    def generate(self, prompt_ids, params, *, seed, on_batch=None) -> RolloutOutput:
+    def generate(self, prompt_ids, params, *, seed, on_batch=None, on_tokens=None) -> RolloutOutput:
         was_training = self.model.training
         self.model.eval()
         generator = torch.Generator().manual_seed(seed)
@@ -120,14 +122,14 @@ class HFRolloutEngine:
         try:
             for start in range(0, len(prompt_ids), self.batch_size):
                 chunk = prompt_ids[start : start + self.batch_size]
-                out.extend(self._generate_batch(chunk, params, generator))
+                out.extend(self._generate_batch(chunk, params, generator, on_tokens))
                 if on_batch is not None:
                     on_batch(len(chunk))
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_batch(self, prompts, params: SamplingParams, generator) -> RolloutOutput:
+    def _generate_batch(self, prompts, params: SamplingParams, generator, on_tokens=None) -> RolloutOutput:
         device = next(self.model.parameters()).device
         input_ids, attention_mask = left_pad(prompts, self.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -155,6 +157,8 @@ class HFRolloutEngine:
             log_probs.append(token_log_probs)
             alive = ~done
             lengths += alive.long()
+            if on_tokens is not None:
+                on_tokens(int(alive.sum()))
             done |= torch.isin(next_ids, eos)
             if bool(done.all()):
                 break

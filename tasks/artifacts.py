@@ -1,5 +1,6 @@
 """Prefect artifacts of a training run (shown on the flow run's page in the UI): a table with one row
-of headline metrics per iteration, a progress bar, and at the end the markdown summary of
+of headline metrics per iteration and a progress bar, each one artifact updated in place as the run
+trains, and at the end the markdown summary of
 `ppoflow report` (validation curve, final metrics, diagnose findings, where the data is), plus links
 to the run directory and the final checkpoint.
 
@@ -9,11 +10,13 @@ Created only inside a Prefect flow run; every other use of ppoflow leaves them o
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import re
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from prefect.artifacts import (
     create_link_artifact,
@@ -22,6 +25,8 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.context import FlowRunContext
 
 from .console import validation_score
@@ -63,6 +68,7 @@ class PrefectArtifacts:
     def __init__(self, run_path: Path, total: int):
         self.run_path, self.total = run_path, max(total, 1)
         self.rows: list[dict[str, Any]] = []
+        self.table_id: UUID | None = None
         self.progress_id = create_progress_artifact(
             0.0, key=artifact_key(run_path, "progress"), description=f"PPO iterations done of {total}"
         )
@@ -74,7 +80,14 @@ class PrefectArtifacts:
         # Each publication stores the whole table: past TABLE_UPDATES rows, publish every k-th step.
         every = math.ceil(self.total / TABLE_UPDATES)
         if len(self.rows) <= TABLE_UPDATES or step % every == 0 or step >= self.total:
-            create_table_artifact(
+            self._publish_table()
+        update_progress_artifact(self.progress_id, 100.0 * min(step, self.total) / self.total)
+
+    def _publish_table(self) -> None:
+        """Created once, then updated in place (Prefect has no update function for tables; its API
+        updates any artifact's data): one card on the run's page, not one per version."""
+        if self.table_id is None:
+            self.table_id = create_table_artifact(
                 self.rows,
                 key=artifact_key(self.run_path, "metrics"),
                 description=(
@@ -82,7 +95,9 @@ class PrefectArtifacts:
                     f'`ppoflow query {self.run_path} "SELECT * FROM metrics ORDER BY step"`'
                 ),
             )
-        update_progress_artifact(self.progress_id, 100.0 * min(step, self.total) / self.total)
+            return
+        with get_client(sync_client=True) as client:  # a table's data is its rows as JSON
+            client.update_artifact(self.table_id, ArtifactUpdate(data=json.dumps(self.rows)))
 
     def finish(self, summary: dict[str, Any]) -> None:
         try:

@@ -1,46 +1,166 @@
-"""Terminal output: progress bars for generation and updates, one line per iteration.
+"""Terminal output: progress for generation and updates, one line per iteration.
 
-Bars are drawn only on an interactive terminal (or with PPOFLOW_PROGRESS=1), so logs and CI output
-stay one readable line per iteration.
+Every line is printed on stdout and, inside a Prefect flow or task run, sent to that run's log (the
+Logs tab of the UI). Progress is a transient bar on an interactive terminal; without one (a worker,
+nohup, a pipe) a stage that runs longer than PPOFLOW_PROGRESS_INTERVAL seconds (30) prints a
+progress line that often instead. PPOFLOW_PROGRESS=1 draws bars anyway, PPOFLOW_PROGRESS=0 shows
+no progress.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 console = Console(highlight=False)
 log = logging.getLogger("ppoflow.console")
+RUN_LOGGER = "ppoflow.run_log"
+"""The logger name the lines carry on a Prefect run's Logs tab."""
+_api_handler: logging.Handler | None = None
+
+PROGRESS_INTERVAL_S = 30.0
+UNITS = {"generate": "responses", "validate": "answers", "update": "optimizer steps"}
+"""What progress counts, by the last word of a stage's description."""
 
 
-def _bars_enabled() -> bool:
+def _progress_mode() -> str:
     flag = os.environ.get("PPOFLOW_PROGRESS")
-    return flag == "1" if flag is not None else sys.stdout.isatty()
+    if flag is not None:
+        return "bar" if flag == "1" else "off"
+    return "bar" if sys.stdout.isatty() else "lines"
+
+
+class StageProgress:
+    """What a long stage reports as it runs: `progress(count)` when `count` more units (responses,
+    optimizer steps) are done, `progress.tokens(count)` when `count` more tokens are generated."""
+
+    def __call__(self, count: int) -> None:
+        pass
+
+    def tokens(self, count: int) -> None:
+        pass
 
 
 @contextlib.contextmanager
-def progress_bar(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(count)`; a transient bar on a terminal, nothing elsewhere."""
-    if not _bars_enabled():
-        yield lambda _count: None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+def progress_bar(description: str, total: int) -> Iterator[StageProgress]:
+    """A transient bar on a terminal, progress lines elsewhere, nothing when turned off."""
+    match _progress_mode():
+        case "bar":
+            with _bar(description, total) as progress:
+                yield progress
+        case "lines":
+            yield ProgressLines(description, total, _progress_interval())
+        case _:
+            yield StageProgress()
+
+
+def _progress_interval() -> float:
+    value = os.environ.get("PPOFLOW_PROGRESS_INTERVAL")
+    try:
+        interval = float(value) if value is not None else PROGRESS_INTERVAL_S
+    except ValueError:
+        interval = math.nan
+    if not 0 <= interval < math.inf:
+        log.warning(
+            "PPOFLOW_PROGRESS_INTERVAL=%r is not a number of seconds; using %g", value, PROGRESS_INTERVAL_S
+        )
+        return PROGRESS_INTERVAL_S
+    return interval
+
+
+class _Bar(StageProgress):
+    def __init__(self, progress: Progress, task_id):
+        self.progress, self.task_id, self.generated = progress, task_id, 0
+
+    def __call__(self, count: int) -> None:
+        self.progress.advance(self.task_id, count)
+
+    def tokens(self, count: int) -> None:
+        self.generated += count
+        self.progress.update(self.task_id, tokens=f"{self.generated:,} tokens")
+
+
+@contextlib.contextmanager
+def _bar(description: str, total: int) -> Iterator[StageProgress]:
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[tokens]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=True) as progress:
-        task_id = progress.add_task(description, total=total)
-        yield lambda count: progress.advance(task_id, count)
+        yield _Bar(progress, progress.add_task(description, total=total, tokens=""))
+
+
+class ProgressLines(StageProgress):
+    """Progress without a terminal: says how far the stage is at most every `interval` seconds, the
+    first time once it has run that long (so a short stage says nothing). Generation counts tokens
+    too, so that a batch of long answers shows its rate before its first response is finished."""
+
+    def __init__(self, description: str, total: int, interval: float):
+        self.description, self.total, self.interval = description, total, interval
+        self.unit = UNITS.get(description.rsplit(" ", 1)[-1], "done")
+        self.done = self.generated = 0
+        self.started = self.said = time.monotonic()
+
+    def __call__(self, count: int) -> None:
+        self.done += count
+        self._maybe_say()
+
+    def tokens(self, count: int) -> None:
+        self.generated += count
+        self._maybe_say()
+
+    def _maybe_say(self) -> None:
+        now = time.monotonic()
+        if now - self.said < self.interval:
+            return
+        self.said, elapsed = now, now - self.started
+        line = f"{self.description}: {self.done}/{self.total} {self.unit}"
+        if self.generated:
+            line += f", {self.generated:,} tokens ({self.generated / max(elapsed, 1e-9):,.0f}/s)"
+        line += f", {elapsed:.0f} s"
+        if 0 < self.done < self.total:
+            line += f", ETA {elapsed / self.done * (self.total - self.done):.0f} s"
+        say(line)
 
 
 def say(text: str) -> None:
-    """A line for the user: on stdout, and in the run's log file when one is open (`ppoflow train`)."""
+    """A line for the user: on stdout, in the run's log file when one is open (`ppoflow train`), and
+    in the Prefect run log of the flow or task run it is said in."""
     console.print(text, soft_wrap=True)
     log.info(text)
+    _to_run_log(text.lstrip("\n"))
+
+
+def _to_run_log(text: str) -> None:
+    """Inside a Prefect flow or task run, to that run's log, handed to Prefect's API log handler
+    directly: Prefect's run loggers (or any handler a logger has) would print it a second time."""
+    global _api_handler
+    if "prefect" not in sys.modules:  # no run without Prefect (`ppoflow report` need not import it)
+        return
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+    from prefect.logging.handlers import APILogHandler
+
+    try:
+        run = get_run_logger()
+    except MissingContextError:
+        return
+    if isinstance(run, logging.LoggerAdapter) and run.extra:  # ids of the flow run and task run
+        _api_handler = _api_handler or APILogHandler()
+        record = logging.LogRecord(RUN_LOGGER, logging.INFO, __file__, 0, text, None, None)
+        record.__dict__.update(run.extra)
+        _api_handler.handle(record)
 
 
 EXAMPLE_QUERY = "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
@@ -65,9 +185,20 @@ def validation_score(metrics: dict[str, float]) -> float | None:
     return sum(scores) / len(scores) if scores else None
 
 
+REFERENCE_KL = ("actor/kl_loss", "actor/reward_kl_penalty")
+"""KL(actor ‖ reference) per token, of the KL loss (use_kl_loss) or of the in-reward penalty
+(use_kl_in_reward); the console's ref_kl is the first of them a run logs."""
+
+
+def _reference_kl(metrics: dict[str, float]) -> list[str]:
+    return [key for key in REFERENCE_KL if metrics.get(key) is not None][:1]
+
+
 def report_iteration(step: int, total: int, result, *, seconds: float | None) -> dict[str, float]:
-    """One readable line per iteration: val score, reward mean, KL, clipfrac, and the seconds it
-    took in this process, or "cached" (seconds None) when every stage came from cache."""
+    """One readable line per iteration: val score, reward mean, ppo_kl (how far the update moved the
+    policy from the one that sampled), ref_kl (KL to the reference, when the run has one), clipfrac,
+    and the seconds it took in this process, or "cached" (seconds None) when every stage came from
+    cache."""
     metrics = dict(result.values)
     val = validation_score(metrics)
     accuracy = [v for k, v in metrics.items() if k.startswith("val-aux/") and "/correctness/mean@" in k]
@@ -78,7 +209,8 @@ def report_iteration(step: int, total: int, result, *, seconds: float | None) ->
     if step > 0:
         parts += [
             f"reward {_fmt(metrics, 'critic/score/mean')}",
-            f"kl {_fmt(metrics, 'actor/ppo_kl', '.4f')}",
+            f"ppo_kl {_fmt(metrics, 'actor/ppo_kl', '.4f')}",
+            *[f"ref_kl {metrics[key]:.4f}" for key in _reference_kl(metrics)],
             f"clipfrac {_fmt(metrics, 'actor/pg_clipfrac')}",
             "cached" if seconds is None else f"{seconds:.1f}s",
         ]

@@ -89,7 +89,7 @@ def rollout_stage(
     engine = rollout_engine(rollout["name"], model, tokenizer)
     n = rollout["n"]
     rollout_seed = seed * 1_000_003 + step
-    with progress_bar(f"step {step} generate", total=len(rows) * n) as advance:
+    with progress_bar(f"step {step} generate", total=len(rows) * n) as progress:
         out = generate_rollouts(
             engine,
             model,
@@ -101,7 +101,8 @@ def rollout_stage(
             pad_token_id=tokenizer.pad_token_id,
             micro_batch_size=rollout["log_prob_micro_batch_size_per_gpu"],
             ref_micro_batch_size=rollout["ref_log_prob_micro_batch_size_per_gpu"],
-            on_batch=advance,
+            on_batch=progress,
+            on_tokens=progress.tokens,
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     columns = {

@@ -58,8 +58,8 @@ def run_update(
     value = materialize(run, inputs.parent, optim_settings(inputs.config["optim"], inputs.total_steps))
     try:  # the model is trained in place: if anything fails, it is no longer the parent state
         total = update_steps(role, inputs, inputs.rollouts.rows)
-        with progress_bar(f"step {inputs.step} {role} update", total=total) as advance:
-            result = apply_update(run, role, inputs, value, on_step=advance)
+        with progress_bar(f"step {inputs.step} {role} update", total=total) as progress:
+            result = apply_update(run, role, inputs, value, on_step=progress)
         inject_fault(f"{role}_update", inputs.step)
         ref = write_table(
             _step_table(result.steps, role),

@@ -36,10 +36,9 @@ def validation_stage(
     n = val_rollout["val_kwargs"]["n"]
     engine = rollout_engine(val_rollout["name"], model, tokenizer)
     prompt_ids = [ids for _, ids in rendered for _ in range(n)]
-    with progress_bar(f"step {step} validate", total=len(prompt_ids)) as advance:
-        out = engine.generate(
-            prompt_ids, sampling_params(val_rollout, validation=True), seed=step, on_batch=advance
-        )
+    with progress_bar(f"step {step} validate", total=len(prompt_ids)) as progress:
+        params = sampling_params(val_rollout, validation=True)
+        out = engine.generate(prompt_ids, params, seed=step, on_batch=progress, on_tokens=progress.tokens)
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     index = [i for i in range(len(rows)) for _ in range(n)]
     generated = [

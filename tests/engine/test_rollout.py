@@ -82,3 +82,19 @@ def test_top_k_one_sampling_equals_greedy(setup):
     sampled = engine.generate(prompts, SamplingParams(max_new_tokens=4, top_k=1), seed=5)
     greedy = engine.generate(prompts, SamplingParams.greedy(4), seed=5)
     assert sampled.response_ids == greedy.response_ids
+
+
+def test_progress_counts_every_generated_token_and_every_finished_response(setup):
+    """on_tokens adds up to the responses' lengths (EOS included, padding after it not); on_batch to
+    the number of responses, one call per generation batch (16 here)."""
+    _, _, engine, prompts = setup
+    tokens, batches = [], []
+    out = engine.generate(
+        prompts,
+        SamplingParams(max_new_tokens=3, temperature=2.0),
+        seed=5,
+        on_batch=batches.append,
+        on_tokens=tokens.append,
+    )
+    assert sum(tokens) == sum(len(ids) for ids in out.response_ids) > len(prompts)
+    assert batches == [len(prompts[i : i + 16]) for i in range(0, len(prompts), 16)]

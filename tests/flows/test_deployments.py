@@ -39,6 +39,7 @@ class Stack:
     dir: Path
     env: dict[str, str]
     api: str
+    up_output: str = ""
 
     def prefect(self, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -119,13 +120,14 @@ def stack(tiny_model_dir, tmp_path_factory):
         "PPOFLOW_STACK_DIR": str(stack_dir),
         "PPOFLOW_STACK_PORT": str(port),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
+        "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",  # a resumed schedule queues runs soon
     }
     up = subprocess.run(
         ["bash", "scripts/stack", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
     api = f"http://127.0.0.1:{port}/api"
     client_env = env | {"PREFECT_API_URL": api, "PREFECT_HOME": str(stack_dir / "prefect-home")}
-    stack = Stack(stack_dir, client_env, api)
+    stack = Stack(stack_dir, client_env, api, up.stdout)
     pgids = list(stack.pids().values())
     try:
         assert up.returncode == 0, up.stdout + up.stderr
@@ -183,13 +185,15 @@ def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifa
     assert query(run_dir, "SELECT list(step ORDER BY step) FROM metrics")[1] == [([1, 2],)]
     assert query(run_dir, "SELECT count(DISTINCT iter) FROM validation")[1] == [(3,)]
     artifacts = _artifacts(stack, flow_run_id)
-    table = json.loads(artifacts["table"][-1].data)
+    [metrics_table] = artifacts["table"]  # one card, updated in place (not one per iteration)
+    table = json.loads(metrics_table.data)
     assert [row["step"] for row in table] == [0, 1, 2]
     logged = dict(query(run_dir, 'SELECT step, "critic/score/mean" FROM metrics')[1])
     assert [row["critic/score/mean"] for row in table[1:]] == [
         pytest.approx(logged[s], rel=1e-4) for s in (1, 2)
     ]
-    assert artifacts["progress"][-1].data == pytest.approx(100.0)
+    [progress] = artifacts["progress"]
+    assert progress.data == pytest.approx(100.0)
     summary = next(a.data for a in artifacts["markdown"] if a.key.endswith("-summary"))
     assert "**Validation**" in summary and str(run_dir) in summary and "| 2 |" in summary
     assert "**Diagnose**" in summary and "**Final metrics** (iteration 2)" in summary
@@ -227,16 +231,34 @@ def test_a_failed_run_retried_continues_at_the_failed_stage(stack, tmp_path):
     assert {p: p.stat().st_ino for p in done} == done
 
 
-def test_retrain_deployment_is_scheduled_and_runs_through_the_worker(stack, tmp_path):
-    """The cron schedule is on the server (its scheduler has queued runs); a run with no new data
-    trains nothing and says so (tests/flows/test_retrain.py covers the rounds themselves)."""
+def _nightly(stack: Stack):
     with stack.client() as client:
         deployment = client.read_deployment_by_name("retrain/nightly")
         scheduled = client.read_flow_runs(
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
         )
-    assert [s.schedule.cron for s in deployment.schedules] == ["0 3 * * *"]
-    assert scheduled and {r.state.name for r in scheduled} == {"Scheduled"}
+    return deployment, [run for run in scheduled if run.state.name == "Scheduled"]
+
+
+def test_retrain_deployment_is_scheduled_paused_and_runs_through_the_worker(stack, tmp_path):
+    """Deploying starts no training: the cron schedule is on the server, paused, with nothing queued,
+    and `stack up` says how to turn it on; the command it prints queues runs, pausing removes them.
+    A run with no new data trains nothing and says so (tests/flows/test_retrain.py covers rounds)."""
+    deployment, queued = _nightly(stack)
+    [schedule] = deployment.schedules
+    assert schedule.schedule.cron == "0 3 * * *" and schedule.active is False and queued == []
+    resume = f"prefect deployment schedule resume retrain/nightly {schedule.id}"
+    assert resume in stack.up_output
+    assert stack.prefect(*resume.split()[1:]).returncode == 0
+    deadline = time.monotonic() + 60  # the server's scheduler queues the next runs within seconds
+    while not (queued := _nightly(stack)[1]) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert queued and all(run.expected_start_time.hour == 3 for run in queued)
+    assert (
+        stack.prefect("deployment", "schedule", "pause", "retrain/nightly", str(schedule.id)).returncode == 0
+    )
+    deployment, queued = _nightly(stack)
+    assert deployment.schedules[0].active is False and queued == []
     schema = deployment.parameter_openapi_schema["properties"]
     assert "champion" in schema["iterations"]["description"] and schema["iterations"]["exclusiveMinimum"] == 0
     refused = stack.prefect("deployment", "run", "retrain/nightly", "--param", "iterations=0")

@@ -1,0 +1,92 @@
+"""The lines ppoflow prints: one per step, whose KL figures say which KL they are, and progress
+lines for long stages when there is no terminal to draw a bar on (a worker, nohup, a pipe)."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from ppoflow.tasks.console import progress_bar, report_iteration
+
+METRICS = {"critic/score/mean": 0.5, "actor/ppo_kl": 0.04, "actor/pg_clipfrac": 0.125}
+
+
+def _step_line(capsys, **metrics: float) -> str:
+    report_iteration(3, 40, SimpleNamespace(values=tuple((METRICS | metrics).items())), seconds=1.25)
+    [line] = capsys.readouterr().out.splitlines()
+    return line
+
+
+def test_the_step_line_names_the_policy_kl_and_the_reference_kl_apart(capsys):
+    """actor/ppo_kl (old vs new policy) is not the KL to the reference: each has its own label, and
+    the reference KL is shown only when the run has one (KL loss or KL in the reward)."""
+    plain = "step   3/40 · val   —   · reward 0.500 · ppo_kl 0.0400 · clipfrac 0.125 · 1.2s"
+    assert _step_line(capsys) == plain
+    with_loss = _step_line(capsys, **{"actor/kl_loss": 0.0123})
+    assert with_loss == plain.replace("ppo_kl 0.0400", "ppo_kl 0.0400 · ref_kl 0.0123")
+    in_reward = _step_line(capsys, **{"actor/reward_kl_penalty": 0.0021})
+    assert in_reward == plain.replace("ppo_kl 0.0400", "ppo_kl 0.0400 · ref_kl 0.0021")
+
+
+@pytest.fixture
+def no_terminal(monkeypatch, capsys):
+    """stdout is pytest's capture (not a terminal); PPOFLOW_PROGRESS(_INTERVAL) unset."""
+    monkeypatch.delenv("PPOFLOW_PROGRESS", raising=False)
+    monkeypatch.delenv("PPOFLOW_PROGRESS_INTERVAL", raising=False)
+    return monkeypatch
+
+
+def test_without_a_terminal_progress_is_printed_as_lines_at_the_set_interval(no_terminal, capsys):
+    """Interval 0: a line at every advance, counting the stage's unit, with an ETA until done."""
+    no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", "0")
+    with progress_bar("step 3 actor update", total=4) as advance:
+        for _ in range(4):
+            advance(1)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4
+    assert re.fullmatch(r"step 3 actor update: 1/4 optimizer steps, \d+ s, ETA \d+ s", lines[0])
+    assert re.fullmatch(r"step 3 actor update: 4/4 optimizer steps, \d+ s", lines[-1])
+    with progress_bar("step 3 generate", total=64) as advance:
+        advance(32)
+    assert capsys.readouterr().out.startswith("step 3 generate: 32/64 responses, ")
+
+
+def test_a_stage_shorter_than_the_interval_prints_no_progress(no_terminal, capsys):
+    for interval in (None, "3600"):  # the default (30 s) and a set one
+        if interval is not None:
+            no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", interval)
+        with progress_bar("step 1 validate", total=100) as advance:
+            advance(50)
+            advance(50)
+    assert capsys.readouterr().out == ""
+
+
+def test_progress_off_prints_nothing(no_terminal, capsys):
+    no_terminal.setenv("PPOFLOW_PROGRESS", "0")
+    no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", "0")
+    with progress_bar("step 1 critic update", total=2) as advance:
+        advance(2)
+    assert capsys.readouterr().out == ""
+
+
+def test_generation_progress_lines_count_tokens_before_the_first_response_is_done(no_terminal, capsys):
+    """A batch of long answers finishes its responses only at its end: the token count and rate
+    show that it is moving."""
+    no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", "0")
+    with progress_bar("step 2 generate", total=256) as progress:
+        progress.tokens(256)
+        progress.tokens(1024)
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"step 2 generate: 0/256 responses, 256 tokens \([\d,]+/s\), \d+ s", lines[0])
+    assert lines[1].startswith("step 2 generate: 0/256 responses, 1,280 tokens (")
+
+
+@pytest.mark.parametrize("interval", ["soon", "-1", "nan", "inf"])
+def test_an_unusable_progress_interval_is_named_and_the_default_used(no_terminal, capsys, caplog, interval):
+    no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", interval)
+    with progress_bar("step 1 validate", total=2) as progress:
+        progress(2)
+    assert capsys.readouterr().out == ""  # 30 s, not 0
+    assert f"PPOFLOW_PROGRESS_INTERVAL={interval!r} is not a number of seconds; using 30" in caplog.text
