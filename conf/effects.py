@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .schema_checks import get_key
+from .schema_checks import DERIVED, get_key
 from .schema_common import ConfigError
 
 if TYPE_CHECKING:
@@ -52,6 +52,44 @@ def _hf_rollout(cfg: "PPOFlowConfig") -> bool:
 
 NO_EFFECT: tuple[NoEffect, ...] = (
     NoEffect(
+        ("critic.*",),
+        "the critic is trained and used only with algorithm.adv_estimator=gae",
+        lambda cfg: not cfg.use_critic,
+    ),
+    NoEffect(
+        ("actor_rollout_ref.ref.*",),
+        "this run has no reference policy (neither actor.use_kl_loss nor algorithm.use_kl_in_reward)",
+        lambda cfg: not cfg.use_reference_policy,
+    ),
+    NoEffect(
+        ("algorithm.kl_ctrl.*", "algorithm.kl_penalty"),
+        "the KL penalty in the reward is off (algorithm.use_kl_in_reward=false)",
+        lambda cfg: not cfg.algorithm.use_kl_in_reward,
+    ),
+    NoEffect(
+        ("actor_rollout_ref.actor.kl_loss_coef", "actor_rollout_ref.actor.kl_loss_type"),
+        "the KL loss is off (actor_rollout_ref.actor.use_kl_loss=false)",
+        lambda cfg: not cfg.actor_rollout_ref.actor.use_kl_loss,
+    ),
+    NoEffect(
+        ("*.optim.total_training_steps",),
+        "verl sets it to the run's training steps before training (trainer.total_training_steps, or "
+        "total_epochs × steps per epoch), and so does ppoflow",
+    ),
+    NoEffect(
+        ("reward_model.micro_batch_size_per_gpu",),
+        "there is no reward model (reward_model.enable=false)",
+    ),
+    NoEffect(
+        ("trainer.default_hdfs_dir",),
+        "checkpoints are written to the run directory only (copy it where you keep them)",
+    ),
+    NoEffect(
+        ("trainer.project_name",),
+        "it names the wandb project, and trainer.logger has no wandb",
+        lambda cfg: "wandb" not in cfg.trainer.logger,
+    ),
+    NoEffect(
         tuple(
             f"actor_rollout_ref.rollout.{key}"
             for key in (
@@ -63,6 +101,7 @@ NO_EFFECT: tuple[NoEffect, ...] = (
                 "free_cache_engine",
                 "enable_chunked_prefill",
                 "dtype",
+                "load_format",
             )
         ),
         "vLLM settings; this run generates with transformers (rollout.name=hf)",
@@ -152,6 +191,12 @@ def _not_the_actor_model(value: Any, cfg: "PPOFlowConfig") -> bool:
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
     Unsupported(
+        "actor_rollout_ref.rollout.name",
+        lambda value, cfg: value != "hf",
+        "ppoflow's vLLM rollout is not available yet: generation runs with transformers "
+        "(set actor_rollout_ref.rollout.name=hf)",
+    ),
+    Unsupported(
         "actor_rollout_ref.model.lora_rank",
         lambda value, cfg: value > 0,
         "LoRA is not supported yet: every weight of the actor trains (set lora_rank=0)",
@@ -216,13 +261,21 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
+def _follows_a_refused_key(cfg: "PPOFlowConfig", key: str) -> bool:
+    """A derived key (critic.model.tokenizer_path) holding the value of the key it follows, which is
+    refused in its own right: one refusal, at the key the user set."""
+    sources = [s for s in DERIVED.get(key, ()) if get_key(cfg, s) is not None][:1]
+    refused = {rule.key for rule in UNSUPPORTED if rule.refused(get_key(cfg, rule.key), cfg)}
+    return any(get_key(cfg, s) == get_key(cfg, key) and s in refused for s in sources)
+
+
 def check_supported(cfg: "PPOFlowConfig", where: Callable[[str], str]) -> None:
     """A ConfigError naming every key whose value would change the run in a way ppoflow cannot do;
     `where(key)` says which layer set it."""
     problems = [
         f"{rule.key}={get_key(cfg, rule.key)!r} ({where(rule.key)}): {rule.why}"
         for rule in UNSUPPORTED
-        if rule.refused(get_key(cfg, rule.key), cfg)
+        if rule.refused(get_key(cfg, rule.key), cfg) and not _follows_a_refused_key(cfg, rule.key)
     ]
     if problems:
         raise ConfigError("\n".join(problems), keys=[rule.key for rule in UNSUPPORTED])
@@ -232,7 +285,9 @@ def without_effect(cfg: "PPOFlowConfig", set_keys: Iterable[str]) -> list[tuple[
     """(key, why) for each key the user set that has no effect in this run, in the order given."""
     found = []
     for key in set_keys:
-        rule = next((r for r in NO_EFFECT if any(fnmatchcase(key, p) for p in r.keys)), None)
-        if rule is not None and rule.applies(cfg):
+        rule = next(
+            (r for r in NO_EFFECT if any(fnmatchcase(key, p) for p in r.keys) and r.applies(cfg)), None
+        )
+        if rule is not None:
             found.append((key, rule.why))
     return found

@@ -6,7 +6,6 @@ made it, so each error names the key, the layer, the bad value and what is expec
 import copy
 import difflib
 import functools
-import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from .effects import check_supported
 from .model_paths import local_model_path
 from .schema import PPOFlowConfig, all_keys
 from .schema_actor import ActorModelConfig
-from .schema_checks import DERIVED, get_key
+from .schema_checks import DERIVED, get_key, require_micro_batch_sizes
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
 from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
 
@@ -98,21 +97,49 @@ def load_config(
     check_supported(config, lambda key: _origin_under(key, origins))
     if check_paths:
         _check_paths(config, origins)
+    try:
+        require_micro_batch_sizes(config)
+    except ConfigError as error:
+        raise ConfigError(f"{error}{_where(error.keys, origins)}", keys=error.keys) from None
     return config
 
 
-PATH_KEYS = {("data", "train_files"), ("data", "val_files"), ("custom_reward_function", "path")}
+PATH_KEYS = {
+    ("data", "train_files"),
+    ("data", "val_files"),
+    ("custom_reward_function", "path"),
+    ("trainer", "resume_from_path"),
+}
 """Keys naming files, which a config file names relative to its own folder (an override: to the
-working directory). They are stored absolute, so that the run's config.yaml reads back the same."""
+working directory). They are stored absolute, so that the run's config.yaml reads back the same;
+`~` is the home directory."""
+MODEL_PATH_KEYS = {
+    ("actor_rollout_ref", "model", "path"),
+    ("actor_rollout_ref", "model", "tokenizer_path"),
+    ("critic", "model", "path"),
+    ("critic", "model", "tokenizer_path"),
+}
+"""Keys naming a model: a local path (read like PATH_KEYS when it exists there) or a Hugging Face id
+(`org/name`, which a relative path can look like)."""
 
 
-def _absolute(assignment: Assignment, folder: Path) -> Assignment:
+def _absolute(assignment: Assignment, folder: Path | None) -> Assignment:
+    """A path-valued assignment with `~` expanded and a relative path joined to `folder` (a config
+    file's real folder; None: the working directory). A model key keeps a value that names no local
+    path (a Hugging Face id)."""
+    model = assignment.path in MODEL_PATH_KEYS
+
     def resolve(name: Any) -> Any:
-        if not isinstance(name, str) or not _is_local(name) or Path(name).is_absolute():
+        if not isinstance(name, str) or not _is_local(name):
             return name
-        return os.path.normpath(folder.absolute() / name)
+        path = Path(name).expanduser()
+        if not path.is_absolute():
+            path = (folder or Path.cwd()) / path
+        if model and not path.exists():
+            return name
+        return str(path.resolve()) if model or folder is not None else str(path)
 
-    if assignment.path not in PATH_KEYS:
+    if assignment.path not in PATH_KEYS | MODEL_PATH_KEYS:
         return assignment
     value = assignment.value
     resolved = [resolve(v) for v in value] if isinstance(value, list) else resolve(value)
@@ -132,7 +159,8 @@ def _file_assignments(path: Path, kind: str) -> list[Assignment]:
         return []
     if not isinstance(data, dict):
         raise ConfigError(f"YAML file '{path}' must map keys to values, but holds a {type(data).__name__}")
-    return [_absolute(a, path.parent) for a in _assignments((), data, f"{kind} '{path}'")]
+    folder = path.resolve().parent  # a linked config file names paths from where it really lives
+    return [_absolute(a, folder) for a in _assignments((), data, f"{kind} '{path}'")]
 
 
 def _override_assignments(number: int, text: str) -> list[Assignment]:

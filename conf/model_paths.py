@@ -17,7 +17,10 @@ def local_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> st
     snapshot of a Hugging Face model id. A ConfigError saying how to get the model otherwise."""
     if path.startswith("builtin:") or "://" in path or Path(path).exists() or not HF_ID.match(path):
         return path
-    cached = _cached_snapshot(path)
+    try:
+        cached = _cached_snapshot(path)
+    except ConfigError as error:
+        raise ConfigError(f"{error} ({key})", keys=(key,)) from None
     if cached is not None:
         return str(cached)
     raise ConfigError(
@@ -32,14 +35,24 @@ def local_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> st
 
 def _cached_snapshot(repo_id: str) -> Path | None:
     from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
 
-    found = try_to_load_from_cache(repo_id, "config.json", cache_dir=_cache_dir())
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", cache_dir=_cache_dir())
+    except HFValidationError as error:  # e.g. "a/..", "a--b/c", names over 96 characters
+        raise ConfigError(
+            f"model path '{repo_id}' is not a local path, and not a valid Hugging Face model id: {error}"
+        ) from None
     return Path(found).parent if isinstance(found, str) else None
 
 
 def _cache_dir() -> str:
-    """HF_HUB_CACHE (or HF_HOME/hub), read now: the environment may change after import."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
+    """The hub cache huggingface_hub uses, read now (the environment may change after import):
+    HF_HUB_CACHE, the older HUGGINGFACE_HUB_CACHE, else HF_HOME/hub, HF_HOME defaulting to
+    $XDG_CACHE_HOME/huggingface or ~/.cache/huggingface; `~` expanded as huggingface_hub does."""
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(name):
+            return os.path.expanduser(os.environ[name])
+    cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    home = os.environ.get("HF_HOME") or os.path.join(cache_home, "huggingface")
+    return os.path.join(os.path.expanduser(home), "hub")

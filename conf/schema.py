@@ -15,7 +15,7 @@ from pydantic_core import to_jsonable_python
 from .effects import without_effect
 from .schema_actor import ActorRolloutRefConfig
 from .schema_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
-from .schema_checks import resolve_and_check
+from .schema_checks import DERIVED, resolve_and_check
 from .schema_common import Section, section_type
 from .schema_critic import CriticConfig
 from .schema_data import DataConfig
@@ -78,13 +78,27 @@ class PPOFlowConfig(Section):
     def to_yaml(self, *, origins: bool = False) -> str:
         """The full effective config as YAML; load_config reads it back to an equal config. With
         `origins`, each value set by a layer carries a comment naming it (the rest are defaults)."""
-        text = yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+        text = yaml.safe_dump(
+            self.model_dump(mode="json"), sort_keys=False, allow_unicode=True, width=float("inf")
+        )
         if not origins:
             return text
         header = (
-            "# The effective config: a comment names the layer that set a value; the rest are defaults.\n"
+            "# The effective config: a comment names the layer that set a value, or the key it follows;"
+            " the rest are defaults.\n"
         )
-        return header + _annotated(text, self._origins)
+        return header + _annotated(text, self._origins | self._followed())
+
+    def _followed(self) -> dict[str, str]:
+        """`follows <key>` for each key left unset that took another key's value (DERIVED)."""
+        followed = {}
+        for key, sources in DERIVED.items():
+            value = value_at(self, key)
+            if key in self._origins or value is None or value == default_of(key):
+                continue
+            source = next((s for s in sources if value_at(self, s) == value), sources[0])
+            followed[key] = f"follows {source}"
+        return followed
 
     def origin_of(self, key: str) -> str:
         """The layer that set a dotted key: a config file, an override, the embedded default."""
@@ -96,9 +110,16 @@ class PPOFlowConfig(Section):
         chosen = [
             key
             for key, origin in self._origins.items()
-            if not origin.startswith("embedded default") and value_at(self, key) != default_of(key)
+            if not origin.startswith("embedded default")
+            and value_at(self, key) != default_of(key)
+            and not self._as_followed(key)
         ]
         return without_effect(self, chosen)
+
+    def _as_followed(self, key: str) -> bool:
+        """A derived key set to the value it would follow anyway (a read-back effective config)."""
+        sources = DERIVED.get(key, ())
+        return any(value_at(self, source) == value_at(self, key) for source in sources[:1])
 
     def no_effect_warning(self) -> str | None:
         """One line naming the keys set that have no effect in this run, grouped by why; or None."""

@@ -54,11 +54,11 @@ class ActorConfig(Section):
 
     strategy: Strategy = "torch"
     """Training backend: torch is one process or DDP; fsdp/fsdp2/deepspeed shard across GPUs."""
-    ppo_mini_batch_size: int = Field(32, gt=0)
+    ppo_mini_batch_size: int = Field(256, gt=0)
     """Prompts per optimizer step, over all GPUs; each brings rollout.n responses."""
     ppo_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch in responses, split over GPUs; use ppo_micro_batch_size_per_gpu."""
-    ppo_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0)
     """Responses per forward/backward pass on one GPU; gradients accumulate over a mini-batch."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by token count (ppo_max_token_len_per_gpu) instead of response count."""
@@ -117,8 +117,9 @@ class RefConfig(Section):
 
     log_prob_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch in responses; use log_prob_micro_batch_size_per_gpu."""
-    log_prob_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
-    """Responses per reference forward pass on one GPU."""
+    log_prob_micro_batch_size_per_gpu: int | None = Field(None, gt=0)
+    """Responses per reference forward pass on one GPU; None follows the rollout's
+    log_prob_micro_batch_size_per_gpu."""
     log_prob_use_dynamic_bsz: bool = False
     """Form forward batches by token count instead of response count."""
     log_prob_max_token_len_per_gpu: int = Field(16384, gt=0)
@@ -167,6 +168,8 @@ class RolloutConfig(Section):
     """Maximum new tokens; None follows data.max_response_length."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     """Weight dtype of the engine on GPU."""
+    load_format: str = "dummy_dtensor"
+    """How vLLM loads its first weights (verl syncs the actor's in afterwards)."""
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     """vLLM: fraction of GPU memory for weights and KV cache."""
     tensor_model_parallel_size: int = Field(1, gt=0)
@@ -183,7 +186,7 @@ class RolloutConfig(Section):
     """vLLM: split long prefills into chunks."""
     log_prob_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch in responses; use log_prob_micro_batch_size_per_gpu."""
-    log_prob_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    log_prob_micro_batch_size_per_gpu: int | None = Field(None, gt=0)
     """Responses per forward pass when recomputing old log-probs on one GPU."""
     log_prob_use_dynamic_bsz: bool = False
     """Form forward batches by token count instead of response count."""

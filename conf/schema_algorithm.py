@@ -65,6 +65,8 @@ class RewardModelConfig(Section):
     """How reward functions are applied to a batch (verl's naive manager scores one response at a time)."""
     launch_reward_fn_async: bool = False
     """Score rewards concurrently with the next stage."""
+    micro_batch_size_per_gpu: int | None = Field(None, gt=0)
+    """Responses per reward-model forward pass on one GPU."""
 
 
 class CustomRewardFunctionConfig(Section):

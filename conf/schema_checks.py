@@ -18,6 +18,12 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "critic.model.tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
     "critic.ppo_mini_batch_size": ("actor_rollout_ref.actor.ppo_mini_batch_size",),
     "critic.ppo_epochs": ("actor_rollout_ref.actor.ppo_epochs",),
+    "critic.forward_micro_batch_size_per_gpu": ("critic.ppo_micro_batch_size_per_gpu",),
+    # verl requires it set; following the rollout's log-prob micro-batch lets a run turn on a KL
+    # with one key (the size changes no result).
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    ),
     "actor_rollout_ref.rollout.prompt_length": ("data.max_prompt_length",),
     "actor_rollout_ref.rollout.response_length": ("data.max_response_length",),
 }
@@ -65,16 +71,21 @@ def _set_explicitly(cfg: BaseModel, key: str) -> bool:
     return name in get_key(cfg, parent).model_fields_set
 
 
-def resolve_and_check(cfg: "PPOFlowConfig") -> None:
-    """Fill derived keys, convert deprecated micro-batch sizes, and check the batch arithmetic."""
+def _fill_derived(cfg: "PPOFlowConfig") -> None:
     for key, sources in DERIVED.items():
         if get_key(cfg, key) is None:
             _set_key(cfg, key, next((v for s in sources if (v := get_key(cfg, s)) is not None), None))
+
+
+def resolve_and_check(cfg: "PPOFlowConfig") -> None:
+    """Fill derived keys, convert deprecated micro-batch sizes, and check the batch arithmetic."""
+    _fill_derived(cfg)
     _check_same_n(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
     for global_key, dynamic_key in pairs:
         _resolve_micro(cfg, global_key, dynamic_key)
+    _fill_derived(cfg)  # a per-GPU size converted from a deprecated one is followed too
     _check_update(cfg, "actor_rollout_ref.actor")
     if cfg.use_critic:
         _check_update(cfg, "critic")
@@ -122,11 +133,20 @@ def _resolve_micro(cfg: "PPOFlowConfig", global_key: str, dynamic_key: str) -> N
             )
         _set_key(cfg, per_gpu_key, global_size // world)
         _set_key(cfg, global_key, None)
-    elif per_gpu is None and not get_key(cfg, dynamic_key):
-        raise ConfigError(
-            f"{per_gpu_key} is not set: set it (e.g. {per_gpu_key}=8) or turn on {dynamic_key}",
-            keys=keys,
-        )
+
+
+def require_micro_batch_sizes(cfg: "PPOFlowConfig") -> None:
+    """Every micro-batch size the run uses is set (verl's defaults leave them unset, and so does the
+    config model, so that it can be built without them)."""
+    pairs = [p for p in ACTOR_MICRO_PAIRS if cfg.use_reference_policy or ".ref." not in p[0]]
+    pairs += CRITIC_MICRO_PAIRS if cfg.use_critic else ()
+    for global_key, dynamic_key in pairs:
+        per_gpu_key = global_key + "_per_gpu"
+        if get_key(cfg, per_gpu_key) is None and not get_key(cfg, dynamic_key):
+            raise ConfigError(
+                f"{per_gpu_key} is not set (verl leaves it unset too): set it, e.g. {per_gpu_key}=8",
+                keys=(global_key, per_gpu_key),
+            )
 
 
 def _check_update(cfg: "PPOFlowConfig", section: str) -> None:
@@ -152,6 +172,8 @@ def _check_update(cfg: "PPOFlowConfig", section: str) -> None:
     if dynamic:
         return
     micro, per_gpu = get_key(cfg, micro_key), responses // world
+    if micro is None:
+        return  # require_micro_batch_sizes names it
     share = f"the per-GPU mini-batch of {per_gpu} responses ({shape} / world_size={world})"
     keys = (micro_key, mini_key, "actor_rollout_ref.rollout.n", *world_keys)
     if micro > per_gpu:

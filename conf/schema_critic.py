@@ -48,12 +48,12 @@ class CriticConfig(Section):
     """Prompts per optimizer step, over all GPUs; None uses actor_rollout_ref.actor.ppo_mini_batch_size."""
     ppo_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch in responses; use ppo_micro_batch_size_per_gpu."""
-    ppo_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
+    ppo_micro_batch_size_per_gpu: int | None = Field(None, gt=0)
     """Responses per forward/backward pass on one GPU."""
     forward_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch for computing values; use forward_micro_batch_size_per_gpu."""
-    forward_micro_batch_size_per_gpu: int | None = Field(32, gt=0)
-    """Responses per value forward pass on one GPU."""
+    forward_micro_batch_size_per_gpu: int | None = Field(None, gt=0)
+    """Responses per value forward pass on one GPU; None follows ppo_micro_batch_size_per_gpu."""
     use_dynamic_bsz: bool = False
     """Form micro-batches by token count instead of response count."""
     ppo_max_token_len_per_gpu: int = Field(32768, gt=0)

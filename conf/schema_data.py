@@ -20,11 +20,11 @@ class DataConfig(Section):
     """Column holding the prompt (a chat message list or a string)."""
     reward_fn_key: str = "data_source"
     """Column that selects the reward function and groups validation scores."""
-    max_prompt_length: int = Field(16, gt=0)
+    max_prompt_length: int = Field(512, gt=0)
     """Longest prompt in tokens (verl's default is 512; 16 fits the built-in task)."""
-    max_response_length: int = Field(4, gt=0)
+    max_response_length: int = Field(512, gt=0)
     """Longest response in tokens (verl's default is 512; 4 fits the built-in task)."""
-    train_batch_size: int = Field(64, gt=0)
+    train_batch_size: int = Field(1024, gt=0)
     """Prompts per iteration; each is sampled actor_rollout_ref.rollout.n times."""
     val_batch_size: int | None = Field(None, gt=0)
     """Prompts per validation batch; None validates the whole set at once."""

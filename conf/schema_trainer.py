@@ -26,6 +26,8 @@ class TrainerConfig(Section):
     """Iterations to run; None runs total_epochs epochs."""
     project_name: str = "ppoflow"
     """Project name for loggers."""
+    default_hdfs_dir: str | None = None
+    """Where verl copies checkpoints on HDFS (older verl)."""
     experiment_name: str = "demo"
     """Run name: names the run directory runs/<experiment_name> and the logger run, so it must be a
     plain name (no path separators, not '.' or '..')."""
@@ -41,7 +43,7 @@ class TrainerConfig(Section):
     """Machines in the run."""
     n_gpus_per_node: int = Field(1, gt=0)
     """Processes (GPUs) per machine; on CPU, processes."""
-    save_freq: int = 1
+    save_freq: int = -1
     """Write model weights every this many iterations; 0 or negative saves only at the end."""
     resume_mode: Literal["auto", "disable", "resume_path"] = "auto"
     """auto resumes from the run directory, disable starts afresh, resume_path uses resume_from_path."""
@@ -51,8 +53,9 @@ class TrainerConfig(Section):
     """Validate once before the first iteration."""
     val_only: bool = False
     """Validate and stop without training."""
-    test_freq: int = 1
-    """Validate every this many iterations; 0 or negative validates only at the end."""
+    test_freq: int = -1
+    """Validate every this many iterations and after the last; 0 or negative: no validation while
+    training (only trainer.val_before_train), as verl."""
     critic_warmup: int = Field(0, ge=0)
     """Iterations that update only the critic before the actor starts."""
     default_local_dir: str | None = None

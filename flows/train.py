@@ -63,8 +63,9 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         source=model_source(cfg.actor_rollout_ref.model.path),
     )
     val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
+    critic_base = _critic_base(run, cfg, base) if sc.use_critic else None  # checked before any ingest
     data = _datasets(run, cfg, base)
-    first, state = _starting_state(cfg, sc, base, _critic_base(run, cfg, base) if sc.use_critic else None)
+    first, state = _starting_state(cfg, sc, base, critic_base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     tracking = Tracking(cfg, run.path, total)
     history = []
@@ -123,7 +124,11 @@ def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
     if path == cfg.actor_rollout_ref.model.path:
         return base
     critic_base, _ = run_stage(
-        prepare_model, run, model_path=path, seed=cfg.trainer.seed, source=model_source(path)
+        prepare_model,
+        run,
+        model_path=path,
+        seed=cfg.trainer.seed,
+        source=model_source(path, "critic.model.path"),
     )
     require_same_tokenizer(run, base, critic_base, path)
     return critic_base

@@ -34,6 +34,7 @@ def _quiet_libraries(verbose: bool) -> None:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # converting a GGUF model draws a tqdm bar
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

@@ -10,6 +10,7 @@ no progress.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -31,11 +32,32 @@ UNITS = {"generate": "responses", "validate": "answers", "update": "optimizer st
 """What progress counts, by the last word of a stage's description."""
 
 
+SWITCH = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
 def _progress_mode() -> str:
     flag = os.environ.get("PPOFLOW_PROGRESS")
+    if flag is not None and flag.strip().lower() in SWITCH:
+        return "bar" if SWITCH[flag.strip().lower()] else "off"
     if flag is not None:
-        return "bar" if flag == "1" else "off"
+        _warn_once(f"PPOFLOW_PROGRESS={flag!r} is not 1 or 0 (true/false, yes/no, on/off); ignored")
     return "bar" if sys.stdout.isatty() else "lines"
+
+
+@functools.cache
+def _warn_once(text: str) -> None:
+    """A line on stderr (and in the run's log file), once per process."""
+    Console(stderr=True, highlight=False).print(f"ppoflow: {text}", soft_wrap=True)
+    log.warning(text)
 
 
 class StageProgress:
@@ -69,8 +91,8 @@ def _progress_interval() -> float:
     except ValueError:
         interval = math.nan
     if not 0 <= interval < math.inf:
-        log.warning(
-            "PPOFLOW_PROGRESS_INTERVAL=%r is not a number of seconds; using %g", value, PROGRESS_INTERVAL_S
+        _warn_once(
+            f"PPOFLOW_PROGRESS_INTERVAL={value!r} is not a number of seconds; using {PROGRESS_INTERVAL_S:g}"
         )
         return PROGRESS_INTERVAL_S
     return interval

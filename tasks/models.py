@@ -69,16 +69,15 @@ class StateUnavailable(FileNotFoundError):
 
 
 def schedule_horizon(config: dict, total_steps: int) -> int:
-    """The training length the LR schedule depends on: optim.total_training_steps when set, else
-    total_steps, for cosine decay or a warmup given as a ratio; else 0, so that training longer does
-    not invalidate the cached updates of a constant schedule (resuming at an epoch boundary with
-    more epochs reuses every finished step)."""
+    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
+    as a ratio (optim.total_training_steps is set to it, as verl does), else 0, so that training
+    longer does not invalidate the cached updates of a constant schedule (resuming at an epoch
+    boundary with more epochs reuses every finished step)."""
     optim = config["optim"]
     depends = optim["warmup_style"] == "cosine" or (
         optim["lr_warmup_steps"] <= 0 and optim["lr_warmup_steps_ratio"] > 0
     )
-    horizon = optim["total_training_steps"] if optim["total_training_steps"] > 0 else total_steps
-    return horizon if depends else 0
+    return total_steps if depends else 0
 
 
 def model_dir(run: Run, state: ModelState) -> Path:

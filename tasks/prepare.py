@@ -145,12 +145,12 @@ def converted_gguf(gguf_file: Path) -> Path:
     return cached_model_dir(target, lambda staging: convert_gguf(gguf_file, staging))
 
 
-def model_source(model_path: str) -> str:
-    """Identity of a model path for prepare_model's cache key: names, sizes and modification times
-    of its files (cheap; an edited model directory is a cache miss)."""
+def model_source(model_path: str, key: str = "actor_rollout_ref.model.path") -> str:
+    """Identity of a model path (the value of `key`) for prepare_model's cache key: names, sizes and
+    modification times of its files (cheap; an edited model directory is a cache miss)."""
     if model_path.startswith("builtin:"):
         return model_path
-    path = Path(local_model_path(model_path)).resolve()
+    path = Path(local_model_path(model_path, key)).resolve()
     files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
     return digest_of([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
 

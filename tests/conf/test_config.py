@@ -8,12 +8,15 @@ import yaml
 
 from ppoflow.conf import (
     EMBEDDED_DEFAULT,
+    ConfigError,
     PPOFlowConfig,
     all_keys,
     config_fingerprint,
     load_config,
 )
 from ppoflow.conf.schema_checks import get_key
+
+from .micro import MICRO, MICRO_KEYS
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:
@@ -35,7 +38,8 @@ def embedded_or_default(key: str):
 
 
 def quickstart(tmp_path, model_dir) -> list[str]:
-    """verl's PPO quickstart command line, with paths pointed at temporary files."""
+    """verl's PPO quickstart command line, with paths pointed at temporary files (the vLLM engine it
+    runs on is verl's default and not named)."""
     train, val = tmp_path / "train.parquet", tmp_path / "test.parquet"
     train.touch()
     val.touch()
@@ -43,7 +47,7 @@ def quickstart(tmp_path, model_dir) -> list[str]:
         data.max_prompt_length=512 data.max_response_length=512
         actor_rollout_ref.model.path={model_dir} actor_rollout_ref.actor.optim.lr=1e-6
         actor_rollout_ref.actor.ppo_mini_batch_size=64 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
-        actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
+        actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8
         actor_rollout_ref.rollout.tensor_model_parallel_size=1
         actor_rollout_ref.rollout.gpu_memory_utilization=0.4
         actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4 critic.optim.lr=1e-5
@@ -52,9 +56,18 @@ def quickstart(tmp_path, model_dir) -> list[str]:
         trainer.save_freq=10 trainer.test_freq=10 trainer.total_epochs=15""".split()
 
 
-def test_model_defaults_load_and_are_verls():
-    cfg = load_config(base="verl")
-    assert cfg == PPOFlowConfig()
+def test_model_defaults_are_verls_and_need_the_micro_batch_sizes_verl_needs():
+    with pytest.raises(ConfigError, match="ppo_micro_batch_size_per_gpu is not set .verl leaves it unset"):
+        load_config(base="verl")
+    cfg = load_config(None, MICRO, base="verl")
+    assert all(get_key(cfg, key) == 8 for key in MICRO_KEYS)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.train_batch_size) == (
+        512,
+        512,
+        1024,
+    )
+    assert (cfg.trainer.save_freq, cfg.trainer.test_freq, cfg.trainer.total_epochs) == (-1, -1, 30)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 256
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-6
     assert cfg.critic.optim.lr == 1e-5
     assert cfg.algorithm.adv_estimator == "gae"
@@ -69,7 +82,7 @@ def test_embedded_default_applies_only_without_a_config_file(tmp_path):
         assert get_key(embedded, key) == value, key
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    assert load_config(empty) == PPOFlowConfig()
+    assert load_config(empty, MICRO) == load_config(None, MICRO, base="verl")
 
 
 def test_embedded_default_is_a_packaged_override_file():
@@ -85,7 +98,7 @@ def test_yaml_file_may_be_nested_or_dotted(tmp_path):
         "algorithm.kl_ctrl.type: adaptive\n"
         "critic:\n"  # an emptied section is not an error
     )
-    cfg = load_config(path)
+    cfg = load_config(path, MICRO)
     assert cfg.trainer.total_epochs == 3
     assert cfg.trainer.logger == ["console", "wandb"]
     assert cfg.actor_rollout_ref.actor.optim.lr == 1e-4
@@ -96,13 +109,13 @@ def test_layer_precedence(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("trainer:\n  total_training_steps: 7\n  total_epochs: 2\n")
     steps = "trainer.total_training_steps"
-    assert get_key(load_config(base="verl"), steps) is None  # model default
+    assert get_key(load_config(None, MICRO, base="verl"), steps) is None  # model default
     assert get_key(load_config(), steps) == EMBEDDED[steps]  # embedded beats defaults
     assert get_key(load_config(None, [f"{steps}=3"]), steps) == 3  # override beats embedded
-    from_file = load_config(path)
+    from_file = load_config(path, MICRO)
     assert get_key(from_file, steps) == 7  # file replaces embedded
     assert from_file.actor_rollout_ref.actor.optim.lr == 1e-6
-    both = load_config(path, [f"{steps}=5", f"{steps}=6"])
+    both = load_config(path, [*MICRO, f"{steps}=5", f"{steps}=6"])
     assert get_key(both, steps) == 6  # the last override beats earlier ones and the file
     assert both.trainer.total_epochs == 2
 
@@ -112,11 +125,11 @@ def test_embedded_default_applies_only_to_the_builtin_model(model_dir):
     the tiny model's tuning; naming the built-in model keeps the embedded default."""
     defaults = PPOFlowConfig()
     own_model = f"actor_rollout_ref.model.path={model_dir}"
-    other = load_config(None, [own_model])
-    assert other == load_config(None, [own_model], base="verl")
+    other = load_config(None, [own_model, *MICRO])
+    assert other == load_config(None, [own_model, *MICRO], base="verl")
     assert other.actor_rollout_ref.actor.optim.lr == 1e-6
-    assert other.data.train_batch_size == defaults.data.train_batch_size
-    for key in EMBEDDED:
+    assert other.data.train_batch_size == defaults.data.train_batch_size == 1024
+    for key in set(EMBEDDED) - set(MICRO_KEYS):
         assert get_key(other, key) == get_key(defaults, key), key
     builtin = "actor_rollout_ref.model.path=builtin:tiny-addition"
     tiny = load_config(None, [builtin])
@@ -135,12 +148,21 @@ def test_verl_quickstart_overrides_load_unchanged(tmp_path, model_dir, base):
     assert cfg.trainer.val_before_train is False
     assert cfg.data.train_batch_size == 256
     assert actor.ppo_mini_batch_size == 64 and actor.ppo_micro_batch_size_per_gpu == 4
-    assert cfg.actor_rollout_ref.rollout.name == "vllm"
+    assert cfg.actor_rollout_ref.rollout.name == "hf"
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
     assert cfg.actor_rollout_ref.rollout.response_length == 512
     assert cfg.critic.model.path == str(model_dir)
     assert cfg.critic.ppo_mini_batch_size == 64
     assert cfg.trainer.total_epochs == 15
+
+
+def test_the_vllm_engine_is_refused_at_load_in_one_line(tmp_path, model_dir):
+    """Not after ingest, as it was: before anything runs, saying what to use."""
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [*quickstart(tmp_path, model_dir), "actor_rollout_ref.rollout.name=vllm"])
+    assert str(raised.value).count("\n") == 0
+    assert str(raised.value).startswith("actor_rollout_ref.rollout.name='vllm' (command-line override #")
+    assert "set actor_rollout_ref.rollout.name=hf" in str(raised.value)
 
 
 def test_override_values_are_parsed_as_yaml():
@@ -185,6 +207,7 @@ def test_derived_keys_follow_their_sources():
             "actor_rollout_ref.actor.clip_ratio_high=0.28",
             "trainer.nnodes=2",
             "trainer.experiment_name=abc",
+            *MICRO,
         ],
         base="verl",
     )
@@ -205,6 +228,7 @@ def test_deprecated_global_micro_batch_becomes_per_gpu():
         "actor_rollout_ref.actor.ppo_micro_batch_size=16",
         "critic.ppo_micro_batch_size=16",
         "trainer.n_gpus_per_node=2",
+        *MICRO[1:3],
     ]
     cfg = load_config(None, overrides, base="verl")
     actor = cfg.actor_rollout_ref.actor

@@ -10,16 +10,21 @@ from ppoflow.conf import ConfigError, PPOFlowConfig, all_keys, load_config
 from ppoflow.conf.effects import NO_EFFECT, UNSUPPORTED
 from ppoflow.conf.schema_checks import get_key
 
+from .micro import MICRO
+
 SMOLLM2 = "actor_rollout_ref.model.path=builtin:smollm2-135m-instruct"
 
 
 def test_the_builtin_smollm2_gets_verls_defaults_not_the_tiny_models():
-    cfg = load_config(None, [SMOLLM2], check_paths=False)
+    cfg = load_config(None, [SMOLLM2, *MICRO], check_paths=False)
     defaults = PPOFlowConfig()
     assert cfg.actor_rollout_ref.actor.ppo_epochs == defaults.actor_rollout_ref.actor.ppo_epochs == 1
     assert cfg.trainer.total_training_steps is None
-    assert cfg.trainer.total_epochs == defaults.trainer.total_epochs
-    assert cfg.critic.forward_micro_batch_size_per_gpu == 32
+    assert cfg.trainer.total_epochs == defaults.trainer.total_epochs == 30
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (512, 512)
+    assert (
+        cfg.critic.forward_micro_batch_size_per_gpu == 8
+    )  # follows critic.ppo_micro_batch_size_per_gpu, as verl
     assert cfg.origin_of("actor_rollout_ref.actor.ppo_epochs") == "the model default"
 
 
@@ -33,7 +38,17 @@ def test_ppoflow_config_says_where_each_value_came_from(tmp_path):
     settings = tmp_path / "run.yaml"
     settings.write_text("trainer:\n  total_epochs: 3\n")
     printed = subprocess.run(
-        [sys.executable, "-m", "ppoflow", "config", "--config", str(settings), "critic.optim.lr=2e-5"],
+        [
+            sys.executable,
+            "-m",
+            "ppoflow",
+            "config",
+            "--config",
+            str(settings),
+            "critic.optim.lr=2e-5",
+            *MICRO,
+            "data.max_prompt_length=256",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -42,6 +57,8 @@ def test_ppoflow_config_says_where_each_value_came_from(tmp_path):
     assert lines[0].startswith("# The effective config")
     assert f"  total_epochs: 3  # file '{settings}'" in lines
     assert "    lr: 2.0e-05  # command-line override #1 'critic.optim.lr=2e-5'" in lines
+    assert "  forward_micro_batch_size_per_gpu: 8  # follows critic.ppo_micro_batch_size_per_gpu" in lines
+    assert "    prompt_length: 256  # follows data.max_prompt_length" in lines
     assert "  total_training_steps: null" in lines  # a default: no comment
     assert load_config(None, []) == load_config(None, []) and printed.count("# ") >= 3
 
@@ -132,12 +149,37 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
             "actor_rollout_ref.actor.use_dynamic_bsz=true",
             "actor_rollout_ref.rollout.seed=7",
             "data.reward_fn_key=task",
-            "actor_rollout_ref.actor.optim.total_training_steps=100",
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.actor.kl_loss_coef=0.01",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+            *MICRO,
         ],
         check_paths=False,
     )
     assert [key for key, _ in cfg.settings_without_effect()] == ["actor_rollout_ref.actor.use_dynamic_bsz"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (["algorithm.adv_estimator=grpo", "critic.optim.lr=2e-5"], "only with algorithm.adv_estimator=gae"),
+        (["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4"], "has no reference policy"),
+        (["algorithm.kl_ctrl.kl_coef=0.01"], "use_kl_in_reward=false"),
+        (["actor_rollout_ref.actor.kl_loss_type=mse"], "use_kl_loss=false"),
+        (
+            ["actor_rollout_ref.actor.optim.total_training_steps=100"],
+            "verl sets it to the run's training steps",
+        ),
+        (["trainer.project_name=gsm8k"], "trainer.logger has no wandb"),
+        (["actor_rollout_ref.rollout.load_format=auto"], "vLLM settings"),
+        (["trainer.default_hdfs_dir=null", "trainer.default_hdfs_dir=hdfs://x"], "run directory only"),
+        (["reward_model.micro_batch_size_per_gpu=8"], "there is no reward model"),
+    ],
+)
+def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):
+    cfg = load_config(None, overrides, check_paths=False)
+    key = overrides[-1].split("=")[0]
+    assert dict(cfg.settings_without_effect())[key].find(why) >= 0
 
 
 def test_every_key_is_read_by_ppoflow_or_accounted_for():
@@ -175,3 +217,21 @@ def test_every_key_is_read_by_ppoflow_or_accounted_for():
     assert silent == []
     for key in config_only | {rule.key for rule in UNSUPPORTED}:
         get_key(PPOFlowConfig(), key)  # each names a real key
+
+
+def test_the_effective_config_reads_back_whatever_the_length_of_a_value(tmp_path):
+    """A long value (a path with spaces) is not wrapped onto a second line, where the origin comment
+    would have landed inside it."""
+    long = tmp_path / ("datasets for reinforcement learning experiments " * 3) / "copy 2" / "test.jsonl"
+    long.parent.mkdir(parents=True)
+    long.write_text("{}\n")
+    cfg = load_config(None, [f"data.val_files={long}", "trainer.project_name=" + "my project " * 12])
+    saved = tmp_path / "config.yaml"
+    saved.write_text(cfg.to_yaml(origins=True))
+    assert load_config(saved, check_paths=False) == cfg
+
+
+def test_a_refusal_reached_through_a_followed_key_is_said_once():
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, ["actor_rollout_ref.model.tokenizer_path=builtin:smollm2-135m-instruct"])
+    assert "\n" not in str(raised.value) and "critic.model.tokenizer_path" not in str(raised.value)

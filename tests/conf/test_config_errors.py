@@ -5,6 +5,8 @@ import yaml
 
 from ppoflow.conf import EMBEDDED_DEFAULT, ConfigError, load_config
 
+from .micro import MICRO
+
 
 def error_of(*overrides: str, path=None, base="embedded") -> str:
     with pytest.raises(ConfigError) as info:
@@ -188,7 +190,8 @@ def test_model_directory_without_tokenizer(tmp_path):
     )
     # A separate tokenizer makes it loadable.
     load_config(
-        None, [f"actor_rollout_ref.model.path={bare}", f"actor_rollout_ref.model.tokenizer_path={bare}"]
+        None,
+        [f"actor_rollout_ref.model.path={bare}", f"actor_rollout_ref.model.tokenizer_path={bare}", *MICRO],
     )
 
 
@@ -205,9 +208,8 @@ def test_gguf_must_be_a_file(tmp_path, model_dir):
     assert "ends in .gguf but is not a file" in error_of(f"actor_rollout_ref.model.path={gguf}")
     gguf.rmdir()
     gguf.write_bytes(b"GGUF")
-    assert load_config(None, [f"actor_rollout_ref.model.path={gguf}"]).actor_rollout_ref.model.path == str(
-        gguf
-    )
+    cfg = load_config(None, [f"actor_rollout_ref.model.path={gguf}", *MICRO])
+    assert cfg.actor_rollout_ref.model.path == str(gguf)
 
 
 def test_critic_model_path_is_checked(tmp_path):

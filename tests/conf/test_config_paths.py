@@ -9,6 +9,8 @@ import pytest
 from ppoflow.conf import ConfigError, load_config
 from ppoflow.conf.model_paths import local_model_path
 
+from .micro import MICRO
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,12 +21,12 @@ def test_a_relative_data_path_in_a_config_file_is_read_from_the_files_folder(tmp
     settings = folder / "run.yaml"
     settings.write_text("data:\n  train_files: train.jsonl\n  val_files: [train.jsonl]\n")
     monkeypatch.chdir(tmp_path)  # elsewhere: the path is still the file's neighbour
-    cfg = load_config(settings)
+    cfg = load_config(settings, MICRO)
     assert cfg.data.train_files == str(folder / "train.jsonl")
     assert cfg.data.val_files == [str(folder / "train.jsonl")]
     settings.write_text("data:\n  train_files: missing.jsonl\n")
     with pytest.raises(ConfigError, match="read from the file's folder") as raised:
-        load_config(settings)
+        load_config(settings, MICRO)
     assert str(folder / "missing.jsonl") in str(raised.value) and f"file '{settings}'" in str(raised.value)
 
 
@@ -64,7 +66,7 @@ def test_a_hugging_face_id_loads_from_the_local_cache(tiny_model_dir, tmp_path, 
     snapshot = hf_cache(tmp_path / "hub", "acme/tiny-adder", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert local_model_path("acme/tiny-adder") == str(snapshot)
-    cfg = load_config(None, ["actor_rollout_ref.model.path=acme/tiny-adder"])
+    cfg = load_config(None, ["actor_rollout_ref.model.path=acme/tiny-adder", *MICRO])
     assert cfg.actor_rollout_ref.model.path == "acme/tiny-adder"  # the id, as the user wrote it
     state = prepare_model.fn(
         Run(str(tmp_path / "run")), "acme/tiny-adder", 1, model_source("acme/tiny-adder")
@@ -80,3 +82,72 @@ def test_a_hugging_face_id_not_in_the_cache_says_how_to_get_it(tmp_path, monkeyp
     assert "not in the local cache" in message and str(tmp_path / "empty-hub") in message
     assert "hf download Qwen/Qwen2.5-0.5B-Instruct" in message and "builtin:smollm2-135m-instruct" in message
     assert "command-line override #1" in message
+
+
+def test_a_relative_model_path_in_a_config_file_is_read_from_the_files_folder(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    folder = tmp_path / "project"
+    shutil.copytree(tiny_model_dir, folder / "models" / "tiny")
+    settings = folder / "run.yaml"
+    settings.write_text("actor_rollout_ref:\n  model:\n    path: models/tiny\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(settings, MICRO)
+    assert cfg.actor_rollout_ref.model.path == str(folder / "models" / "tiny")
+    assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
+
+
+def test_a_linked_config_file_reads_paths_from_where_it_really_lives(tmp_path, monkeypatch):
+    real = tmp_path / "repo" / "conf"
+    real.mkdir(parents=True)
+    (tmp_path / "repo" / "data").mkdir()
+    (tmp_path / "repo" / "data" / "train.jsonl").write_text("{}\n")
+    (real / "run.yaml").write_text(
+        "data:\n  train_files: ../data/train.jsonl\n  val_files: ../data/train.jsonl\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "conf").symlink_to(real)  # a linked folder
+    (tmp_path / "elsewhere" / "run.yaml").symlink_to(real / "run.yaml")  # a linked file
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for path in (tmp_path / "elsewhere" / "conf" / "run.yaml", tmp_path / "elsewhere" / "run.yaml"):
+        assert load_config(path, MICRO).data.train_files == str(tmp_path / "repo" / "data" / "train.jsonl")
+
+
+def test_home_is_expanded_in_paths(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "t.jsonl").write_text("{}\n")
+    cfg = load_config(None, ["data.train_files=~/t.jsonl", "data.val_files=[~/t.jsonl]"])
+    assert cfg.data.train_files == str(tmp_path / "t.jsonl") and cfg.data.val_files == [
+        str(tmp_path / "t.jsonl")
+    ]
+
+
+@pytest.mark.parametrize("name", ["Qwen/..", "Qwen/.", "a--b/c", "org/name-", "org/" + "x" * 97])
+def test_a_model_id_huggingface_refuses_is_a_config_error_not_a_traceback(name):
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [f"actor_rollout_ref.model.path={name}", *MICRO])
+    assert f"model path '{name}'" in str(raised.value) and "not a valid Hugging Face model id" in str(
+        raised.value
+    )
+    assert "actor_rollout_ref.model.path" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "hub"),
+    [
+        ({"HF_HUB_CACHE": "~/hubcache"}, "{home}/hubcache"),
+        ({"HUGGINGFACE_HUB_CACHE": "/old/hub"}, "/old/hub"),
+        ({"HF_HOME": "~/hf"}, "{home}/hf/hub"),
+        ({"XDG_CACHE_HOME": "/xdg"}, "/xdg/huggingface/hub"),
+        ({}, "{home}/.cache/huggingface/hub"),
+    ],
+)
+def test_the_cache_is_found_where_huggingface_hub_looks(tmp_path, monkeypatch, env, hub):
+    from ppoflow.conf.model_paths import _cache_dir
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _cache_dir() == hub.format(home=tmp_path)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppoflow.tasks.console import progress_bar, report_iteration
+from ppoflow.tasks.console import _progress_mode, _warn_once, progress_bar, report_iteration
 
 METRICS = {"critic/score/mean": 0.5, "actor/ppo_kl": 0.04, "actor/pg_clipfrac": 0.125}
 
@@ -35,6 +35,7 @@ def no_terminal(monkeypatch, capsys):
     """stdout is pytest's capture (not a terminal); PPOFLOW_PROGRESS(_INTERVAL) unset."""
     monkeypatch.delenv("PPOFLOW_PROGRESS", raising=False)
     monkeypatch.delenv("PPOFLOW_PROGRESS_INTERVAL", raising=False)
+    _warn_once.cache_clear()  # each test sees its own first warning
     return monkeypatch
 
 
@@ -84,9 +85,23 @@ def test_generation_progress_lines_count_tokens_before_the_first_response_is_don
 
 
 @pytest.mark.parametrize("interval", ["soon", "-1", "nan", "inf"])
-def test_an_unusable_progress_interval_is_named_and_the_default_used(no_terminal, capsys, caplog, interval):
+def test_an_unusable_progress_interval_is_named_once_and_the_default_used(no_terminal, capsys, interval):
     no_terminal.setenv("PPOFLOW_PROGRESS_INTERVAL", interval)
-    with progress_bar("step 1 validate", total=2) as progress:
-        progress(2)
-    assert capsys.readouterr().out == ""  # 30 s, not 0
-    assert f"PPOFLOW_PROGRESS_INTERVAL={interval!r} is not a number of seconds; using 30" in caplog.text
+    for _ in range(2):  # two stages: one warning
+        with progress_bar("step 1 validate", total=2) as progress:
+            progress(2)
+    said = capsys.readouterr()
+    assert said.out == ""  # 30 s, not 0
+    warning = f"ppoflow: PPOFLOW_PROGRESS_INTERVAL={interval!r} is not a number of seconds; using 30"
+    assert said.err.splitlines() == [warning]
+
+
+@pytest.mark.parametrize(
+    ("flag", "mode"),
+    [("true", "bar"), ("ON", "bar"), ("1", "bar"), ("no", "off"), ("0", "off"), ("auto", "lines")],
+)
+def test_the_progress_switch_takes_the_usual_spellings(no_terminal, capsys, flag, mode):
+    no_terminal.setenv("PPOFLOW_PROGRESS", flag)
+    assert _progress_mode() == mode  # stdout is not a terminal here: "lines" unless switched
+    refused = f"ppoflow: PPOFLOW_PROGRESS={flag!r} is not 1 or 0 (true/false, yes/no, on/off); ignored"
+    assert capsys.readouterr().err.splitlines() == ([refused] if flag == "auto" else [])

@@ -1,5 +1,5 @@
 """verl keys that ppoflow honours: critic.model.path (a critic from its own model), rollout.seed,
-ref.log_prob_micro_batch_size_per_gpu, optim.total_training_steps."""
+ref.log_prob_micro_batch_size_per_gpu."""
 
 from __future__ import annotations
 
@@ -50,17 +50,19 @@ def test_a_critic_model_with_another_tokenizer_is_refused_before_training(
     tokenizer.save_pretrained(other)
     with pytest.raises(ValueError, match=f"critic.model.path={other}: its tokenizer is not the actor's"):
         train(tmp_path / "run", *ONE_STEP, f"critic.model.path={other}")
-    assert not (tmp_path / "run/iter=000001").exists()
+    assert (
+        not (tmp_path / "run/iter=000001").exists() and not (tmp_path / "run/data").exists()
+    )  # before ingest
 
 
 @pytest.mark.parametrize(
     ("optim", "total", "horizon"),
     [
         ({"warmup_style": "cosine", "total_training_steps": -1}, 40, 40),
-        ({"warmup_style": "cosine", "total_training_steps": 100}, 40, 100),  # verl's explicit horizon
+        ({"warmup_style": "cosine", "total_training_steps": 100}, 40, 40),  # verl overwrites it with 40
         ({"warmup_style": "constant", "total_training_steps": 100}, 40, 0),  # a constant LR has none
     ],
 )
-def test_the_lr_schedule_spans_optim_total_training_steps_when_set(optim, total, horizon):
+def test_the_lr_schedule_spans_the_runs_training_steps(optim, total, horizon):
     section = {"optim": {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0, **optim}}
     assert schedule_horizon(section, total) == horizon
