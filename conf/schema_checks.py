@@ -137,7 +137,10 @@ def _resolve_micro(cfg: "PPOFlowConfig", global_key: str, dynamic_key: str) -> N
 
 def require_micro_batch_sizes(cfg: "PPOFlowConfig") -> None:
     """Every micro-batch size the run uses is set (verl's defaults leave them unset, and so does the
-    config model, so that it can be built without them)."""
+    config model, so that it can be built without them). A validation-only run (trainer.val_only)
+    uses none: it only generates."""
+    if cfg.trainer.val_only:
+        return
     pairs = [p for p in ACTOR_MICRO_PAIRS if cfg.use_reference_policy or ".ref." not in p[0]]
     pairs += CRITIC_MICRO_PAIRS if cfg.use_critic else ()
     for global_key, dynamic_key in pairs:

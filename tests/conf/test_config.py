@@ -283,3 +283,9 @@ def test_conf_stays_light():
         "heavy = {'torch', 'prefect', 'pyarrow', 'duckdb'} & set(sys.modules); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_validation_only_run_needs_no_micro_batch_size(model_dir):
+    """The evaluate flow validates a Hugging Face directory with trainer.val_only: nothing trains."""
+    cfg = load_config(None, [f"actor_rollout_ref.model.path={model_dir}", "trainer.val_only=true"])
+    assert cfg.trainer.val_only and cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
