@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-STAGES = ("rollout", "reward", "advantage", "critic_update", "actor_update", "validation", "metrics")
+STAGES = ("rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics")
 
 
 def main() -> None:
@@ -42,9 +42,8 @@ def main() -> None:
     from transformers.utils import logging as transformers_logging
 
     from ppoflow.flows.train import ppo_train
-    from ppoflow.tasks import storage
-    from ppoflow.tasks.catalog import query
-    from ppoflow.tasks.prepare import build_tiny_base
+    from ppoflow.tasks.stages.prepare_model import build_tiny_base
+    from ppoflow.tasks.storage.catalog import query
 
     build_tiny_base(seed=1)  # the base model is built once per machine; not part of the timing
     transformers_logging.disable_progress_bar()
@@ -56,7 +55,7 @@ def main() -> None:
     launched = time.time()
     summary = ppo_train(None, overrides)
     finished = time.time()
-    report(args, summary, run_dir, launched, finished, storage.IO_SECONDS[0], query)
+    report(args, summary, run_dir, launched, finished, summary["io_seconds"], query)
 
 
 def report(args, summary, run_dir, launched, finished, io_seconds, query) -> None:

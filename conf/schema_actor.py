@@ -5,13 +5,14 @@ from typing import Literal
 
 from pydantic import Field
 
+from ppoflow.engine.names import LossAggMode
+
 from .schema_common import (
     CheckpointConfig,
     DeepSpeedConfig,
     FreeForm,
     FsdpConfig,
     KLType,
-    LossAggMode,
     OptimConfig,
     Section,
     Seed,

@@ -5,9 +5,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from .schema_common import KLType, Section
+from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, PFReweightMethod
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+from .schema_common import KLType, Section
 
 
 class KLControlConfig(Section):
@@ -26,7 +26,7 @@ class KLControlConfig(Section):
 class PFPPOConfig(Section):
     """Preference-feedback PPO resampling (used when algorithm.use_pf_ppo)."""
 
-    reweight_method: Literal["pow", "max_min", "max_random"] = "pow"
+    reweight_method: PFReweightMethod = "pow"
     """How rollouts are reweighted by score before resampling."""
     weight_pow: float = Field(2.0, ge=0)
     """Exponent of the pow reweighting |score|^weight_pow; a negative one would give a score of 0 an
@@ -88,5 +88,5 @@ class RewardConfig(Section):
     the reward worker's timers)."""
     on_error: Literal["fail", "zero"] = "fail"
     """A reward function that raises or times out fails the stage, or scores the response 0."""
-    gsm8k_method: Literal["strict", "flexible"] = "strict"
+    gsm8k_method: Gsm8kMethod = "strict"
     """openai/gsm8k answer extraction (verl): the last '#### <number>', or the last number."""

@@ -20,6 +20,8 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from ppoflow.engine.names import KLPenalty, WarmupStyle
+
 
 class ConfigError(ValueError):
     """A configuration that cannot run. The message names the key, the layer that set it, the bad
@@ -188,8 +190,7 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]
 ppoflow derives per-step seeds from it (seed × 1,000,003 + step)."""
 
 Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
-KLType = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+KLType = KLPenalty
 CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 
 
@@ -206,7 +207,7 @@ class OptimConfig(Section):
     """Warm-up length as a fraction of total_training_steps (used when lr_warmup_steps < 0)."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the cosine schedule as a fraction of lr."""
-    warmup_style: Literal["constant", "cosine"] = "constant"
+    warmup_style: WarmupStyle = "constant"
     """Schedule after warm-up; verl's newer name lr_scheduler_type is accepted for it."""
     weight_decay: float = Field(0.01, ge=0)
     """AdamW decoupled weight decay."""

@@ -5,12 +5,13 @@ from typing import Literal
 
 from pydantic import Field
 
+from ppoflow.engine.names import LossAggMode
+
 from .schema_actor import ModelSource
 from .schema_common import (
     CheckpointConfig,
     DeepSpeedConfig,
     FsdpConfig,
-    LossAggMode,
     OptimConfig,
     Section,
     Strategy,

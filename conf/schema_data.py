@@ -1,8 +1,8 @@
 """The `data` section: which prompts to train and validate on and how they are batched."""
 
-from typing import Literal
-
 from pydantic import Field
+
+from ppoflow.engine.names import Truncation
 
 from .schema_common import Section, Seed
 
@@ -36,7 +36,7 @@ class DataConfig(Section):
     """Seed of the training-prompt shuffle."""
     filter_overlong_prompts: bool = False
     """Drop prompts longer than max_prompt_length at ingest (they go to the rejects table)."""
-    truncation: Literal["error", "left", "right", "middle"] = "error"
+    truncation: Truncation = "error"
     """What to do with a prompt longer than max_prompt_length that was not filtered."""
     dataloader_num_workers: int = Field(0, ge=0)
     """Worker processes reading prompts; 0 reads in the main process."""

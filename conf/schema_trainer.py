@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 from .schema_common import Section, Seed, error_at
 
 GLOB_CHARACTERS = "*?[]{}"
-"""What DuckDB reads as a pattern in a path: the run's tables are read by glob (tasks/catalog.py)."""
+"""What DuckDB reads as a pattern in a path: the run's tables are read by glob (tasks/storage/catalog.py)."""
 
 NAME_MAX = 255
 """The longest file name, in bytes, that Linux and macOS file systems take."""

@@ -5,14 +5,14 @@ and including EOS. `group_id` (N,) is shared by the responses sampled from one p
 Conventions follow verl 0.9.1 `trainer/ppo/core_algos.py`; docs/ALGORITHMS.md has the formulas.
 """
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor
 
 from .masking import masked_sum, masked_whiten
+from .names import AdvEstimator
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 ADV_ESTIMATORS: tuple[str, ...] = get_args(AdvEstimator)
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import random
-from typing import Literal
 
-Truncation = Literal["error", "left", "right", "middle"]
+from .names import Truncation
 
 
 def steps_per_epoch(n_rows: int, batch_size: int) -> int:

@@ -18,13 +18,13 @@ verl's behaviour is reproduced as is, quirks included, so that scores compare on
 from __future__ import annotations
 
 import re
-from typing import Literal
+
+from .names import Gsm8kMethod
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 SOLUTION_CLIP_CHARS = 300
 
-Gsm8kMethod = Literal["strict", "flexible"]
 
 _STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(\-?[0-9\.\,]+)")

@@ -5,14 +5,14 @@ divergence" (http://joschu.net/blog/kl-approx.html): k1 = d, k2 = ½·d², k3 = 
 d = log π(a) − log π_ref(a). The adaptive controller is Ziegler et al. 2019 (arXiv:1909.08593).
 """
 
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import torch
 from torch import Tensor
 
 from .masking import masked_mean
+from .names import KLPenalty
 
-KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
 KL_PENALTIES: tuple[str, ...] = get_args(KLPenalty)
 
 

@@ -6,12 +6,13 @@ are selected away with `torch.where` rather than multiplied by 0.
 Conventions follow verl 0.9.1 `verl/utils/torch_functional.py` and `core_algos.agg_loss`.
 """
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+from .names import LossAggMode
+
 LOSS_AGG_MODES: tuple[str, ...] = get_args(LossAggMode)
 
 WHITEN_EPS = 1e-8

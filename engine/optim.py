@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-WarmupStyle = Literal["constant", "cosine"]
+from .names import WarmupStyle
 
 
 @dataclass(frozen=True)
 class OptimSettings:
+    """A model's optimizer and LR schedule, in verl's names (`*.optim.*`). Built once per run from
+    the config (tasks/stages/settings.py), which holds every default."""
+
     lr: float
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    total_steps: int = 1
-    warmup_style: WarmupStyle = "constant"
-    min_lr_ratio: float = 0.0
+    weight_decay: float
+    betas: tuple[float, float]
+    warmup_steps: int
+    """lr_warmup_steps, or lr_warmup_steps_ratio × total_steps when that is negative."""
+    total_steps: int
+    """The schedule's horizon: optim.total_training_steps, else the run's training steps (0 when the
+    schedule does not depend on it)."""
+    warmup_style: WarmupStyle
+    min_lr_ratio: float
 
 
 def resolve_warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:

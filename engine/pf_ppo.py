@@ -4,12 +4,13 @@ The batch is resampled with replacement, each row drawn with probability ∝ a w
 caller gathers every per-row tensor with the returned ids and records them.
 """
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-PFReweightMethod = Literal["pow", "max_min", "max_random"]
+from .names import PFReweightMethod
+
 PF_REWEIGHT_METHODS: tuple[str, ...] = get_args(PFReweightMethod)
 MIN_WEIGHT = 1e-8
 

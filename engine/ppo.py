@@ -7,6 +7,7 @@ whole PPO iteration (the tests do exactly that).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ class Rollouts:
     rollout_log_probs: list[list[float]]
     old_log_probs: list[list[float]]
     ref_log_probs: list[list[float]] | None
+    seconds: dict[str, float]
+    """Wall seconds of each phase, by verl's timer names: gen, old_log_prob, ref (with a reference)."""
 
 
 def generate_rollouts(
@@ -74,12 +77,16 @@ def generate_rollouts(
     trainer's forward pass at the sampling temperature, `micro_batch_size` (and
     `ref_micro_batch_size`, default the same) sequences at a time."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
+    started = time.perf_counter()
     out = engine.generate(repeated, params, seed=seed, on_batch=on_batch, on_tokens=on_tokens)
     batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     temperature = params.logit_temperature
+    generated = time.perf_counter()
     old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
+    seconds = {"gen": generated - started, "old_log_prob": time.perf_counter() - generated}
     ref = None
     if reference is not None:
+        started = time.perf_counter()
         ref = unpad(
             compute_log_probs(
                 reference,
@@ -89,6 +96,7 @@ def generate_rollouts(
             ),
             batch.response_mask,
         )
+        seconds["ref"] = time.perf_counter() - started
     return Rollouts(
         prompt_index=[i for i in range(len(prompt_ids)) for _ in range(n)],
         sample_index=[j for _ in range(len(prompt_ids)) for j in range(n)],
@@ -97,6 +105,7 @@ def generate_rollouts(
         rollout_log_probs=out.rollout_log_probs,
         old_log_probs=unpad(old, batch.response_mask),
         ref_log_probs=ref,
+        seconds=seconds,
     )
 
 
@@ -112,12 +121,14 @@ def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Ten
 
 @dataclass(frozen=True)
 class AdvantageSettings:
-    adv_estimator: AdvEstimator = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: KLPenalty = "kl"
+    """algorithm.* as the advantage computation reads it (defaults: the config's)."""
+
+    adv_estimator: AdvEstimator
+    gamma: float
+    lam: float
+    norm_adv_by_std_in_grpo: bool
+    use_kl_in_reward: bool
+    kl_penalty: KLPenalty
 
 
 @dataclass

@@ -14,11 +14,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 import torch
 
-FinishReason = Literal["stop", "length"]
+from .names import FinishReason
 
 
 @dataclass(frozen=True)

@@ -23,33 +23,43 @@ from .metrics import reduce_update_steps
 
 @dataclass(frozen=True)
 class ActorUpdateSettings:
+    """One actor update, in verl's names (`actor_rollout_ref.actor.*` unless said). Built once per
+    run from the config (tasks/stages/settings.py); the config holds every default."""
+
     ppo_epochs: int
     mini_batch_size: int
+    """Rows per optimizer step: ppo_mini_batch_size prompts × rollout.n responses."""
     micro_batch_size: int
-    temperature: float = 1.0
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: LossAggMode = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: KLPenalty = "low_var_kl"
-    grad_clip: float = 1.0
-    shuffle: bool = False
-    seed: int = 0
+    """ppo_micro_batch_size_per_gpu: rows per forward/backward (gradient accumulation)."""
+    temperature: float
+    """The temperature the rollouts' old log-probs were computed at (rollout.temperature; 1 if greedy)."""
+    clip_ratio_low: float
+    """clip_ratio_low, or clip_ratio when unset."""
+    clip_ratio_high: float
+    """clip_ratio_high, or clip_ratio when unset."""
+    clip_ratio_c: float
+    loss_agg_mode: LossAggMode
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: KLPenalty
+    grad_clip: float
+    shuffle: bool
 
 
 @dataclass(frozen=True)
 class CriticUpdateSettings:
+    """One critic update, in verl's names (`critic.*`). Built once per run from the config."""
+
     ppo_epochs: int
     mini_batch_size: int
+    """Rows per optimizer step: ppo_mini_batch_size prompts × rollout.n responses."""
     micro_batch_size: int
-    cliprange_value: float = 0.5
-    loss_agg_mode: LossAggMode = "token-mean"
-    grad_clip: float = 1.0
-    shuffle: bool = False
-    seed: int = 0
+    """ppo_micro_batch_size_per_gpu."""
+    cliprange_value: float
+    loss_agg_mode: LossAggMode
+    grad_clip: float
+    shuffle: bool
 
 
 @dataclass
@@ -98,6 +108,7 @@ def _optimize(
     optimizer: torch.optim.Optimizer,
     batch: SequenceBatch,
     settings: ActorUpdateSettings | CriticUpdateSettings,
+    seed: int,
     role: str,
     micro_loss: MicroLoss,
     on_step: Callable[[int], None] | None,
@@ -111,7 +122,7 @@ def _optimize(
     steps: list[dict[str, float]] = []
     s = settings
     for epoch, index, rows in mini_batches(
-        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=s.seed
+        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=seed
     ):
         mask = batch.response_mask[rows]
         denominator = agg_denominator(mask, s.loss_agg_mode)
@@ -142,9 +153,11 @@ def update_actor(
     advantages: torch.Tensor,
     ref_log_probs: torch.Tensor | None,
     settings: ActorUpdateSettings,
+    seed: int,
     on_step: Callable[[int], None] | None = None,
 ) -> UpdateResult:
-    """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step."""
+    """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step;
+    `seed` orders the mini-batches when settings.shuffle."""
     if settings.use_kl_loss and ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref_log_probs")
     s = settings
@@ -180,7 +193,7 @@ def update_actor(
             pg_metrics = pg_metrics | {"actor/kl_coef": s.kl_loss_coef}  # a share-weighted constant
         return loss, summed, pg_metrics
 
-    return _optimize(model, optimizer, batch, settings, "actor", micro_loss, on_step)
+    return _optimize(model, optimizer, batch, settings, seed, "actor", micro_loss, on_step)
 
 
 def update_critic(
@@ -191,6 +204,7 @@ def update_critic(
     values: torch.Tensor,
     returns: torch.Tensor,
     settings: CriticUpdateSettings,
+    seed: int,
     on_step: Callable[[int], None] | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto `returns`: one `critic/*` row per optimizer step."""
@@ -214,4 +228,4 @@ def update_critic(
         }
         return vf_loss, {"critic/vf_loss": vf_loss.item()}, token_means
 
-    return _optimize(critic, optimizer, batch, settings, "critic", micro_loss, on_step)
+    return _optimize(critic, optimizer, batch, settings, seed, "critic", micro_loss, on_step)

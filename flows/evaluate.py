@@ -9,8 +9,8 @@ from prefect import flow
 
 from ppoflow.conf import load_config
 from ppoflow.flows.train import train
-from ppoflow.tasks.artifacts import publish_markdown
-from ppoflow.tasks.evaluation import CHAMPION, evaluation_markdown, plan_evaluation
+from ppoflow.tasks.observe.artifacts import publish_markdown
+from ppoflow.tasks.retraining.evaluation import CHAMPION, evaluation_markdown, plan_evaluation
 
 
 @flow(name="evaluate", log_prints=False)

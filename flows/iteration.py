@@ -1,20 +1,24 @@
-"""One PPO iteration: a plain function calling one task per stage (a subflow would cost ~1 s)."""
+"""One PPO step: a plain function calling one task per stage (a subflow would cost ~1 s), then the
+step's commit. Each stage's name is its task, its module in tasks/stages/, its folder under iter=k/
+and its table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ppoflow.tasks.advantage import advantage_stage
-from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState
-from ppoflow.tasks.kl_control import next_kl_coef
-from ppoflow.tasks.metrics import metrics_stage
-from ppoflow.tasks.models import schedule_horizon
-from ppoflow.tasks.results import run_stage
-from ppoflow.tasks.reward import reward_stage
-from ppoflow.tasks.rollout import rollout_stage
-from ppoflow.tasks.sections import StageConfig, checkpoint_due
-from ppoflow.tasks.update import actor_update_stage, critic_update_stage
-from ppoflow.tasks.validation import validation_stage
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.actor_update import actor_update
+from ppoflow.tasks.stages.advantages import advantages
+from ppoflow.tasks.stages.critic_update import critic_update
+from ppoflow.tasks.stages.kl_control import next_kl_coef
+from ppoflow.tasks.stages.metrics import metrics
+from ppoflow.tasks.stages.rewards import rewards
+from ppoflow.tasks.stages.rollouts import rollouts
+from ppoflow.tasks.stages.settings import RunSettings, checkpoint_due
+from ppoflow.tasks.stages.validation import validation
+from ppoflow.tasks.storage.commit import commit_step
+from ppoflow.tasks.storage.results import run_stage
+from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, TrainState
 
 
 @dataclass(frozen=True)
@@ -24,27 +28,27 @@ class Datasets:
 
 
 def validate(
-    run: Run, sc: StageConfig, step: int, actor: ModelState, data: Datasets
+    run: Run, settings: RunSettings, step: int, actor: ModelState, data: Datasets
 ) -> tuple[StageResult, bool]:
     """The validation stage of `step`; returns (result, was_cached)."""
     return run_stage(
-        validation_stage,
+        validation,
         run,
         step=step,
         actor=actor,
         prompts=data.val.ref,
-        val_rollout=sc.val_rollout,
-        truncation=sc.batching["truncation"],
-        reward=sc.reward,
+        settings=settings.validation,
+        reward=settings.reward,
     )
 
 
 def ppo_iteration(
-    run: Run, sc: StageConfig, step: int, total: int, state: TrainState, data: Datasets, epoch: int
+    run: Run, settings: RunSettings, step: int, state: TrainState, data: Datasets, epoch: int
 ) -> tuple[TrainState, StageResult, bool]:
-    """Stages 1–7 of training step `step` (of `total`), whose batch comes from pass `epoch` (0-based).
-    Returns the next state, the metrics, and whether every stage was served from cache."""
-    save = checkpoint_due(step, total, sc.save_freq)
+    """The stages of training step `step`, whose batch comes from pass `epoch` (0-based), then its
+    commit. Returns the next state, the metrics, and whether every stage was served from cache."""
+    s = settings
+    save = checkpoint_due(step, s.total_steps, s.save_freq)
     cached: list[bool] = []
 
     def stage(task, **parameters):
@@ -52,76 +56,66 @@ def ppo_iteration(
         cached.append(was_cached)
         return result
 
-    rollout = stage(
-        rollout_stage,
+    generated = stage(
+        rollouts,
         step=step,
         actor=state.actor,
         reference=state.reference,
         prompts=data.train.ref,
-        rollout=sc.rollout,
-        batching=sc.batching,
-        seed=sc.rollout_seed,
+        data=s.data,
+        settings=s.rollout,
     )
-    reward = stage(reward_stage, step=step, rollouts=rollout.ref, prompts=data.train.ref, reward=sc.reward)
-    advantage = stage(
-        advantage_stage,
+    scored = stage(rewards, step=step, rollouts=generated.ref, prompts=data.train.ref, reward=s.reward)
+    estimated = stage(
+        advantages,
         step=step,
         actor=state.actor,
         critic=state.critic,
-        rollouts=rollout.ref,
-        rewards=reward.ref,
-        algorithm=sc.algorithm,
+        rollouts=generated.ref,
+        rewards=scored.ref,
         kl_coef=state.kl_coef,
-        values_micro_batch=sc.critic["forward_micro_batch_size_per_gpu"],
-        seed=sc.seed,
+        settings=s.advantages,
     )
-    critic_update = actor_update = None
+    critic_result = actor_result = None
     critic, actor = state.critic, state.actor
     if critic is not None:
-        critic_update, critic = stage(
-            critic_update_stage,
+        critic_result, critic = stage(
+            critic_update,
             step=step,
             critic=critic,
-            rollouts=rollout.ref,
-            advantages=advantage.ref,
-            critic_config=sc.critic,
-            batching=sc.batching,
-            trainer=sc.trainer,
-            total_steps=schedule_horizon(sc.critic, total),
+            rollouts=generated.ref,
+            advantages=estimated.ref,
+            settings=s.critic,
             save=save,
         )
-    if step >= sc.critic_warmup:  # verl: the actor updates once critic_warmup <= global step
-        actor_update, actor = stage(
-            actor_update_stage,
+    if step >= s.critic_warmup:  # verl: the actor updates once critic_warmup <= global step
+        actor_result, actor = stage(
+            actor_update,
             step=step,
             actor=actor,
-            rollouts=rollout.ref,
-            advantages=advantage.ref,
-            actor_config=sc.actor,
-            temperature=sc.logit_temperature,
-            batching=sc.batching,
-            trainer=sc.trainer,
-            total_steps=schedule_horizon(sc.actor, total),
+            rollouts=generated.ref,
+            advantages=estimated.ref,
+            settings=s.actor,
             save=save,
         )
-    validation = None
-    if sc.test_freq > 0 and (step % sc.test_freq == 0 or step == total):
-        validation, was_cached = validate(run, sc, step, actor, data)
+    validated = None
+    if s.test_freq > 0 and (step % s.test_freq == 0 or step == s.total_steps):
+        validated, was_cached = validate(run, s, step, actor, data)
         cached.append(was_cached)
-    current_kl = dict(advantage.values).get("current_kl")
-    metrics = stage(
-        metrics_stage,
+    results = StepResults(generated, scored, estimated, critic_result, actor_result, validated)
+    current_kl = dict(estimated.values).get("current_kl")
+    recorded = stage(
+        metrics,
         step=step,
         epoch=epoch,
-        rollout=rollout,
-        reward=reward,
-        advantage=advantage,
-        critic_update=critic_update,
-        actor_update=actor_update,
-        validation=validation,
+        stages=results,
         kl={"coef": state.kl_coef, "current": current_kl},
-        limits={k: sc.rollout[k] for k in ("prompt_length", "response_length")},
-        n_devices=sc.n_devices,
+        limits={
+            "prompt_length": s.rollout.prompt_length,
+            "response_length": s.rollout.sampling.max_new_tokens,
+        },
+        n_devices=s.n_devices,
     )
-    kl_coef = next_kl_coef(sc.algorithm["kl_ctrl"], state.kl_coef, current_kl, rollout.ref.rows)
-    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), metrics, all(cached)
+    commit_step(run, step, [*results.finished(), recorded])
+    kl_coef = next_kl_coef(s.kl_control, state.kl_coef, current_kl, generated.ref.rows)
+    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), recorded, all(cached)

@@ -13,11 +13,9 @@ from pydantic import Field
 
 from ppoflow.conf import load_config
 from ppoflow.flows.train import train
-from ppoflow.tasks.artifacts import publish_markdown
-from ppoflow.tasks.console import say
-from ppoflow.tasks.ingest import NotEnoughData
-from ppoflow.tasks.lock import acquire_run_lock, release_run_lock
-from ppoflow.tasks.retrain import (
+from ppoflow.tasks.observe.artifacts import publish_markdown
+from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.retraining.rounds import (
     BASE,
     decide,
     decision_markdown,
@@ -29,6 +27,8 @@ from ppoflow.tasks.retrain import (
     round_scores,
     sync_champion_pointer,
 )
+from ppoflow.tasks.stages.prompts import NotEnoughData
+from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 
 take_stock = task(find_new_data, name="find_new_data", cache_policy=NO_CACHE)
 

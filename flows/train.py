@@ -8,11 +8,10 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
-from ppoflow.tasks.common import ModelState, Run, StageResult, TrainState
-from ppoflow.tasks.console import report_iteration, report_run, say
-from ppoflow.tasks.ingest import ingest_prompts, ingest_settings, require_full_batch, source_digest
-from ppoflow.tasks.models import set_device
-from ppoflow.tasks.prepare import (
+from ppoflow.tasks.observe.console import report_iteration, report_run, say
+from ppoflow.tasks.observe.tracking import Tracking
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.prepare_model import (
     close_run,
     critic_state,
     finish_run,
@@ -22,10 +21,11 @@ from ppoflow.tasks.prepare import (
     require_same_tokenizer,
     set_torch_threads,
 )
-from ppoflow.tasks.results import run_stage
-from ppoflow.tasks.sections import stage_config, total_training_steps
-from ppoflow.tasks.tracking import Tracking
-from ppoflow.tasks.trainer_state import data_position, record_trainer_state, resume_state
+from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
+from ppoflow.tasks.stages.settings import run_settings, total_training_steps
+from ppoflow.tasks.storage.results import run_stage
+from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
+from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
 
 
 @flow(name="ppo-train", log_prints=False)
@@ -43,8 +43,12 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 def train(cfg: PPOFlowConfig) -> dict:
     set_torch_threads(cfg.trainer.num_threads)
-    set_device(cfg.trainer.device)
-    run = open_run(cfg.run_dir, cfg.to_yaml(origins=True), recompute=cfg.trainer.resume_mode == "disable")
+    run = open_run(
+        cfg.run_dir,
+        cfg.to_yaml(origins=True),
+        recompute=cfg.trainer.resume_mode == "disable",
+        device=cfg.trainer.device,
+    )
     if (warning := cfg.no_effect_warning()) is not None:
         say(f"ppoflow: {warning}")
     try:
@@ -54,7 +58,6 @@ def train(cfg: PPOFlowConfig) -> dict:
 
 
 def _train(run: Run, cfg: PPOFlowConfig) -> dict:
-    sc = stage_config(cfg)
     base, _ = run_stage(
         prepare_model,
         run,
@@ -63,10 +66,11 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         source=model_source(cfg.actor_rollout_ref.model.path),
     )
     val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
-    critic_base = _critic_base(run, cfg, base) if sc.use_critic else None  # checked before any ingest
+    critic_base = _critic_base(run, cfg, base) if cfg.use_critic else None  # checked before any ingest
     data = _datasets(run, cfg, base)
-    first, state = _starting_state(cfg, sc, base, critic_base)
+    first, state = _starting_state(cfg, base, critic_base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
+    settings = run_settings(cfg, total)
     tracking = Tracking(cfg, run.path, total)
     history = []
 
@@ -76,18 +80,24 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
         tracking.log(step, {k: v for k, v in metrics.items() if k != "wall_time"})
 
     try:
-        if val_only or sc.val_before_train:  # verl validates a resumed model too, at its step
-            record(first - 1, validate(run, sc, first - 1, state.actor, data)[0], None)
+        if val_only or settings.val_before_train:  # verl validates a resumed model too, at its step
+            record(first - 1, validate(run, settings, first - 1, state.actor, data)[0], None)
         for step in range(first, total + 1):
-            position = data_position(data.train.ref.rows, step, sc.batching)
+            position = data_position(
+                data.train.ref.rows,
+                step,
+                train_batch_size=settings.data.train_batch_size,
+                shuffle=settings.data.shuffle,
+                seed=settings.data.seed,
+            )
             started = time.perf_counter()
-            state, metrics, cached = ppo_iteration(run, sc, step, total, state, data, position["epoch"])
+            state, metrics, cached = ppo_iteration(run, settings, step, state, data, position["epoch"])
             record_trainer_state(run, step, state, position)
             record(step, metrics, None if cached else time.perf_counter() - started)
     except BaseException:
         tracking.fail()
         raise
-    summary = report_run(finish_run(run), state.actor, history)
+    summary = report_run(finish_run(run), state.actor, history) | {"io_seconds": run.io.seconds}
     if data.train is not None:
         summary |= {
             "train_rows": int(data.train.value("rows")),
@@ -102,7 +112,7 @@ def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
 
     def ingest(files: str | list[str], split: str) -> StageResult:
         result, _ = run_stage(
-            ingest_prompts,
+            prompts,
             run,
             files=files,
             split=split,
@@ -135,13 +145,13 @@ def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
 
 
 def _starting_state(
-    cfg: PPOFlowConfig, sc, base: ModelState, critic_base: ModelState | None
+    cfg: PPOFlowConfig, base: ModelState, critic_base: ModelState | None
 ) -> tuple[int, TrainState]:
     """(first step, models and β): the base models, or a saved checkpoint with resume_mode=resume_path."""
     state = TrainState(
         actor=base,
         critic=critic_state(critic_base) if critic_base is not None else None,
-        reference=base if sc.use_reference else None,
+        reference=base if cfg.use_reference_policy else None,
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )
     if cfg.trainer.resume_mode == "resume_path":

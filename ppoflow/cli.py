@@ -159,7 +159,7 @@ def _config(args) -> int:
 
 
 def _query(args) -> int:
-    from ppoflow.tasks.catalog import query
+    from ppoflow.tasks.storage.catalog import query
 
     try:
         columns, rows = query(args.run_dir, args.sql)
@@ -237,7 +237,7 @@ def _diagnose(args) -> int:
 
     from rich.text import Text
 
-    from ppoflow.tasks.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
+    from ppoflow.tasks.observe.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
 
     try:
         run = load_run(args.run_dir)
@@ -259,8 +259,8 @@ def _diagnose(args) -> int:
 
 
 def _report(args) -> int:
-    from ppoflow.tasks.diagnose import RunDirError
-    from ppoflow.tasks.report import write_report
+    from ppoflow.tasks.observe.diagnose import RunDirError
+    from ppoflow.tasks.observe.report import write_report
 
     try:
         written = write_report(args.run_dir, args.out)
@@ -273,7 +273,7 @@ def _report(args) -> int:
 
 
 def _schema(args) -> int:
-    from ppoflow.tasks.schemas import TABLE_DOCS, describe
+    from ppoflow.tasks.storage.schemas import TABLE_DOCS, describe
 
     if args.table is None:
         for name, doc in TABLE_DOCS.items():

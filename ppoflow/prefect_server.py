@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ppoflow.tasks.processes import exit_with_parent
+from ppoflow.tasks.stages.processes import exit_with_parent
 
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 """As Prefect starts its own temporary server: no UI."""

@@ -52,8 +52,8 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
 
 def _train(config_file: str | None, overrides: list[str], log_file: Path, resume: str, ctrl_c: _CtrlC) -> int:
     from ppoflow.flows.train import ppo_train
-    from ppoflow.tasks.lock import RunLocked
-    from ppoflow.tasks.models import StateUnavailable
+    from ppoflow.tasks.models.checkpoints import StateUnavailable
+    from ppoflow.tasks.storage.lock import RunLocked
 
     try:
         ppo_train(config_file, overrides)
@@ -118,7 +118,7 @@ def _disk_full(error: BaseException | None) -> bool:
 
 
 def _finished(run_dir: Path) -> str:
-    from ppoflow.tasks.storage import committed_iterations
+    from ppoflow.tasks.storage.tables import committed_iterations
 
     steps = [s for s in committed_iterations(run_dir) if s > 0] if run_dir.is_dir() else []
     if not steps:

@@ -29,7 +29,7 @@ def gsm8k_file(name: str) -> Path:
 def tiny_model_dir():
     """The warm-started tiny addition model (HF directory with tokenizer), built once per session
     exactly as `ppoflow train` builds it."""
-    from ppoflow.tasks.prepare import build_tiny_base
+    from ppoflow.tasks.stages.prepare_model import build_tiny_base
 
     return build_tiny_base(seed=1)
 

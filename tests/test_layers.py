@@ -12,6 +12,9 @@ FORBIDDEN = {
     "tasks": {"ppoflow.flows", "ppoflow.cli"},
     "flows": {"torch", "pyarrow", "ppoflow.cli"},
 }
+ALLOWED = {
+    "conf": {"ppoflow.engine.names"},  # the vocabularies config values are checked against (no torch)
+}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -29,6 +32,8 @@ def test_layer_imports_point_inward(layer):
     violations = []
     for path in sorted((ROOT / layer).rglob("*.py")):
         for module in imported_modules(path):
+            if module in ALLOWED.get(layer, ()):
+                continue
             for banned in FORBIDDEN[layer]:
                 if module == banned or module.startswith(banned + "."):
                     violations.append(f"{path.relative_to(ROOT)} imports {module}")
@@ -37,5 +42,109 @@ def test_layer_imports_point_inward(layer):
 
 def test_the_check_itself_sees_imports(tmp_path):
     sample = tmp_path / "x.py"
-    sample.write_text("import prefect\nfrom ppoflow.tasks.storage import write\nfrom .local import y\n")
-    assert imported_modules(sample) == {"prefect", "ppoflow.tasks.storage"}
+    sample.write_text(
+        "import prefect\nfrom ppoflow.tasks.storage.tables import write\nfrom .local import y\n"
+    )
+    assert imported_modules(sample) == {"prefect", "ppoflow.tasks.storage.tables"}
+
+
+PACKAGES = {
+    "ppoflow": "ppoflow",
+    "ppoflow.engine": "engine",
+    "ppoflow.tasks": "tasks",
+    "ppoflow.flows": "flows",
+    "ppoflow.conf": "conf",
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Every ppoflow module by its import name (packages by their __init__)."""
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except what sits under `if TYPE_CHECKING:` (annotations only)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ppoflow modules `name` imports when it runs, at any depth of its code (a lazy import is a
+    dependency; an import for type annotations only is not)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def test_no_import_cycles():
+    """Modules form a DAG: a cycle makes import order matter and hides which layer owns what."""
+    modules = module_files()
+    graph = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = path[path.index(name) :] + [name]
+            pytest.fail("import cycle: " + " → ".join(cycle))
+        if name in done:
+            return
+        for target in sorted(graph[name]):
+            visit(target, [*path, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_the_cycle_check_resolves_relative_and_package_imports(tmp_path):
+    modules = {
+        "ppoflow.engine.a": tmp_path / "a.py",
+        "ppoflow.engine.b": tmp_path / "b.py",
+        "ppoflow.engine": tmp_path / "__init__.py",
+        "ppoflow.engine.c": tmp_path / "c.py",
+    }
+    types_only = "if TYPE_CHECKING:\n    import ppoflow.engine.c\n"
+    source = "from .b import x\nfrom ppoflow.engine import a\nimport json\n" + types_only
+    (tmp_path / "a.py").write_text(source)
+    assert imports_of("ppoflow.engine.a", tmp_path / "a.py", modules) == {
+        "ppoflow.engine.b",
+        "ppoflow.engine",
+    }
+
+
+def test_every_closed_vocabulary_is_defined_once():
+    """A Literal of allowed values lives in one place (engine/names.py), so the config cannot accept
+    a value the engine does not know."""
+    defined: dict[str, list[str]] = {}
+    for layer in ("engine", "conf"):
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                value = node.value if isinstance(node, ast.Assign) else None
+                if isinstance(value, ast.Subscript) and ast.unparse(value.value) == "Literal":
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    defined.setdefault(ast.unparse(value.slice), []).append(where)
+    assert {values: where for values, where in defined.items() if len(where) > 1} == {}
+    names = ROOT / "engine" / "names.py"
+    assert imported_modules(names) == {"typing"}, "engine/names.py must import nothing but typing"

@@ -60,8 +60,8 @@ def hf_cache(root: Path, repo_id: str, model_dir: Path) -> Path:
 
 
 def test_a_hugging_face_id_loads_from_the_local_cache(tiny_model_dir, tmp_path, monkeypatch):
-    from ppoflow.tasks.common import Run
-    from ppoflow.tasks.prepare import model_source, prepare_model
+    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.stages.prepare_model import model_source, prepare_model
 
     snapshot = hf_cache(tmp_path / "hub", "acme/tiny-adder", tiny_model_dir)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))

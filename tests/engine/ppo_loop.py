@@ -6,9 +6,8 @@ import torch
 
 from ppoflow.engine.forward import compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
-from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import (
-    AdvantageSettings,
     build_sequence_batch,
     compute_advantage_stage,
     generate_rollouts,
@@ -17,7 +16,9 @@ from ppoflow.engine.ppo import (
 from ppoflow.engine.rewards import addition_components, combine_components
 from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams
 from ppoflow.engine.tiny import all_addition_problems, greedy_accuracy, sample_addition_problems
-from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings, update_actor, update_critic
+from ppoflow.engine.update import update_actor, update_critic
+
+from .settings import actor_settings, advantage_settings, critic_settings, optim_settings
 
 WEIGHTS = {"correctness": 0.9, "format": 0.1}
 
@@ -47,11 +48,11 @@ def run_ppo(
     use_critic = estimator == "gae"
     critic = load_critic(model_dir) if use_critic else None
     actor_opt, actor_sched = build_optimizer(
-        actor, OptimSettings(lr=actor_lr, total_steps=iterations, warmup_steps=warmup_steps, betas=betas)
+        actor, optim_settings(lr=actor_lr, total_steps=iterations, warmup_steps=warmup_steps, betas=betas)
     )
     if use_critic:
         critic_opt, critic_sched = build_optimizer(
-            critic, OptimSettings(lr=critic_lr, total_steps=iterations)
+            critic, optim_settings(lr=critic_lr, total_steps=iterations)
         )
     engine = HFRolloutEngine(
         actor, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
@@ -89,7 +90,7 @@ def run_ppo(
         adv = compute_advantage_stage(
             scores,
             batch.response_mask,
-            settings=AdvantageSettings(adv_estimator=estimator),
+            settings=advantage_settings(adv_estimator=estimator),
             kl_coef=0.0,
             values=values,
             group_id=torch.tensor(ro.prompt_index),
@@ -101,11 +102,12 @@ def run_ppo(
                 batch,
                 values=values,
                 returns=adv.returns,
-                settings=CriticUpdateSettings(
-                    critic_epochs or ppo_epochs,
-                    (critic_mini_batch_prompts or mini_batch_prompts) * n,
-                    micro_batch_size,
+                settings=critic_settings(
+                    ppo_epochs=critic_epochs or ppo_epochs,
+                    mini_batch_size=(critic_mini_batch_prompts or mini_batch_prompts) * n,
+                    micro_batch_size=micro_batch_size,
                 ),
+                seed=0,
             )
             critic_sched.step()
         update_actor(
@@ -115,7 +117,12 @@ def run_ppo(
             old_log_probs=pad_rows(ro.old_log_probs, width),
             advantages=adv.advantages,
             ref_log_probs=None,
-            settings=ActorUpdateSettings(ppo_epochs, mini_batch_prompts * n, micro_batch_size),
+            settings=actor_settings(
+                ppo_epochs=ppo_epochs,
+                mini_batch_size=mini_batch_prompts * n,
+                micro_batch_size=micro_batch_size,
+            ),
+            seed=0,
         )
         actor_sched.step()
         accuracies.append(greedy_accuracy(actor, tokenizer, val))

@@ -8,7 +8,9 @@ import torch
 from ppoflow.engine.forward import compute_log_probs, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch
-from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings, update_actor, update_critic
+from ppoflow.engine.update import update_actor, update_critic
+
+from .settings import actor_settings, critic_settings
 
 MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
@@ -24,7 +26,7 @@ def batch(tiny_model_dir):
 def _sgd_actor_step(model, batch, micro, mode, advantages):
     old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = ActorUpdateSettings(
+    settings = actor_settings(
         ppo_epochs=1,
         mini_batch_size=8,
         micro_batch_size=micro,
@@ -40,6 +42,7 @@ def _sgd_actor_step(model, batch, micro, mode, advantages):
         advantages=advantages,
         ref_log_probs=None,
         settings=settings,
+        seed=0,
     )
     return metrics.mean_metrics()
 
@@ -67,11 +70,11 @@ def test_critic_update_1x8_equals_4x2_micro_batches(tiny_model_dir, batch, mode)
     for micro in (8, 2):
         critic = copy.deepcopy(base)
         optimizer = torch.optim.SGD(critic.parameters(), lr=0.1)
-        settings = CriticUpdateSettings(
+        settings = critic_settings(
             ppo_epochs=1, mini_batch_size=8, micro_batch_size=micro, loss_agg_mode=mode, grad_clip=1e9
         )
         metrics = update_critic(
-            critic, optimizer, batch, values=values, returns=returns, settings=settings
+            critic, optimizer, batch, values=values, returns=returns, settings=settings, seed=0
         ).mean_metrics()
         results.append((critic, metrics))
     (c1, m1), (c4, m4) = results
@@ -102,7 +105,7 @@ def test_several_mini_batches_and_epochs_each_take_one_step(tiny_model_dir, batc
     model = load_actor(tiny_model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
-    settings = ActorUpdateSettings(ppo_epochs=2, mini_batch_size=4, micro_batch_size=2, use_kl_loss=True)
+    settings = actor_settings(ppo_epochs=2, mini_batch_size=4, micro_batch_size=2, use_kl_loss=True)
     metrics = update_actor(
         model,
         optimizer,
@@ -111,6 +114,7 @@ def test_several_mini_batches_and_epochs_each_take_one_step(tiny_model_dir, batc
         advantages=torch.ones_like(old),
         ref_log_probs=old,
         settings=settings,
+        seed=0,
     )
     assert [(r["epoch"], r["mini_batch"]) for r in metrics.steps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     metrics = metrics.mean_metrics()
@@ -130,7 +134,8 @@ def test_non_finite_gradient_skips_the_step(tiny_model_dir, batch):
         old_log_probs=old,
         advantages=advantages,
         ref_log_probs=None,
-        settings=ActorUpdateSettings(ppo_epochs=1, mini_batch_size=8, micro_batch_size=8),
+        settings=actor_settings(ppo_epochs=1, mini_batch_size=8, micro_batch_size=8),
+        seed=0,
     )
     metrics = metrics.mean_metrics()
     assert metrics["actor/grad_norm"] != metrics["actor/grad_norm"]  # NaN

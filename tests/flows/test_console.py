@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ppoflow.tasks.console import _progress_mode, _warn_once, progress_bar, report_iteration
+from ppoflow.tasks.observe.console import _progress_mode, _warn_once, progress_bar, report_iteration
 
 METRICS = {"critic/score/mean": 0.5, "actor/ppo_kl": 0.04, "actor/pg_clipfrac": 0.125}
 

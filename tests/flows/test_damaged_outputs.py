@@ -15,15 +15,17 @@ from dataclasses import replace
 import pytest
 from transformers import AutoModelForCausalLM
 
-from ppoflow.tasks.results import ResultSerializer
-from ppoflow.tasks.storage import file_digest
+from ppoflow.tasks.storage.results import ResultSerializer
+from ppoflow.tasks.storage.tables import file_digest
 
 from .conftest import train
 
 
 def try_lock(run_dir) -> bool:
     """Whether another process can take the run's lock (this one may hold it: the lock is re-entrant)."""
-    code = "import sys; from ppoflow.tasks.lock import acquire_run_lock; acquire_run_lock(sys.argv[1])"
+    code = (
+        "import sys; from ppoflow.tasks.storage.lock import acquire_run_lock; acquire_run_lock(sys.argv[1])"
+    )
     return subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True).returncode == 0
 
 
@@ -46,7 +48,7 @@ def test_a_planted_pickle_result_never_runs_and_its_stage_runs_again(small_run, 
     copy = _copy(run_dir, tmp_path)
     marker = tmp_path / "code-ran"
     results = sorted((copy / ".prefect-results").iterdir())  # every stage's stored result
-    assert {path.name.split("-")[0] for path in results} >= {"validate", "update_actor", "prepare_model"}
+    assert {path.name.split("-")[0] for path in results} >= {"validation", "actor_update", "prepare_model"}
     for path in results:
         record = json.loads(path.read_text())
         assert record["metadata"]["serializer"] == {"type": "ppoflow-json"}
@@ -105,7 +107,7 @@ def test_a_deleted_manifest_is_written_again_and_killed_writes_leave_nothing(sma
     leftovers = [
         copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp",
         copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp.wal",
-        copy / "iter=000002/rollout/.part-00000.parquet.a1b2c3d4e5f6.tmp",
+        copy / "iter=000002/rollouts/.part-00000.parquet.a1b2c3d4e5f6.tmp",
         copy / "checkpoints/iter=000002/.actor.optim.pt.tmp",
     ]
     for path in leftovers:
@@ -129,7 +131,7 @@ def test_a_stored_result_naming_a_checkpoint_outside_the_run_is_recomputed(small
     copy = _copy(run_dir, tmp_path)
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(copy / "checkpoints/iter=000002/actor", elsewhere)
-    [path] = [p for p in (copy / ".prefect-results").glob("update_actor-*") if "iter=000002" in p.read_text()]
+    [path] = [p for p in (copy / ".prefect-results").glob("actor_update-*") if "iter=000002" in p.read_text()]
     record = json.loads(path.read_text())
     stage, state = ResultSerializer().loads(record["result"].encode())
     record["result"] = ResultSerializer().dumps((stage, replace(state, checkpoint=str(elsewhere)))).decode()

@@ -26,7 +26,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from ppoflow.tasks.catalog import query
+from ppoflow.tasks.storage.catalog import query
 
 from .conftest import SMALL
 
@@ -209,7 +209,7 @@ def test_a_failed_run_retried_continues_at_the_failed_stage(stack, tmp_path):
     flow_run_id = stack.run_deployment("ppo-train/default", _small(run_dir), job_env=fault)
     assert _flow_run(stack, flow_run_id).state.name == "Failed" and marker.is_file()
     done = {p: p.stat().st_ino for p in run_dir.glob("iter=*/*/*.parquet")}
-    assert any("iter=000002/advantage" in str(p) for p in done)
+    assert any("iter=000002/advantages" in str(p) for p in done)
     first_attempt = {r.id for r in _task_runs(stack, flow_run_id)}
 
     retried = stack.prefect("flow-run", "retry", flow_run_id)
@@ -219,13 +219,13 @@ def test_a_failed_run_retried_continues_at_the_failed_stage(stack, tmp_path):
 
     second = [(r.name, r.state.name) for r in _task_runs(stack, flow_run_id) if r.id not in first_attempt]
     names = [name for name, _ in second]
-    failed_at = names.index("update_actor-step2")
+    failed_at = names.index("actor_update-step2")
     before, after = second[:failed_at], second[failed_at:]
     assert before and {state for _, state in before} == {"Cached"}, before
     assert {state for _, state in after} == {"Completed"}, after
-    assert [n for n, _ in after if not n.startswith("record_metrics")] == [
-        "update_actor-step2",
-        "validate-step2",
+    assert [n for n, _ in after if not n.startswith("metrics")] == [
+        "actor_update-step2",
+        "validation-step2",
     ]
     # The finished stages' files were served, not rewritten.
     assert {p: p.stat().st_ino for p in done} == done

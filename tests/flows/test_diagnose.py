@@ -15,8 +15,7 @@ import textwrap
 
 import pytest
 
-from ppoflow.tasks.catalog import query, refresh_catalog
-from ppoflow.tasks.diagnose import (
+from ppoflow.tasks.observe.diagnose import (
     RunDirError,
     RunInProgress,
     ValidationOnlyRun,
@@ -24,7 +23,8 @@ from ppoflow.tasks.diagnose import (
     exit_code,
     load_run,
 )
-from ppoflow.tasks.diagnose_run import Finding, fitted_change
+from ppoflow.tasks.observe.diagnose_run import Finding, fitted_change
+from ppoflow.tasks.storage.catalog import query, refresh_catalog
 from tests.tasks.test_diagnose_checks import evidence
 
 from .conftest import train

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.diagnose import diagnose, load_run, render_text
+from ppoflow.tasks.observe.diagnose import diagnose, load_run, render_text
+from ppoflow.tasks.storage.catalog import query
 
 
 @pytest.mark.slow

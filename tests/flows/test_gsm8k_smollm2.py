@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ppoflow.tasks.catalog import check_invariants, query
+from ppoflow.tasks.storage.catalog import check_invariants, query
 from tests.conftest import gsm8k_file
 
 CPU_PRESET = Path(__file__).resolve().parents[2] / "conf/gsm8k_cpu.yaml"

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ppoflow.tasks import storage
-from ppoflow.tasks.catalog import query
+from ppoflow.tasks.storage import tables
+from ppoflow.tasks.storage.catalog import query
 
 from .conftest import train
 from .test_train_flow import task_states
@@ -33,13 +33,13 @@ def _ran(flow_run_id) -> set[str]:
 def test_an_altered_parquet_is_recomputed_and_comes_out_identical(small_run, tmp_path):
     run_dir, summary, _ = small_run
     copy = _copy(run_dir, tmp_path)
-    target = copy / "iter=000001/advantage/part-00000.parquet"
+    target = copy / "iter=000001/advantages/part-00000.parquet"
     original = target.read_bytes()
     damaged = bytearray(original)
     damaged[len(damaged) // 2] ^= 0xFF
     target.write_bytes(bytes(damaged))
     again, flow_run_id = train(copy)
-    assert _ran(flow_run_id) == {"compute_advantages"}
+    assert _ran(flow_run_id) == {"advantages"}
     assert target.read_bytes() == original
     assert again["val_scores"] == summary["val_scores"]
 
@@ -50,33 +50,33 @@ def test_a_truncated_checkpoint_is_rebuilt_by_replaying_its_update(small_run, tm
     weights = copy / "checkpoints/iter=000001/actor/model.safetensors"
     original = weights.read_bytes()
     weights.write_bytes(original[:1000])
-    (copy / "iter=000002/rollout/part-00000.parquet").unlink()  # step 2's rollout needs actor state 1
-    rollout_before = (run_dir / "iter=000002/rollout/part-00000.parquet").read_bytes()
+    (copy / "iter=000002/rollouts/part-00000.parquet").unlink()  # step 2's rollout needs actor state 1
+    rollout_before = (run_dir / "iter=000002/rollouts/part-00000.parquet").read_bytes()
     _, flow_run_id = train(copy)
-    assert _ran(flow_run_id) == {"update_actor", "generate_rollouts"}
+    assert _ran(flow_run_id) == {"actor_update", "rollouts"}
     assert weights.read_bytes() == original  # the update replayed from the base, saved bit for bit
-    assert (copy / "iter=000002/rollout/part-00000.parquet").read_bytes() == rollout_before
+    assert (copy / "iter=000002/rollouts/part-00000.parquet").read_bytes() == rollout_before
 
 
 def test_a_failed_write_leaves_no_partial_artifact_and_the_next_run_resumes(
     prefect_server, tiny_model_dir, small_run, tmp_path, monkeypatch
 ):
     run_dir, summary, _ = small_run
-    real_replace = storage.os.replace
+    real_replace = tables.os.replace
 
     def disk_full_for_step_2_advantages(src, dst):
-        if "iter=000002/advantage" in str(dst):
+        if "iter=000002/advantages" in str(dst):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(storage.os, "replace", disk_full_for_step_2_advantages)
-    with pytest.raises(OSError, match="No space left on device.*iter=000002/advantage/part-00000.parquet"):
+    monkeypatch.setattr(tables.os, "replace", disk_full_for_step_2_advantages)
+    with pytest.raises(OSError, match="No space left on device.*iter=000002/advantages/part-00000.parquet"):
         train(tmp_path)
-    assert not (tmp_path / "iter=000002/advantage").exists() or not any(
-        (tmp_path / "iter=000002/advantage").iterdir()
+    assert not (tmp_path / "iter=000002/advantages").exists() or not any(
+        (tmp_path / "iter=000002/advantages").iterdir()
     )
     assert (tmp_path / ".lock").read_text() == ""  # released: the holder's record is cleared
-    monkeypatch.setattr(storage.os, "replace", real_replace)
+    monkeypatch.setattr(tables.os, "replace", real_replace)
     again, _ = train(tmp_path)
     assert again["val_scores"] == summary["val_scores"]
     ours = load_file(tmp_path / "checkpoints/iter=000002/actor/model.safetensors")
@@ -124,7 +124,7 @@ def test_a_run_resumed_at_an_epoch_boundary_trains_the_remaining_steps(
         (4,),
     ]
     ran = [name for name, state in task_states(flow_run_id).items() if state == "Completed"]
-    assert len([n for n in ran if n.startswith("update_actor")]) == 2  # steps 3 and 4 only
+    assert len([n for n in ran if n.startswith("actor_update")]) == 2  # steps 3 and 4 only
 
 
 def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp_path):
@@ -133,7 +133,7 @@ def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp
     _, flow_run_id = train(
         copy, "trainer.max_actor_ckpt_to_keep=1", "actor_rollout_ref.rollout.val_kwargs.top_k=5"
     )
-    assert _ran(flow_run_id) == {"validate"}  # pruning policy: no stage; val_kwargs: validation only
+    assert _ran(flow_run_id) == {"validation"}  # pruning policy: no stage; val_kwargs: validation only
     assert len(list(copy.glob("checkpoints/iter=*/actor"))) == 2  # pruning happens only when updates run
 
 
@@ -147,7 +147,7 @@ def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, t
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
     prefect_server, tiny_model_dir, tmp_path
 ):
-    from ppoflow.tasks.ingest import NotEnoughData
+    from ppoflow.tasks.stages.prompts import NotEnoughData
 
     with pytest.raises(
         NotEnoughData, match=r"hold 20 usable prompts \(0 rows rejected\).*train_batch_size=32"

@@ -13,9 +13,9 @@ import math
 import pytest
 import yaml
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.schemas import SCHEMAS, metric_doc
-from ppoflow.tasks.storage import read_manifest
+from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.schemas import SCHEMAS, metric_doc
+from ppoflow.tasks.storage.tables import read_manifest
 
 NOT_FROM_ROWS = {
     "perf/max_memory_allocated_gb": "peak memory of the training process when the step ended",
@@ -128,20 +128,23 @@ def validation_metrics(run_dir) -> dict[str, dict[int, float]]:
 
 
 def manifest_metrics(run_dir, steps, tokens: dict[int, tuple[float, float]]) -> dict[str, dict[int, float]]:
-    """Timings from each iteration's manifest; per-token and throughput with the rows' token counts
-    (response tokens for rollout, as verl's gen; prompt + response tokens for the others)."""
+    """Timings from each iteration's manifest (verl's timers as each stage recorded them; the step is
+    the sum of the stages' seconds); per-token and throughput with the rows' token counts (response
+    tokens for gen; prompt + response tokens for ref, values, adv and the updates)."""
     out: dict[str, dict[int, float]] = {}
     for step in steps:
-        seconds = {stage: entry["seconds"] for stage, entry in read_manifest(run_dir, step)["stages"].items()}
-        seconds.pop("metrics")
-        seconds["step"] = sum(seconds.values())
+        stages = read_manifest(run_dir, step)["stages"]
+        seconds = {timer: s for entry in stages.values() for timer, s in entry.get("timers", {}).items()}
+        seconds["step"] = sum(entry["seconds"] for stage, entry in stages.items() if stage != "metrics")
         response, total = tokens[step]
-        derived = {f"timing_s/{stage}": s for stage, s in seconds.items()}
+        derived = {f"timing_s/{timer}": s for timer, s in seconds.items()}
         derived |= {"perf/time_per_step": seconds["step"], "perf/throughput": total / seconds["step"]}
-        counts = {"rollout": response, "advantage": total, "critic_update": total, "actor_update": total}
-        for stage, count in counts.items():
-            if stage in seconds:
-                derived[f"timing_per_token_ms/{stage}"] = 1000 * seconds[stage] / count
+        counts = {"gen": response} | dict.fromkeys(
+            ("ref", "values", "adv", "update_critic", "update_actor"), total
+        )
+        for timer, count in counts.items():
+            if timer in seconds:
+                derived[f"timing_per_token_ms/{timer}"] = 1000 * seconds[timer] / count
         for name, value in derived.items():
             out.setdefault(name, {})[step] = value
     return out

@@ -63,7 +63,7 @@ def test_the_lines_ppoflow_prints_are_in_the_runs_prefect_log_once(small_run):
         task_runs = client.read_task_runs(
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
         )
-    ingest_train = next(run.id for run in task_runs if run.name == "ingest_prompts-train")
+    ingest_train = next(run.id for run in task_runs if run.name == "prompts-train")
     [ingest] = [log for log in logs if log.message.startswith("ingest train: ")]
     assert ingest.task_run_id == ingest_train and "2,048 rows" in ingest.message
 
@@ -71,5 +71,5 @@ def test_the_lines_ppoflow_prints_are_in_the_runs_prefect_log_once(small_run):
 def test_every_task_run_is_named_by_its_stage(small_run):
     """Names like `prepare_model-f80` (a hash) say nothing on the run's graph."""
     names = set(task_states(small_run[2]))
-    assert "prepare_model" in names and "ingest_prompts-train" in names
+    assert "prepare_model" in names and "prompts-train" in names
     assert [n for n in names if not re.fullmatch(r"[a-z_]+-(step\d+|train|val)|prepare_model", n)] == []

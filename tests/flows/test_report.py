@@ -9,8 +9,8 @@ import sys
 import pytest
 from PIL import Image
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.report import ACTOR, panel_figures, sparkline, summary_markdown, write_report
+from ppoflow.tasks.observe.report import ACTOR, panel_figures, sparkline, summary_markdown, write_report
+from ppoflow.tasks.storage.catalog import query
 
 from .test_diagnose import real_run
 
@@ -71,7 +71,16 @@ def test_panels_plot_the_runs_numbers(runs):
     assert list(actor["actor/ppo_kl"].get_xticks()) == [1, 2, 3, 4]
     (timing_ax,) = figures["timings"].axes
     stages = {t.get_text() for t in timing_ax.get_legend().get_texts()}
-    assert {"rollout", "reward", "advantage", "actor_update", "critic_update", "validation"} <= stages
+    assert {
+        "gen",
+        "old_log_prob",
+        "reward",
+        "values",
+        "adv",
+        "update_actor",
+        "update_critic",
+        "testing",
+    } <= stages
     # The stacked stages add up to verl's timing_s/step, drawn as the line on top.
     (total,) = [line for line in timing_ax.lines if line.get_label() == "step (total)"]
     step = column(run_dir, 'SELECT "timing_s/step" FROM metrics ORDER BY iter')
@@ -140,7 +149,7 @@ def test_summary_markdown_quotes_the_runs_numbers_and_findings(runs):
 
 
 def test_report_module_does_not_import_prefect():
-    code = "import sys, ppoflow.tasks.report; print('prefect' in sys.modules)"
+    code = "import sys, ppoflow.tasks.observe.report; print('prefect' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

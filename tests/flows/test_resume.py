@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ppoflow.tasks.catalog import query
+from ppoflow.tasks.storage.catalog import query
 
 BASE = [
     "data.train_batch_size=16",
@@ -78,7 +78,7 @@ def assert_same_run(run_dir: Path, reference: Path) -> None:
         for name in ours:
             assert torch.equal(ours[name], theirs[name]), (role, name)
     assert metrics_without_wall_clock(run_dir) == metrics_without_wall_clock(reference)
-    for stage in ("rollout", "reward", "advantage", "validation"):
+    for stage in ("rollouts", "rewards", "advantages", "validation"):
         for path in sorted(reference.glob(f"iter=*/{stage}/*.parquet")):
             mine = run_dir / path.relative_to(reference)
             assert pq.read_table(mine).equals(pq.read_table(path)), mine
@@ -94,7 +94,8 @@ def reference(prefect_server, tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "stage", ["rollout", "reward", "advantage", "critic_update", "actor_update", "validation", "checkpoint"]
+    "stage",
+    ["rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "checkpoint"],
 )
 def test_sigkill_in_a_stage_then_the_same_command_finishes_exactly_as_uninterrupted(
     reference, tmp_path, stage
@@ -125,7 +126,7 @@ def test_states_between_saves_are_replayed_not_regenerated(prefect_server, tiny_
     uninterrupted = tmp_path_factory.mktemp("uninterrupted")
     assert ppoflow_train(uninterrupted, "trainer.save_freq=2").returncode == 0
     run_dir = tmp_path_factory.mktemp("replayed")
-    assert ppoflow_train(run_dir, "trainer.save_freq=2", fault="rollout@2").returncode == -9
+    assert ppoflow_train(run_dir, "trainer.save_freq=2", fault="rollouts@2").returncode == -9
     assert not (run_dir / "checkpoints/iter=000001").exists()
     before = artifacts(run_dir)
     assert ppoflow_train(run_dir, "trainer.save_freq=2").returncode == 0
@@ -153,7 +154,10 @@ def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(r
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
     prefect_server, tiny_model_dir, tmp_path
 ):
-    hold = "import sys, time; from ppoflow.tasks.lock import acquire_run_lock as take; take(sys.argv[1]); "
+    hold = (
+        "import sys, time; from ppoflow.tasks.storage.lock import acquire_run_lock as take; "
+        "take(sys.argv[1]); "
+    )
     holder = subprocess.Popen(
         [sys.executable, "-c", hold + "print('held', flush=True); time.sleep(60)", str(tmp_path)],
         stdout=subprocess.PIPE,

@@ -100,7 +100,7 @@ def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
         [*_command(tmp_path), "-v"], env=_env(own_server=False), capture_output=True, text=True, timeout=300
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "Task run 'update_actor-step1' - Finished in state Cached" in resumed.stderr
+    assert "Task run 'actor_update-step1' - Finished in state Cached" in resumed.stderr
     steps = [line for line in resumed.stdout.splitlines() if line.startswith("step ")]
     assert steps[1].startswith("step   1/2") and steps[1].endswith("· cached")
     assert steps[2].startswith("step   2/2") and steps[2].endswith("s") and "cached" not in steps[2]

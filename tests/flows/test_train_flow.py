@@ -11,9 +11,9 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from safetensors.torch import load_file
 
-from ppoflow.tasks.catalog import check_invariants, query
-from ppoflow.tasks.schemas import SCHEMAS
-from ppoflow.tasks.storage import file_digest
+from ppoflow.tasks.storage.catalog import check_invariants, query
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.tables import file_digest
 
 from .conftest import train
 
@@ -96,8 +96,8 @@ def test_deleted_artifact_is_a_cache_miss_and_is_rebuilt(small_run, tmp_path):
 
     copy = tmp_path / "copy"
     shutil.copytree(run_dir, copy)
-    reward = copy / "iter=000002/reward/part-00000.parquet"
-    rollout = copy / "iter=000002/rollout/part-00000.parquet"
+    reward = copy / "iter=000002/rewards/part-00000.parquet"
+    rollout = copy / "iter=000002/rollouts/part-00000.parquet"
     digest, kept = file_digest(reward), os.stat(rollout)
     reward.unlink()
     again, _ = train(copy)

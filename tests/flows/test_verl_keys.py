@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.models import load_critic, load_tokenizer
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.models import schedule_horizon
+from ppoflow.tasks.stages.settings import schedule_horizon
+from ppoflow.tasks.storage.catalog import query
 
 from .conftest import train
 
@@ -64,5 +65,5 @@ def test_a_critic_model_with_another_tokenizer_is_refused_before_training(
     ],
 )
 def test_the_lr_schedule_spans_the_runs_training_steps(optim, total, horizon):
-    section = {"optim": {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.0, **optim}}
+    section = OptimConfig(lr=1e-6, lr_warmup_steps=-1, lr_warmup_steps_ratio=0.0, **optim)
     assert schedule_horizon(section, total) == horizon

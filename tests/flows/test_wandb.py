@@ -13,10 +13,10 @@ import math
 import pytest
 import yaml
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.schemas import metric_doc
-from ppoflow.tasks.wandb_logger import has_api_key, wandb_mode
-from ppoflow.tasks.wandb_reader import BLOCK, offline_runs, read_run
+from ppoflow.tasks.observe.wandb_logger import has_api_key, wandb_mode
+from ppoflow.tasks.observe.wandb_reader import BLOCK, offline_runs, read_run
+from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.schemas import metric_doc
 
 from .conftest import train
 from .test_metrics_sql import assert_metrics_match_rows, assert_unrecomputable_are_plausible, logged_metrics
@@ -156,7 +156,7 @@ def test_a_failed_training_finishes_its_wandb_run_as_failed(
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
-    monkeypatch.setenv(FAULT_ENV, "reward@2:raise")
+    monkeypatch.setenv(FAULT_ENV, "rewards@2:raise")
     with pytest.raises(InjectedFault):
         train(tmp_path / "run", "trainer.logger=[console,wandb]")
     run = read_run(tmp_path / "run")

@@ -8,7 +8,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from ppoflow.tasks.catalog import (
+from ppoflow.tasks.storage.catalog import (
     CATALOG_NAME,
     check_invariants,
     connect_readonly,
@@ -17,8 +17,8 @@ from ppoflow.tasks.catalog import (
     refresh_catalog_if_stale,
     table_violations,
 )
-from ppoflow.tasks.schemas import SCHEMAS, empty_table, metrics_table
-from ppoflow.tasks.storage import stage_path, write_table
+from ppoflow.tasks.storage.schemas import SCHEMAS, empty_table, metrics_table
+from ppoflow.tasks.storage.tables import stage_path, write_table
 
 KEYS = [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
 
@@ -72,7 +72,7 @@ def table(name: str, it: int) -> pa.Table:
     return pa.Table.from_pylist(rows(name, it), schema=SCHEMAS[name])
 
 
-STAGE_TABLES = {"rollout": "rollouts", "reward": "rewards", "advantage": "advantages"}
+STAGE_TABLES = {"rollouts": "rollouts", "rewards": "rewards", "advantages": "advantages"}
 STAGE_TABLES |= {s: s for s in ("actor_update", "critic_update", "validation")}
 
 
@@ -175,7 +175,7 @@ def test_invariants_hold_on_good_data(run):
 
 def test_a_duplicate_key_is_detected_through_the_catalog(tmp_path):
     write_run(tmp_path, iterations=(1,))
-    write_table(table("rollouts", 1).slice(0, 1), tmp_path, stage_path(1, "rollout", part=1))
+    write_table(table("rollouts", 1).slice(0, 1), tmp_path, stage_path(1, "rollouts", part=1))
     refresh_catalog(tmp_path)
     failures = check_invariants(tmp_path)
     assert list(failures) == ["rollouts"]
@@ -314,7 +314,7 @@ def test_refresh_failure_leaves_the_previous_catalog(tmp_path):
     write_run(tmp_path, iterations=(1,))
     catalog = refresh_catalog(tmp_path)
     before = catalog.read_bytes()
-    bad = tmp_path / "iter=000002" / "reward" / "part-00000.parquet"
+    bad = tmp_path / "iter=000002" / "rewards" / "part-00000.parquet"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not parquet")
     with pytest.raises(duckdb.Error):

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from ppoflow.tasks.diagnose import exit_code
-from ppoflow.tasks.diagnose_checks import CHECKS
-from ppoflow.tasks.diagnose_policy import (
+from ppoflow.tasks.observe.diagnose import exit_code
+from ppoflow.tasks.observe.diagnose_checks import CHECKS
+from ppoflow.tasks.observe.diagnose_policy import (
     check_aggressive_updates,
     check_entropy,
     check_learning_rate,
     check_policy_not_moving,
     check_reference_kl,
 )
-from ppoflow.tasks.diagnose_rewards import (
+from ppoflow.tasks.observe.diagnose_rewards import (
     check_critic_fit,
     check_group_spread,
     check_response_length,
@@ -23,7 +23,7 @@ from ppoflow.tasks.diagnose_rewards import (
     check_truncation,
     check_validation_vs_reward,
 )
-from ppoflow.tasks.diagnose_run import Finding, RunData, fitted_change
+from ppoflow.tasks.observe.diagnose_run import Finding, RunData, fitted_change
 
 
 def evidence(finding: Finding, name: str) -> tuple[float, ...]:

@@ -13,10 +13,11 @@ import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import build_tiny_tokenizer
-from ppoflow.tasks.common import ModelState, Run
-from ppoflow.tasks.ingest import ingest_prompts
-from ppoflow.tasks.reward import score_rows
-from ppoflow.tasks.sections import stage_config
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.prompts import prompts
+from ppoflow.tasks.stages.rewards import score_rows
+from ppoflow.tasks.stages.settings import run_settings
+from ppoflow.tasks.storage.states import ModelState
 from tests.conftest import gsm8k_file
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -73,7 +74,7 @@ def write_lines(path: Path, lines: list[str]) -> str:
 
 
 def ingest(tmp_path, state, source: str, split="train", run="run", **data):
-    result = ingest_prompts.fn(
+    result = prompts.fn(
         run=Run(str(tmp_path / run)),
         files=source,
         split=split,
@@ -246,12 +247,12 @@ def test_gsm8k_rows_are_scored_by_the_configured_method(tmp_path, tokenizer_stat
     ]
     scores = {}
     for method in ("strict", "flexible"):
-        reward = stage_config(load_config(None, [f"reward.gsm8k_method={method}"])).reward
+        reward = run_settings(load_config(None, [f"reward.gsm8k_method={method}"]), 1).reward
         assert reward["gsm8k_method"] == method
         table = score_rows(generated, prompts, reward).to_pylist()
         assert [r["error"] for r in table] == [None] * 4
         scores[method] = [round(r["score"], 6) for r in table]
     # default weights {correctness: 0.9, format: 0.1}: correct 1.0, extracted but wrong 0.1, none 0
     assert scores == {"strict": [1.0, 0.0, 0.1, 0.0], "flexible": [1.0, 1.0, 0.1, 0.0]}
-    defaults = stage_config(load_config(None, [])).reward
+    defaults = run_settings(load_config(None, []), 1).reward
     assert defaults["gsm8k_method"] == "strict"

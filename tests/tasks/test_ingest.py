@@ -11,9 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from ppoflow.engine.tiny import build_tiny_tokenizer
-from ppoflow.tasks.catalog import query, refresh_catalog
-from ppoflow.tasks.common import ModelState, Run
-from ppoflow.tasks.ingest import ingest_prompts
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.prompts import prompts
+from ppoflow.tasks.storage.catalog import query, refresh_catalog
+from ppoflow.tasks.storage.states import ModelState
 
 DATA = {
     "prompt_key": "prompt",
@@ -41,7 +42,7 @@ def write_jsonl(path, lines) -> str:
 
 def ingest(tmp_path, state, files, split="train", **data):
     run = Run(str(tmp_path / "run"))
-    result = ingest_prompts.fn(
+    result = prompts.fn(
         run=run, files=files, split=split, source_digest="test", data=DATA | data, tokenizer_state=state
     )
     return result, pq.read_table(run.path / f"data/{split}.parquet").to_pylist()

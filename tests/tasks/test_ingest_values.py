@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ppoflow.tasks.prompt_rows import MAX_DEPTH, Rejected, prompt_row, raw_text
+from ppoflow.tasks.stages.prompt_rows import MAX_DEPTH, Rejected, prompt_row, raw_text
 
 from .test_ingest import good, ids, ingest, rejects, write_jsonl
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ppoflow.tasks.lock import LOCK_NAME, RunLocked, acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.lock import LOCK_NAME, RunLocked, acquire_run_lock, release_run_lock
 
 RACERS = 20
 TRIALS = 100
@@ -22,7 +22,7 @@ NOT_RECORDED = "another process, not yet recorded in"
 HOLD = """
 import sys
 from pathlib import Path
-from ppoflow.tasks.lock import acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 run_dir = Path(sys.argv[1])
 acquire_run_lock(run_dir)
 print("held", flush=True)
@@ -34,7 +34,7 @@ release_run_lock(run_dir)
 TRY = """
 import sys
 from pathlib import Path
-from ppoflow.tasks.lock import RunLocked, acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.lock import RunLocked, acquire_run_lock, release_run_lock
 try:
     acquire_run_lock(Path(sys.argv[1]))
 except RunLocked as error:

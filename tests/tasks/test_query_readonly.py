@@ -12,10 +12,16 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from ppoflow.tasks.catalog import CATALOG_NAME, connect_confined, connect_readonly, query, refresh_catalog
-from ppoflow.tasks.retrain import DataFile, record_round, refresh_retrain_catalog
-from ppoflow.tasks.schemas import metrics_table
-from ppoflow.tasks.storage import write_table
+from ppoflow.tasks.retraining.rounds import DataFile, record_round, refresh_retrain_catalog
+from ppoflow.tasks.storage.catalog import (
+    CATALOG_NAME,
+    connect_confined,
+    connect_readonly,
+    query,
+    refresh_catalog,
+)
+from ppoflow.tasks.storage.schemas import metrics_table
+from ppoflow.tasks.storage.tables import write_table
 from tests.tasks.test_catalog import write_run
 
 READ_ONLY = "ppoflow query runs read-only SELECT statements"
@@ -339,8 +345,8 @@ def test_a_catalog_that_is_a_link_is_never_read(run, tmp_path):
 def test_diagnose_reads_a_planted_catalog_confined(run, tmp_path):
     """A catalog whose metrics view calls a function that writes files (the next statement of the
     connection writes them): ppoflow's own readers run its SQL confined, as `ppoflow query` does."""
-    from ppoflow.tasks.catalog import _view_sql, write_catalog
-    from ppoflow.tasks.diagnose import RunDirError, load_run
+    from ppoflow.tasks.observe.diagnose import RunDirError, load_run
+    from ppoflow.tasks.storage.catalog import _view_sql, write_catalog
 
     logs = tmp_path / "duck_logs"
     writes_logs = f"enable_logging(storage='file', storage_path='{logs}')"

@@ -10,31 +10,35 @@ import pickle
 
 import pytest
 
-from ppoflow.tasks.common import ModelState, Run, StageResult, UpdateInputs, key_for
-from ppoflow.tasks.prepare import prepare_model
-from ppoflow.tasks.results import (
+from ppoflow.conf import load_config
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.prepare_model import prepare_model
+from ppoflow.tasks.stages.settings import run_settings
+from ppoflow.tasks.storage.cache_keys import key_for
+from ppoflow.tasks.storage.results import (
     RESULTS_DIR,
     ResultSerializer,
     UnreadableResult,
     discard_unreadable_result,
     read_stored_result,
 )
-from ppoflow.tasks.storage import ArtifactRef
+from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.storage.tables import ArtifactRef
+
+SETTINGS = run_settings(load_config(), total_steps=40)  # the embedded default's
 
 
 def _update_result() -> tuple[StageResult, ModelState]:
-    rollouts = ArtifactRef("iter=000003/rollout/part-00000.parquet", "sha256:" + "a" * 64, 32)
-    advantages = ArtifactRef("iter=000003/advantage/part-00000.parquet", "sha256:" + "b" * 64, 32)
+    rollouts = ArtifactRef("iter=000003/rollouts/part-00000.parquet", "sha256:" + "a" * 64, 32)
+    advantages = ArtifactRef("iter=000003/advantages/part-00000.parquet", "sha256:" + "b" * 64, 32)
     parent = ModelState("actor", "lineage-2", 2, "checkpoints/iter=000002/actor", "sha256:" + "c" * 64)
     inputs = UpdateInputs(
         parent=parent,
         step=3,
         rollouts=rollouts,
         advantages=advantages,
-        config={"optim": {"lr": 1e-6, "betas": [0.9, 0.999]}, "clip_ratio": 0.2, "extra": None},
-        batching={"actor_mini_batch_rows": 16, "shuffle": False},
-        temperature=1.0,
-        total_steps=0,
+        settings=SETTINGS.actor.update,
+        optim=SETTINGS.actor.optim,
     )
     state = ModelState("actor", "lineage-3", 3, None, None, origin=inputs)
     stage = StageResult(
@@ -52,7 +56,8 @@ def test_a_result_round_trips_through_json_with_every_field_and_non_finite_float
     blob = ResultSerializer().dumps((stage, state))
     json.loads(blob)  # plain JSON
     back_stage, back_state = ResultSerializer().loads(blob)
-    assert back_state == state and back_state.origin.config["optim"]["betas"] == [0.9, 0.999]
+    assert back_state == state and back_state.origin.optim.betas == (0.9, 0.999)
+    assert back_state.origin.settings == SETTINGS.actor.update  # the same frozen settings, replayable
     assert back_stage.refs == stage.refs and back_stage.cache_key == stage.cache_key
     values = dict(back_stage.values)
     assert values["actor/pg_loss"] == -0.5 and math.isnan(values["actor/kl"]) and values["perf/x"] == math.inf
@@ -164,6 +169,32 @@ def test_a_record_of_ours_with_paths_outside_the_run_or_wrong_types_is_refused(t
     _record(record, {"type": "ppoflow-json"}, json.dumps(fields))
     with pytest.raises(UnreadableResult):
         read_stored_result(record)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("loss_agg_mode", "seq-mean-anything"),  # not one of the Literal's values
+        ("ppo_epochs", True),  # a bool where a count is
+        ("ppo_epochs", -1),
+        ("clip_ratio_low", "0.2"),
+        ("use_kl_loss", 1),  # an int where a bool is
+        ("unknown", 1),
+    ],
+)
+def test_recorded_update_settings_are_checked_field_by_field(tmp_path, field, value):
+    """A replayed update trains with the recorded settings: a forged one is unreadable (recomputed),
+    not a surprise in the engine."""
+    _, state = _update_result()
+    record = json.loads(ResultSerializer().dumps(state))
+    record["fields"]["origin"]["fields"]["settings"]["fields"][field] = value
+    path = tmp_path / "update_actor-0123"
+    _record(path, {"type": "ppoflow-json"}, json.dumps(record))
+    with pytest.raises(UnreadableResult):
+        read_stored_result(path)
+    untouched = tmp_path / "update_actor-4567"
+    _record(untouched, {"type": "ppoflow-json"}, ResultSerializer().dumps(state).decode())
+    assert read_stored_result(untouched) == state
 
 
 def test_a_fifo_under_a_results_name_is_discarded_without_blocking(tmp_path):

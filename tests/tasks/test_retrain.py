@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ppoflow.tasks.catalog import query
-from ppoflow.tasks.evaluation import plan_evaluation
-from ppoflow.tasks.retrain import (
+from ppoflow.tasks.retraining.evaluation import plan_evaluation
+from ppoflow.tasks.retraining.rounds import (
     DataFile,
     decide,
     find_new_data,
@@ -22,7 +21,8 @@ from ppoflow.tasks.retrain import (
     round_scores,
     sync_champion_pointer,
 )
-from ppoflow.tasks.trainer_state import STATE_FILE
+from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 
 @pytest.mark.parametrize(

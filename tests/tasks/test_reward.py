@@ -12,9 +12,9 @@ import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
-from ppoflow.tasks.reward import aligned_components, reward_error_metrics, score_rows
-from ppoflow.tasks.reward_runner import RewardFunctionError, custom_function_section
-from ppoflow.tasks.sections import stage_config
+from ppoflow.tasks.stages.reward_functions import RewardFunctionError, custom_function_section
+from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
+from ppoflow.tasks.stages.settings import run_settings
 
 # Each response text asks the reward function to misbehave in one way; anything else is scored.
 REWARD_FILE = """
@@ -178,11 +178,11 @@ def test_error_rate_metric_and_aligned_components_from_a_rewards_table_with_erro
 def test_reward_section_carries_the_file_digest_timeout_and_policy(tmp_path):
     path = reward_file(tmp_path)
     overrides = [f"custom_reward_function.path={path}", "reward.on_error=zero", "reward.timeout_s=2"]
-    reward = stage_config(load_config(None, overrides)).reward
+    reward = run_settings(load_config(None, overrides), 1).reward
     assert reward["custom_function"]["path"] == str(path.resolve())
     assert reward["custom_function"]["name"] == "compute_score"
     assert (reward["timeout_s"], reward["on_error"]) == (2.0, "zero")
     path.write_text(REWARD_FILE + "\n# edited\n")
-    edited = stage_config(load_config(None, overrides)).reward
+    edited = run_settings(load_config(None, overrides), 1).reward
     assert edited["custom_function"]["digest"] != reward["custom_function"]["digest"]
-    assert stage_config(load_config(None, [])).reward["custom_function"] is None
+    assert run_settings(load_config(None, []), 1).reward["custom_function"] is None

@@ -4,7 +4,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 
-from ppoflow.tasks.schemas import (
+from ppoflow.tasks.storage.schemas import (
     INVARIANTS,
     ITERATION_TABLES,
     SCHEMAS,

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ppoflow.tasks import storage
-from ppoflow.tasks.schemas import SCHEMAS
-from ppoflow.tasks.storage import (
+from ppoflow.tasks.storage import tables
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.tables import (
     ArtifactCorrupt,
     ArtifactRef,
     artifact_is_valid,
@@ -194,8 +194,8 @@ def test_paths_must_stay_inside_the_run_and_iter_is_reserved(tmp_path):
 
 
 def test_layout_helpers():
-    assert stage_path(1, "rollout") == "iter=000001/rollout/part-00000.parquet"
-    assert stage_path(12, "reward", part=3) == "iter=000012/reward/part-00003.parquet"
+    assert stage_path(1, "rollouts") == "iter=000001/rollouts/part-00000.parquet"
+    assert stage_path(12, "rewards", part=3) == "iter=000012/rewards/part-00003.parquet"
     assert iteration_dir("/r", 7).as_posix() == "/r/iter=000007"
     with pytest.raises(ValueError):
         stage_path(-1, "rollout")
@@ -213,7 +213,7 @@ def test_manifest_round_trip(tmp_path):
     assert manifest["stages"]["actor_update"]["refs"] == [ref.to_dict()]
     assert manifest["stages"]["actor_update"]["extra"] == "kept"
     assert stage_refs(manifest, "actor_update") == [ref]
-    assert (iteration_dir(tmp_path, 1) / storage.MANIFEST_NAME).is_file()
+    assert (iteration_dir(tmp_path, 1) / tables.MANIFEST_NAME).is_file()
     assert leftovers(iteration_dir(tmp_path, 1)) == []
 
 
@@ -238,8 +238,8 @@ def test_a_fifo_under_an_artifacts_name_is_an_error_not_a_hang(tmp_path):
     with pytest.raises(OSError, match="not a regular file"):
         file_digest(fifo)
     with pytest.raises(OSError, match="not a regular file"):
-        storage.read_json(fifo)
-    assert not storage.artifact_is_valid(tmp_path, ArtifactRef("part-00000.parquet", "sha256:00", 1))
+        tables.read_json(fifo)
+    assert not tables.artifact_is_valid(tmp_path, ArtifactRef("part-00000.parquet", "sha256:00", 1))
 
 
 def test_nothing_is_deleted_through_a_link_below_the_root(tmp_path):
@@ -249,15 +249,15 @@ def test_nothing_is_deleted_through_a_link_below_the_root(tmp_path):
     root = tmp_path / "run/checkpoints"
     root.mkdir(parents=True)
     (root / "iter=000000").symlink_to(tmp_path / "outside/iter=000000")
-    assert storage.leads_outside(root, root / "iter=000000/actor")
+    assert tables.leads_outside(root, root / "iter=000000/actor")
     with pytest.raises(OSError, match="refusing to delete through a link"):
-        storage.remove_from_run(root, root / "iter=000000/actor")
+        tables.remove_from_run(root, root / "iter=000000/actor")
     assert (victim / "keep.txt").read_text() == "precious"
     moved = tmp_path / "bigger-disk"  # the root itself may be a link: checkpoints moved elsewhere
     (moved / "iter=000001/actor").mkdir(parents=True)
     (tmp_path / "run/linked").symlink_to(moved)
-    assert not storage.leads_outside(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
-    storage.remove_from_run(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    assert not tables.leads_outside(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    tables.remove_from_run(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
     assert not (moved / "iter=000001/actor").exists()
 
 
@@ -266,10 +266,10 @@ def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
     outside.mkdir()
     (outside / ".notes.abc.tmp").write_text("someone else's")
     run = tmp_path / "run"
-    (run / "iter=000001/rollout").mkdir(parents=True)
-    (run / "iter=000001/rollout/.part-00000.parquet.0a1b2c.tmp").write_bytes(b"partial")
+    (run / "iter=000001/rollouts").mkdir(parents=True)
+    (run / "iter=000001/rollouts/.part-00000.parquet.0a1b2c.tmp").write_bytes(b"partial")
     (run / "iter=000002").symlink_to(outside)
     (run / ".config.yaml.9f8e7d.tmp").symlink_to(outside / ".notes.abc.tmp")
-    storage.remove_stale_temp_files(run)
-    assert not (run / "iter=000001/rollout/.part-00000.parquet.0a1b2c.tmp").exists()
+    tables.remove_stale_temp_files(run)
+    assert not (run / "iter=000001/rollouts/.part-00000.parquet.0a1b2c.tmp").exists()
     assert (outside / ".notes.abc.tmp").read_text() == "someone else's"

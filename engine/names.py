@@ -1,0 +1,22 @@
+"""The closed vocabularies of the engine's settings, in verl's spelling: defined here once, used by
+the engine's math and by the config schema (conf/) that validates user input against them. This
+module imports nothing, so the config can use it without loading torch."""
+
+from typing import Literal
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
+"""algorithm.adv_estimator: how advantages are computed (engine/advantages.py)."""
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+"""*.loss_agg_mode: how per-token losses become one number (engine/masking.py)."""
+KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+"""algorithm.kl_penalty / actor.kl_loss_type: the per-token KL estimator (engine/kl.py)."""
+WarmupStyle = Literal["constant", "cosine"]
+"""*.optim.warmup_style: the LR schedule after warmup (engine/optim.py)."""
+Truncation = Literal["error", "left", "right", "middle"]
+"""data.truncation: what happens to a prompt longer than data.max_prompt_length."""
+Gsm8kMethod = Literal["strict", "flexible"]
+"""reward.gsm8k_method: verl's GSM8K answer extraction (engine/gsm8k.py)."""
+PFReweightMethod = Literal["pow", "max_min", "max_random"]
+"""algorithm.pf_ppo.reweight_method: PF-PPO's sample weighting (engine/pf_ppo.py)."""
+FinishReason = Literal["stop", "length"]
+"""Why a response ended: an EOS token, or the length limit."""

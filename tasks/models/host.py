@@ -1,0 +1,115 @@
+"""Where a run's models live while it trains: one `ModelHost` per run, created with the run
+(`tasks/run.py`) and reached as `run.models`.
+
+Stages hand each other `ModelState` references; the host turns a reference into a model. It keeps
+the newest trained state of each role in memory, so consecutive stages never reload weights, and
+the frozen reference policy once; a state it does not hold (a resumed run, a stage served from
+cache) comes from its intact checkpoint, or is rebuilt by replaying the updates since the last one.
+This is the seam for placing models elsewhere (worker processes, several devices).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
+from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.tasks.models.checkpoints import StateUnavailable, Trainable, model_dir, optim_path, verified_dir
+from ppoflow.tasks.models.replay import apply_update
+from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.storage.states import ModelState
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.run import Run
+
+
+class ModelHost:
+    """The models of one run, on `device` ("cpu" or "cuda"; batches follow the model)."""
+
+    def __init__(self, device: str = "cpu"):
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+        self.device = device
+        self._live: dict[str, tuple[str, Trainable]] = {}  # role → (lineage, its trainable)
+        self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy
+        self._tokenizers: dict[str, object] = {}  # checkpoint directory → tokenizer
+
+    def trainable(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
+        """The model, optimizer and LR schedule of `state`, to train: in memory, else from its intact
+        checkpoint (the optimizer built with `optim`, its saved state restored), else rebuilt by
+        replaying its update on its (recursively rebuilt) parent; StateUnavailable when none is
+        possible."""
+        live = self._live_value(state)
+        if live is not None:
+            return live
+        try:
+            value = self._load(run, state, optim)
+        except StateUnavailable as missing:
+            inputs = state.origin
+            if inputs is None:
+                raise
+            try:
+                value = self.trainable(run, inputs.parent, optim)
+            except StateUnavailable as error:
+                raise StateUnavailable(f"{missing}, and it cannot be rebuilt: {error}") from error
+            say(f"rebuilding the {state.role} of step {state.step}: replaying its update (not saved)")
+            apply_update(run, state.role, inputs, value, self.tokenizer(run, inputs.parent))
+        self.keep(state, value)
+        return value
+
+    def model(self, run: Run, state: ModelState) -> torch.nn.Module:
+        """The model of `state` for inference: in memory, else its intact checkpoint, else rebuilt by
+        replaying the updates since the last intact checkpoint."""
+        live = self._live_value(state)
+        if live is not None:
+            return live.model
+        try:
+            directory = verified_dir(run, state)
+        except StateUnavailable:
+            if state.origin is None:
+                raise
+            return self.trainable(run, state, state.origin.optim).model
+        return self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
+
+    def reference(self, run: Run, state: ModelState) -> torch.nn.Module:
+        """The frozen reference policy (the initial actor), loaded once per run."""
+        if state.lineage not in self._reference:
+            self._reference[state.lineage] = self._placed(load_reference(model_dir(run, state)))
+        return self._reference[state.lineage]
+
+    def tokenizer(self, run: Run, state: ModelState):
+        """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
+        changes the tokenizer, and every checkpoint carries the base model's)."""
+        while state.checkpoint is None and state.origin is not None:
+            state = state.origin.parent
+        directory = str(model_dir(run, state))
+        if directory not in self._tokenizers:
+            self._tokenizers[directory] = load_tokenizer(directory)
+        return self._tokenizers[directory]
+
+    def keep(self, state: ModelState, value: Trainable) -> None:
+        """Hold `value` as the newest state of its role (the previous one is released)."""
+        self._live[state.role] = (state.lineage, value)
+
+    def drop(self, role: str) -> None:
+        """Release the model of `role` (after a failed update left it half-trained)."""
+        self._live.pop(role, None)
+
+    def _live_value(self, state: ModelState) -> Trainable | None:
+        live = self._live.get(state.role)
+        return live[1] if live is not None and live[0] == state.lineage else None
+
+    def _load(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
+        directory = verified_dir(run, state)
+        model = self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
+        optimizer, scheduler = build_optimizer(model, optim)
+        if state.step > 0:
+            saved = torch.load(optim_path(directory), weights_only=True)
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+        return Trainable(model, optimizer, scheduler)
+
+    def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)

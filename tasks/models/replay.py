@@ -1,0 +1,76 @@
+"""Applying one update to a model: the actor and critic update stages call it, and so does
+`ModelHost` when it rebuilds a state that is not on disk, so a rebuilt state is bit-identical to the
+one trained originally (same parent, same cached rollout and advantage tables, same settings)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ppoflow.engine.update import (
+    CriticUpdateSettings,
+    UpdateResult,
+    count_steps,
+    update_actor,
+    update_critic,
+)
+from ppoflow.tasks.models.checkpoints import Trainable
+from ppoflow.tasks.storage.states import UpdateInputs
+from ppoflow.tasks.storage.tables import read_table
+from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.run import Run
+
+
+def update_steps(inputs: UpdateInputs, n_rows: int) -> int:
+    """Optimizer steps the update takes (for progress)."""
+    return count_steps(n_rows, inputs.settings.mini_batch_size, inputs.settings.ppo_epochs)
+
+
+def apply_update(
+    run: Run,
+    role: str,
+    inputs: UpdateInputs,
+    value: Trainable,
+    tokenizer,
+    on_step: Callable[[int], None] | None = None,
+) -> UpdateResult:
+    """Train `value` (the parent state, in place) on the step's rollouts and advantages, then step
+    the LR schedule: PPO's policy update for the actor, value regression for the critic. The
+    mini-batch order is seeded by the step."""
+    rollouts = read_table(run.path, inputs.rollouts, clock=run.io)
+    advantages = read_table(run.path, inputs.advantages, clock=run.io)
+    order = [i for i, w in enumerate(advantages["train_weight"].to_pylist()) for _ in range(w)]  # PF-PPO
+    rollouts, advantages = rollouts.take(order), advantages.take(order)
+    batch = sequence_batch(rollouts, tokenizer.pad_token_id)
+    width = batch.response_ids.shape[1]
+    if role == "critic":
+        if not isinstance(inputs.settings, CriticUpdateSettings):
+            raise TypeError(
+                f"a critic update needs CriticUpdateSettings, got {type(inputs.settings).__name__}"
+            )
+        result = update_critic(
+            value.model,
+            value.optimizer,
+            batch,
+            values=token_tensor(advantages, "values", width),
+            returns=token_tensor(advantages, "returns", width),
+            settings=inputs.settings,
+            seed=inputs.step,
+            on_step=on_step,
+        )
+    else:
+        result = update_actor(
+            value.model,
+            value.optimizer,
+            batch,
+            old_log_probs=token_tensor(rollouts, "old_log_probs", width),
+            advantages=token_tensor(advantages, "advantages", width),
+            ref_log_probs=token_tensor(rollouts, "ref_log_probs", width),
+            settings=inputs.settings,
+            seed=inputs.step,
+            on_step=on_step,
+        )
+    value.scheduler.step()
+    return result

@@ -1,0 +1,151 @@
+"""`ppoflow diagnose`: the health checks a PPO practitioner does by eye on verl's training curves,
+run over a run's metrics and per-iteration statistics of its raw rows (read with DuckDB), with the
+findings rendered for the terminal. The checks and their thresholds live in diagnose_checks.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import duckdb
+import yaml
+
+from ppoflow.tasks.observe.diagnose_checks import CHECKS
+from ppoflow.tasks.observe.diagnose_run import SEVERITY_RANK, Finding, RunData
+from ppoflow.tasks.storage.catalog import CATALOG_NAME, connect_confined
+
+
+class RunDirError(ValueError):
+    """Not a run directory, or one without a finished iteration."""
+
+
+class RunInProgress(RunDirError):
+    """A run directory whose first iteration has not finished yet."""
+
+
+class ValidationOnlyRun(RunDirError):
+    """A run that validated a model and trained nothing (trainer.val_only): no metrics to diagnose."""
+
+
+ROW_STATS = {
+    "rewards/score_std": "SELECT iter, stddev_pop(score) FROM rewards GROUP BY iter",
+    "rewards/score_mean": "SELECT iter, avg(score) FROM rewards GROUP BY iter",
+    "rewards/score_range": "SELECT iter, max(score) - min(score) FROM rewards GROUP BY iter",
+    "rewards/zero_spread_group_ratio": (
+        "SELECT iter, avg((hi = lo)::DOUBLE) FROM (SELECT r.iter, max(w.score) hi, min(w.score) lo "
+        "FROM rollouts r JOIN rewards w USING (iter, prompt_id, sample_idx) "
+        "GROUP BY r.iter, r.group_id HAVING count(*) > 1) GROUP BY iter"
+    ),
+    "rollouts/truncated": "SELECT iter, avg((finish_reason = 'length')::DOUBLE) FROM rollouts GROUP BY iter",
+    "rollouts/empty": "SELECT iter, avg((response_text = '')::DOUBLE) FROM rollouts GROUP BY iter",
+    "advantages/returns_var": (
+        "SELECT iter, var_pop(r) FROM (SELECT iter, unnest(returns) AS r FROM advantages) GROUP BY iter"
+    ),
+    "rewards/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM rewards GROUP BY iter",
+    "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
+    "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
+    "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
+}
+"""Per-iteration statistics of the raw rows that the metrics table does not hold (or holds only
+from the update's side)."""
+
+
+def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
+    """The run's metrics, raw-row statistics and config. RunDirError when run_dir is not a run
+    directory, RunInProgress before the first iteration writes the catalog; with require_metrics,
+    also RunInProgress or ValidationOnlyRun when no training iteration has finished."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunDirError(f"{run_dir} does not exist")
+    if not (run_dir / "config.yaml").is_file():
+        raise RunDirError(f"{run_dir} is not a ppoflow run directory: it has no config.yaml")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    if not (run_dir / CATALOG_NAME).is_file():  # the first iteration's metrics stage writes it
+        raise RunInProgress(
+            f"{run_dir}: run in progress: no iteration has finished yet (no {CATALOG_NAME}; or the run "
+            "stopped before one did)"
+        )
+    try:
+        with connect_confined(run_dir) as con:
+            table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
+            rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
+    except (duckdb.Error, ValueError) as error:  # a catalog that is a link, or made for another folder
+        raise RunDirError(f"{run_dir}: cannot read the catalog: {error}") from error
+    iters = table["iter"].to_pylist()
+    metrics = {
+        name: _by_iter(zip(iters, table[name].to_pylist(), strict=True))
+        for name in table.column_names
+        if name not in ("iter", "step")
+    }
+    run = RunData({k: v for k, v in metrics.items() if v}, rows, config)
+    if require_metrics:
+        require_iteration(run_dir, run)
+    return run
+
+
+def require_iteration(run_dir: str | Path, run: RunData) -> None:
+    """ValidationOnlyRun or RunInProgress when the run has no finished training iteration."""
+    if run.metrics:
+        return
+    if validation_only(run):
+        raise ValidationOnlyRun(
+            f"{run_dir}: validation-only run: nothing to diagnose; see "
+            f'`ppoflow query {run_dir} "SELECT * FROM validation"`'
+        )
+    raise RunInProgress(f"{run_dir}: run in progress: no iteration has finished yet")
+
+
+def validation_only(run: RunData) -> bool:
+    """trainer.val_only, or validation rows without a finished training iteration."""
+    return bool(run.setting("trainer.val_only", False)) or (
+        not run.metrics and bool(run.rows.get("validation/score_mean"))
+    )
+
+
+def _by_iter(pairs) -> dict[int, float]:
+    return {int(i): float(v) for i, v in pairs if v is not None and math.isfinite(float(v))}
+
+
+def diagnose(run: RunData) -> list[Finding]:
+    """Every check's findings, the most severe first."""
+    return sorted((f for check in CHECKS for f in check(run)), key=lambda f: -SEVERITY_RANK[f.severity])
+
+
+def exit_code(findings: list[Finding]) -> int:
+    """0 when nothing is a warning or worse, else 1 (the CLI keeps 2 for bad input)."""
+    return 1 if any(SEVERITY_RANK[f.severity] >= SEVERITY_RANK["warning"] for f in findings) else 0
+
+
+def _short(values: tuple, limit: int = 8) -> str:
+    text = [f"{v:.4g}" if isinstance(v, float) else str(v) for v in values]
+    return ", ".join(text if len(text) <= limit else [*text[:3], "…", *text[-3:]])
+
+
+def _span(iters: tuple[int, ...]) -> str:
+    if not iters:
+        return "config"
+    return f"iter {iters[0]}" if len(iters) == 1 else f"iter {iters[0]}–{iters[-1]}"
+
+
+def render_text(run_dir: str | Path, run: RunData, findings: list[Finding]) -> list[str]:
+    """The terminal report, one string per line; each finding's block starts with its severity."""
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_RANK}
+    iters = {i for series in run.metrics.values() for i in series}
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no findings: nothing looks wrong"
+    lines = [
+        f"{run_dir}: {len(iters)} iteration(s), {run.setting('algorithm.adv_estimator', '?')}; {summary}"
+    ]
+    for f in findings:
+        lines += ["", f"{f.severity.upper():<9}{f.check}: {f.title}"]
+        shown = [e for e in f.evidence if e.values]
+        width = max((len(e.metric) for e in shown), default=0)
+        for k, e in enumerate(shown):
+            lines.append(
+                f"  {'' if k else 'evidence':<9}{e.metric:<{width}}  {_span(e.iters)}: {_short(e.values)}"
+            )
+        lines += [f"  {'' if k else 'causes':<9}- {c}" for k, c in enumerate(f.causes)]
+        lines += [
+            f"  {'' if k else 'change':<9}{key}: {w}" for k, (key, w) in enumerate(f.config_keys.items())
+        ]
+    return lines

@@ -1,0 +1,101 @@
+"""The `advantages` stage: critic values, KL-in-reward and advantages →
+iter=N/advantages/part-00000.parquet."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import torch
+from prefect import task
+
+from ppoflow.engine.forward import compute_values
+from ppoflow.engine.kl import kl_penalty
+from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
+from ppoflow.engine.ppo import compute_advantage_stage, unpad
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.settings import AdvantagesSettings, PFPPOSettings
+from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
+from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
+
+
+@task(name="advantages", task_run_name="advantages-step{step}", cache_key_fn=stage_cache_key)
+def advantages(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    critic: ModelState | None,
+    rollouts: ArtifactRef,
+    rewards: ArtifactRef,
+    kl_coef: float,
+    settings: AdvantagesSettings,
+) -> StageResult:
+    """Values V(s_t) from the critic (GAE only), token-level rewards (minus β·KL when
+    algorithm.use_kl_in_reward), then the configured estimator's advantages and returns. Reports
+    verl's timers values and adv."""
+    timer = StageTimer()
+    table = read_table(run.path, rollouts, clock=run.io)
+    scores = torch.tensor(
+        read_table(run.path, rewards, clock=run.io)["score"].to_pylist(), dtype=torch.float32
+    )
+    batch = sequence_batch(table, run.models.tokenizer(run, actor).pad_token_id)
+    width, mask = batch.response_ids.shape[1], batch.response_mask
+    old = token_tensor(table, "old_log_probs", width)
+    ref = token_tensor(table, "ref_log_probs", width)
+    values, phases = None, {}
+    if critic is not None:
+        started = time.perf_counter()
+        values = compute_values(
+            run.models.model(run, critic), batch, micro_batch_size=settings.values_micro_batch_size
+        )
+        phases["values"] = time.perf_counter() - started
+    estimator = settings.estimator
+    result = compute_advantage_stage(
+        scores,
+        mask,
+        settings=estimator,
+        kl_coef=kl_coef,
+        old_log_probs=old,
+        ref_log_probs=ref,
+        values=values,
+        group_id=torch.tensor(table["group_id"].to_pylist()),
+    )
+    kl = kl_penalty(old, ref, estimator.kl_penalty) * mask if ref is not None else None
+    columns = {
+        "prompt_id": table["prompt_id"],
+        "sample_idx": table["sample_idx"],
+        "values": unpad(values, mask) if values is not None else [None] * table.num_rows,
+        "token_level_rewards": unpad(result.token_level_rewards, mask),
+        "advantages": unpad(result.advantages, mask),
+        "returns": unpad(result.returns, mask),
+        "kl": unpad(kl, mask) if kl is not None else [None] * table.num_rows,
+        "train_weight": _train_weights(scores, settings.pf_ppo, settings.seed * 1_000_003 + step),
+    }
+    inject_fault("advantages", step)
+    table_out = pa.Table.from_pydict(columns, schema=SCHEMAS["advantages"])
+    ref_out = write_table(
+        table_out, run.path, stage_path(step, "advantages"), SCHEMAS["advantages"], clock=run.io
+    )
+    seconds = timer.seconds  # read once: the timers add up to the stage's seconds
+    phases["adv"] = seconds - phases.get("values", 0.0)
+    values_out = (("current_kl", result.current_kl),) if result.current_kl is not None else ()
+    return StageResult(
+        "advantages", (ref_out,), current_cache_key(), seconds, values_out + timing_values(phases)
+    )
+
+
+def _train_weights(scores: torch.Tensor, pf_ppo: PFPPOSettings | None, seed: int) -> list[int]:
+    """1 per row, or PF-PPO's resample counts (rows drawn ∝ a weight of their score)."""
+    if pf_ppo is None:
+        return [1] * len(scores)
+    picks = pf_ppo_resample_indices(
+        scores,
+        reweight_method=pf_ppo.reweight_method,
+        weight_pow=pf_ppo.weight_pow,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return torch.bincount(picks, minlength=len(scores)).tolist()

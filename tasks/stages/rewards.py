@@ -1,0 +1,140 @@
+"""The `rewards` stage: score each response → iter=N/rewards/part-00000.parquet (score, its
+components, errors).
+
+A row whose reward function raises, returns a non-number or NaN, or times out gets an `error`;
+reward.on_error decides whether that fails the stage ("fail") or scores the row 0 ("zero").
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+from prefect import task
+
+from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, gsm8k_components
+from ppoflow.engine.rewards import addition_components, combine_components, error_rate
+from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.reward_functions import RewardCall, RewardFunctionError, Scored, run_custom_reward
+from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.states import StageResult, StageTimer, timing_values
+from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
+
+
+def reward_components(
+    data_source: str, response: str, ground_truth: str, gsm8k_method: Gsm8kMethod = "strict"
+) -> dict[str, float]:
+    """The rule reward of `data_source` as named components in [0, 1] (verl selects by data_source)."""
+    match data_source:
+        case _ if data_source == ADDITION_DATA_SOURCE:
+            return addition_components(response, ground_truth)
+        case _ if data_source == GSM8K_DATA_SOURCE:
+            return gsm8k_components(response, ground_truth, gsm8k_method)
+        case _:
+            raise ValueError(
+                f"no built-in reward for data_source '{data_source}'; set custom_reward_function.path"
+            )
+
+
+def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.Table:
+    """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
+    against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
+    the custom reward function if one is configured, else by the data source's built-in reward
+    weighted by reward["weights"]. Failing rows follow reward["on_error"]."""
+    calls = [
+        RewardCall(
+            row["data_source"],
+            row["response_text"],
+            prompts[row["prompt_id"]]["ground_truth"],
+            _extra_info(prompts[row["prompt_id"]].get("extra_info")),
+        )
+        for row in rows
+    ]
+    fail = reward.get("on_error", "fail") == "fail"
+    custom = reward.get("custom_function")
+    if custom is not None:
+        outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
+    else:
+        method = reward.get("gsm8k_method", "strict")
+        outcomes = [_builtin(call, reward["weights"], method) for call in calls]
+    if fail:
+        _raise_on_failures(rows, outcomes)
+    return pa.Table.from_pydict(
+        {
+            "prompt_id": [row["prompt_id"] for row in rows],
+            "sample_idx": [row["sample_idx"] for row in rows],
+            "data_source": [call.data_source for call in calls],
+            "ground_truth": [call.ground_truth for call in calls],
+            "score": [o.score for o in outcomes],
+            "components": [list(o.components.items()) for o in outcomes],
+            "error": [o.error for o in outcomes],
+        },
+        schema=SCHEMAS["rewards"],
+    )
+
+
+def reward_error_metrics(scored: pa.Table, prefix: str = "reward") -> dict[str, float]:
+    """`{prefix}/error_rate`: the share of rows of a rewards (or validation) table with an error."""
+    return {f"{prefix}/error_rate": error_rate(scored["error"].to_pylist())}
+
+
+def aligned_components(scored: pa.Table) -> list[dict[str, float]]:
+    """Each row's components restricted to the names every scored row has (a row with an error
+    counts 0 for them), so per-component means compare like with like."""
+    rows = [dict(c) for c in scored["components"].to_pylist()]
+    ok = [c for c, error in zip(rows, scored["error"].to_pylist(), strict=True) if error is None]
+    names = [n for n in (ok[0] if ok else {}) if all(n in c for c in ok)]
+    return [{n: c.get(n, 0.0) for n in names} for c in rows]
+
+
+@task(name="rewards", task_run_name="rewards-step{step}", cache_key_fn=stage_cache_key)
+def rewards(run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, reward: dict) -> StageResult:
+    """Score every rollout against its prompt's ground truth (verl's timer: reward)."""
+    timer = StageTimer()
+    rows = (
+        read_table(run.path, rollouts, clock=run.io)
+        .select(["prompt_id", "sample_idx", "data_source", "response_text"])
+        .to_pylist()
+    )
+    references = read_table(run.path, prompts, clock=run.io).select(
+        ["prompt_id", "ground_truth", "extra_info"]
+    )
+    table = score_rows(rows, {r["prompt_id"]: r for r in references.to_pylist()}, reward)
+    inject_fault("rewards", step)
+    ref = write_table(table, run.path, stage_path(step, "rewards"), SCHEMAS["rewards"], clock=run.io)
+    seconds = timer.seconds
+    return StageResult("rewards", (ref,), current_cache_key(), seconds, timing_values({"reward": seconds}))
+
+
+def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMethod) -> Scored:
+    """The fast path, in process: the data source's components, weighted."""
+    try:
+        components = reward_components(call.data_source, call.solution_str, call.ground_truth, gsm8k_method)
+        return Scored(combine_components(components, weights), components)
+    except Exception as exc:
+        return Scored.failed(f"{type(exc).__name__}: {exc}")
+
+
+def _extra_info(text: str | None):
+    """The prompts table keeps extra_info as JSON text; verl passes the parsed value (a dict)."""
+    return json.loads(text) if text else {}
+
+
+def _raise_on_failures(rows: list[dict], outcomes: list[Scored | None]) -> None:
+    failed = [(row, o) for row, o in zip(rows, outcomes, strict=True) if o is not None and o.error]
+    if not failed:
+        return
+    row, first = failed[0]
+    scored = sum(o is not None for o in outcomes)
+    of = f"{len(rows)} rows" if scored == len(rows) else f"the first {scored} of {len(rows)} rows"
+    stopped = "" if scored == len(rows) else " (scoring stops at the first timeout)"
+    fix = "set reward.on_error=zero to score such rows 0 and continue (the table keeps each row's error)"
+    if first.timed_out:
+        fix = f"raise reward.timeout_s if the reward is only slow, or {fix}"
+    raise RewardFunctionError(
+        f"reward failed on {len(failed)} of {of}{stopped}; first: prompt_id={row['prompt_id']} "
+        f"sample_idx={row['sample_idx']}: {first.error}. To go on, {fix}."
+    )

@@ -1,0 +1,140 @@
+"""The `rollouts` stage: sample responses for one step's prompts → iter=N/rollouts/part-00000.parquet."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from prefect import task
+
+from ppoflow.engine.data import batch_rows, truncate_prompt
+from ppoflow.engine.ppo import generate_rollouts
+from ppoflow.engine.rollout import HFRolloutEngine
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.observe.console import progress_bar
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.settings import DataSettings, RolloutSettings
+from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
+
+
+def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
+    """Untruncated token ids of a prompt as the model sees it (chat template applied to message
+    prompts), or why it cannot be rendered. Shared by ingest (which measures) and rollout."""
+    try:
+        if row["prompt_messages"] is not None:
+            text = tokenizer.apply_chat_template(
+                row["prompt_messages"], add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = row["prompt_text"]
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
+        return f"cannot render the prompt: {type(exc).__name__}: {exc}"
+
+
+def render_prompts(
+    tokenizer, rows: list[dict], max_length: int, truncation: str
+) -> list[tuple[str, list[int]]]:
+    """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
+    rendered = []
+    for row in rows:
+        ids = prompt_token_ids(tokenizer, row)
+        if isinstance(ids, str):
+            raise ValueError(f"prompt {row['prompt_id']}: {ids}")
+        ids = truncate_prompt(ids, max_length, truncation)
+        if ids is None:
+            raise ValueError(
+                f"prompt {row['prompt_id']} is longer than data.max_prompt_length={max_length} tokens "
+                "and data.truncation=error; raise the limit, set data.truncation, "
+                "or data.filter_overlong_prompts"
+            )
+        rendered.append((tokenizer.decode(ids), ids))
+    return rendered
+
+
+@task(name="rollouts", task_run_name="rollouts-step{step}", cache_key_fn=stage_cache_key)
+def rollouts(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    reference: ModelState | None,
+    prompts: ArtifactRef,
+    data: DataSettings,
+    settings: RolloutSettings,
+) -> StageResult:
+    """Sample rollout.n responses for each prompt of step `step` (the batch `data` picks), with
+    rollout, old and ref log-probs. Reports verl's timers gen, old_log_prob and ref."""
+    timer = StageTimer()
+    table = read_table(run.path, prompts, clock=run.io)
+    _, rows_ids = batch_rows(
+        table.num_rows, data.train_batch_size, step, shuffle=data.shuffle, seed=data.seed
+    )
+    rows = table.take(rows_ids).to_pylist()
+    tokenizer = run.models.tokenizer(run, actor)
+    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
+    model = run.models.model(run, actor)
+    engine = rollout_engine(settings.engine, model, tokenizer)
+    rollout_seed = settings.seed * 1_000_003 + step
+    with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:
+        out = generate_rollouts(
+            engine,
+            model,
+            run.models.reference(run, reference) if reference else None,
+            [ids for _, ids in rendered],
+            n=settings.n,
+            params=settings.sampling,
+            seed=rollout_seed,
+            pad_token_id=tokenizer.pad_token_id,
+            micro_batch_size=settings.log_prob_micro_batch_size,
+            ref_micro_batch_size=settings.ref_log_prob_micro_batch_size,
+            on_batch=progress,
+            on_tokens=progress.tokens,
+        )
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    columns = {
+        "prompt_id": [rows[i]["prompt_id"] for i in out.prompt_index],
+        "sample_idx": out.sample_index,
+        "group_id": out.prompt_index,
+        "data_source": [rows[i]["data_source"] for i in out.prompt_index],
+        "prompt_text": [rendered[i][0] for i in out.prompt_index],
+        "response_text": texts,
+        "prompt_ids": [rendered[i][1] for i in out.prompt_index],
+        "response_ids": out.response_ids,
+        "rollout_log_probs": out.rollout_log_probs,
+        "old_log_probs": out.old_log_probs,
+        "ref_log_probs": out.ref_log_probs or [None] * len(texts),
+        "prompt_length": [len(rendered[i][1]) for i in out.prompt_index],
+        "response_length": [len(r) for r in out.response_ids],
+        "finish_reason": out.finish_reasons,
+        "policy_version": [actor.step] * len(texts),
+        "seed": [rollout_seed] * len(texts),
+    }
+    inject_fault("rollouts", step)
+    table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
+    ref = write_table(table, run.path, stage_path(step, "rollouts"), SCHEMAS["rollouts"], clock=run.io)
+    phases = dict(out.seconds)
+    seconds = timer.seconds  # read once: the timers add up to the stage's seconds
+    phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
+    return StageResult("rollouts", (ref,), current_cache_key(), seconds, timing_values(phases))
+
+
+def rollout_engine(name: str, model, tokenizer) -> HFRolloutEngine:
+    """actor_rollout_ref.rollout.name: "hf" (transformers, CPU or GPU). The RolloutEngine protocol is
+    the seam for a vLLM engine; until one is wired in, asking for it is a clear error, not a fallback."""
+    if name != "hf":
+        raise NotImplementedError(
+            f"actor_rollout_ref.rollout.name={name}: ppoflow's {name} rollout engine is not available yet; "
+            "use actor_rollout_ref.rollout.name=hf (transformers)"
+        )
+    return HFRolloutEngine(
+        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
+    )
+
+
+def _eos_ids(tokenizer, model) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (chat models often have two)."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)

@@ -1,0 +1,309 @@
+"""What each stage is told: typed, frozen settings built once from the config (`run_settings`) and
+passed as they are, down to the engine call that uses them. Field names are verl's (or the engine
+name a field's docstring gives), and every default is the config's: nothing here or in the engine
+repeats one. A stage's settings are part of its cache key, so a change to one section changes only
+the keys of the stages that read it.
+
+The walk of a value, e.g. `actor_rollout_ref.actor.clip_ratio`: the config field
+(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (here) → `RunSettings.actor.update`
+→ the `actor_update` stage (its `settings` parameter, recorded in `UpdateInputs` for replay) →
+`engine.update.update_actor` → `engine.losses.compute_policy_loss`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ppoflow.conf import PPOFlowConfig
+from ppoflow.conf.schema_common import OptimConfig
+from ppoflow.engine.data import steps_per_epoch
+from ppoflow.engine.names import PFReweightMethod, Truncation
+from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
+from ppoflow.engine.ppo import AdvantageSettings
+from ppoflow.engine.rollout import SamplingParams
+from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.stages.reward_functions import custom_function_section
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Which prompts each step trains on (data.*)."""
+
+    train_batch_size: int
+    shuffle: bool
+    seed: int
+    truncation: Truncation
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """Generating one step's responses (actor_rollout_ref.rollout.*)."""
+
+    engine: str
+    """rollout.name: "hf" (transformers) or "vllm"."""
+    n: int
+    prompt_length: int
+    """rollout.prompt_length (data.max_prompt_length unless set)."""
+    truncation: Truncation
+    """data.truncation."""
+    sampling: SamplingParams
+    """temperature, top_p, top_k, do_sample; max_new_tokens = rollout.response_length."""
+    log_prob_micro_batch_size: int
+    """rollout.log_prob_micro_batch_size_per_gpu: rows per old-log-prob forward pass."""
+    ref_log_prob_micro_batch_size: int
+    """ref.log_prob_micro_batch_size_per_gpu."""
+    seed: int
+    """rollout.seed, else trainer.seed."""
+
+
+@dataclass(frozen=True)
+class ValidationSettings:
+    """Generating and scoring validation answers (rollout.val_kwargs.*)."""
+
+    engine: str
+    n: int
+    """val_kwargs.n answers per prompt."""
+    prompt_length: int
+    truncation: Truncation
+    sampling: SamplingParams
+    """val_kwargs' temperature, top_p, top_k, do_sample."""
+    log_generations: int
+    """trainer.log_val_generations."""
+
+
+@dataclass(frozen=True)
+class PFPPOSettings:
+    """algorithm.pf_ppo.*, when algorithm.use_pf_ppo."""
+
+    reweight_method: PFReweightMethod
+    weight_pow: float
+
+
+@dataclass(frozen=True)
+class AdvantagesSettings:
+    """Values, token-level rewards and advantages (algorithm.*)."""
+
+    estimator: AdvantageSettings
+    values_micro_batch_size: int
+    """critic.forward_micro_batch_size_per_gpu."""
+    pf_ppo: PFPPOSettings | None
+    seed: int
+    """trainer.seed (PF-PPO's resampling)."""
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    """One role's update: the loop, and its optimizer and LR schedule."""
+
+    update: ActorUpdateSettings | CriticUpdateSettings
+    optim: OptimSettings
+    keep_checkpoints: int | None = field(metadata={"cache_key": False})
+    """trainer.max_{actor,critic}_ckpt_to_keep (where results are kept, not what they are: not in
+    the cache key)."""
+
+
+@dataclass(frozen=True)
+class KLControlSettings:
+    """algorithm.kl_ctrl.*: β between iterations."""
+
+    type: str
+    target_kl: float
+    horizon: int
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    data: DataSettings
+    rollout: RolloutSettings
+    validation: ValidationSettings
+    advantages: AdvantagesSettings
+    actor: UpdateSettings
+    critic: UpdateSettings | None
+    """None when the estimator needs no critic."""
+    reward: dict
+    """reward.* and custom_reward_function.* (the reward functions' own section)."""
+    kl_control: KLControlSettings
+    use_reference: bool
+    critic_warmup: int
+    test_freq: int
+    save_freq: int
+    val_before_train: bool
+    total_steps: int
+    n_devices: int
+
+
+def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
+    """Every stage's settings for a run of `total_steps` training steps."""
+    if cfg.algorithm.adv_estimator == "remax":
+        raise ValueError(
+            "algorithm.adv_estimator=remax needs an extra greedy generation per prompt for its baseline, "
+            "which the pipeline does not run yet (engine.advantages.compute_remax_advantage exists); "
+            "use grpo, rloo, reinforce_plus_plus(_baseline) or gae"
+        )
+    arr, algorithm = cfg.actor_rollout_ref, cfg.algorithm
+    rollout = RolloutSettings(
+        engine=arr.rollout.name,
+        n=arr.rollout.n,
+        prompt_length=arr.rollout.prompt_length,
+        truncation=cfg.data.truncation,
+        sampling=sampling_params(arr.rollout, arr.rollout.response_length),
+        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
+        ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+        seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
+    )
+    pf = algorithm.pf_ppo
+    return RunSettings(
+        data=DataSettings(
+            train_batch_size=cfg.data.train_batch_size,
+            shuffle=cfg.data.shuffle,
+            seed=cfg.data.seed,
+            truncation=cfg.data.truncation,
+        ),
+        rollout=rollout,
+        validation=ValidationSettings(
+            engine=arr.rollout.name,
+            n=arr.rollout.val_kwargs.n,
+            prompt_length=arr.rollout.prompt_length,
+            truncation=cfg.data.truncation,
+            sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
+            log_generations=cfg.trainer.log_val_generations,
+        ),
+        advantages=AdvantagesSettings(
+            estimator=AdvantageSettings(
+                adv_estimator=algorithm.adv_estimator,
+                gamma=algorithm.gamma,
+                lam=algorithm.lam,
+                norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+                use_kl_in_reward=algorithm.use_kl_in_reward,
+                kl_penalty=algorithm.kl_penalty,
+            ),
+            values_micro_batch_size=cfg.critic.forward_micro_batch_size_per_gpu,
+            pf_ppo=PFPPOSettings(pf.reweight_method, pf.weight_pow) if algorithm.use_pf_ppo else None,
+            seed=cfg.trainer.seed,
+        ),
+        actor=UpdateSettings(
+            update=actor_update_settings(cfg, rollout.sampling.logit_temperature),
+            optim=optim_settings(arr.actor.optim, total_steps),
+            keep_checkpoints=cfg.trainer.max_actor_ckpt_to_keep,
+        ),
+        critic=UpdateSettings(
+            update=critic_update_settings(cfg),
+            optim=optim_settings(cfg.critic.optim, total_steps),
+            keep_checkpoints=cfg.trainer.max_critic_ckpt_to_keep,
+        )
+        if cfg.use_critic
+        else None,
+        reward={
+            "weights": cfg.reward.weights,
+            "reward_fn_key": cfg.data.reward_fn_key,
+            "timeout_s": cfg.reward.timeout_s,
+            "on_error": cfg.reward.on_error,
+            "gsm8k_method": cfg.reward.gsm8k_method,
+            "custom_function": custom_function_section(
+                cfg.custom_reward_function.path, cfg.custom_reward_function.name
+            ),
+        },
+        kl_control=KLControlSettings(
+            type=algorithm.kl_ctrl.type,
+            target_kl=algorithm.kl_ctrl.target_kl,
+            horizon=algorithm.kl_ctrl.horizon,
+        ),
+        use_reference=cfg.use_reference_policy,
+        critic_warmup=cfg.trainer.critic_warmup,
+        test_freq=cfg.trainer.test_freq,
+        save_freq=cfg.trainer.save_freq,
+        val_before_train=cfg.trainer.val_before_train,
+        total_steps=total_steps,
+        n_devices=1,  # updates run in one process
+    )
+
+
+def sampling_params(source, response_length: int) -> SamplingParams:
+    """verl's rollout settings (rollout.* or rollout.val_kwargs.*) as SamplingParams; temperature 0
+    means greedy."""
+    return SamplingParams(
+        max_new_tokens=response_length,
+        temperature=source.temperature if source.temperature > 0 else 1.0,
+        top_p=source.top_p,
+        top_k=source.top_k,
+        do_sample=source.do_sample and source.temperature > 0,
+    )
+
+
+def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdateSettings:
+    """`temperature`: the one the rollouts' old log-probs were computed at (1.0 for greedy)."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    return ActorUpdateSettings(
+        ppo_epochs=actor.ppo_epochs,
+        # Updates run in one process, so a mini-batch is all of its mini·n responses (verl splits
+        # it over world_size ranks; the number of optimizer steps is the same).
+        mini_batch_size=actor.ppo_mini_batch_size * n,
+        micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
+        temperature=temperature,
+        clip_ratio_low=actor.effective_clip_ratio_low,
+        clip_ratio_high=actor.effective_clip_ratio_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        entropy_coeff=actor.entropy_coeff,
+        use_kl_loss=actor.use_kl_loss,
+        kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type,
+        grad_clip=actor.grad_clip,
+        shuffle=actor.shuffle,
+    )
+
+
+def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
+    critic, n = cfg.critic, cfg.actor_rollout_ref.rollout.n
+    return CriticUpdateSettings(
+        ppo_epochs=critic.ppo_epochs,
+        mini_batch_size=(critic.ppo_mini_batch_size or cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * n,
+        micro_batch_size=critic.ppo_micro_batch_size_per_gpu,
+        cliprange_value=critic.cliprange_value,
+        loss_agg_mode=critic.loss_agg_mode,
+        grad_clip=critic.grad_clip,
+        shuffle=critic.shuffle,
+    )
+
+
+def optim_settings(optim: OptimConfig, total_steps: int) -> OptimSettings:
+    """A `*.optim` section as OptimSettings, for a run of `total_steps` training steps."""
+    horizon = schedule_horizon(optim, total_steps)
+    return OptimSettings(
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        warmup_steps=resolve_warmup_steps(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, horizon),
+        total_steps=horizon,
+        warmup_style=optim.warmup_style,
+        min_lr_ratio=optim.min_lr_ratio,
+    )
+
+
+def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:
+    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
+    as a ratio (optim.total_training_steps is set to it, as verl does), else 0, so that training
+    longer does not invalidate the cached updates of a constant schedule (resuming at an epoch
+    boundary with more epochs reuses every finished step)."""
+    depends = optim.warmup_style == "cosine" or (
+        optim.lr_warmup_steps <= 0 and optim.lr_warmup_steps_ratio > 0
+    )
+    return total_steps if depends else 0
+
+
+MAX_UNSAVED_STEPS = 50
+"""A checkpoint at least this often, whatever trainer.save_freq says, so that a state to rebuild by
+replay is never more than this many updates away from one on disk."""
+
+
+def checkpoint_due(step: int, total: int, save_freq: int) -> bool:
+    """trainer.save_freq (≤ 0: only at the end, as verl's -1), the last step, and every
+    MAX_UNSAVED_STEPS steps."""
+    return (save_freq > 0 and step % save_freq == 0) or step == total or step % MAX_UNSAVED_STEPS == 0
+
+
+def total_training_steps(cfg: PPOFlowConfig, train_rows: int) -> int:
+    """trainer.total_training_steps when set, else total_epochs × full batches per epoch (verl)."""
+    if cfg.trainer.total_training_steps:
+        return cfg.trainer.total_training_steps
+    return cfg.trainer.total_epochs * steps_per_epoch(train_rows, cfg.data.train_batch_size)

@@ -1,0 +1,83 @@
+"""The `validation` stage: greedy (rollout.val_kwargs) answers to every validation prompt, scored →
+iter=N/validation/part-00000.parquet and verl's `val-core/<data_source>/reward/mean@n` metrics."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from prefect import task
+
+from ppoflow.engine.metrics import compute_validation_metrics
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.observe.console import progress_bar, show_generations
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
+from ppoflow.tasks.stages.rollouts import render_prompts, rollout_engine
+from ppoflow.tasks.stages.settings import ValidationSettings
+from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.storage.schemas import SCHEMAS
+from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
+
+
+@task(name="validation", task_run_name="validation-step{step}", cache_key_fn=stage_cache_key)
+def validation(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    prompts: ArtifactRef,
+    settings: ValidationSettings,
+    reward: dict,
+) -> StageResult:
+    """Generate val_kwargs.n answers per validation prompt with the actor of `step` and score them
+    (verl's timer: testing)."""
+    timer = StageTimer()
+    rows = read_table(run.path, prompts, clock=run.io).to_pylist()
+    tokenizer, model = run.models.tokenizer(run, actor), run.models.model(run, actor)
+    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
+    n = settings.n
+    engine = rollout_engine(settings.engine, model, tokenizer)
+    prompt_ids = [ids for _, ids in rendered for _ in range(n)]
+    with progress_bar(f"step {step} validate", total=len(prompt_ids)) as progress:
+        out = engine.generate(
+            prompt_ids, settings.sampling, seed=step, on_batch=progress, on_tokens=progress.tokens
+        )
+    texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    index = [i for i in range(len(rows)) for _ in range(n)]
+    generated = [
+        {
+            "prompt_id": rows[i]["prompt_id"],
+            "sample_idx": j % n,
+            "data_source": rows[i]["data_source"],
+            "response_text": texts[j],
+        }
+        for j, i in enumerate(index)
+    ]
+    scored = score_rows(generated, {r["prompt_id"]: r for r in rows}, reward)
+    table = pa.Table.from_pydict(
+        {
+            "prompt_id": scored["prompt_id"],
+            "sample_idx": scored["sample_idx"],
+            "data_source": scored["data_source"],
+            "prompt_text": [rendered[i][0] for i in index],
+            "response_text": texts,
+            "response_length": [len(r) for r in out.response_ids],
+            "finish_reason": out.finish_reasons,
+            "ground_truth": scored["ground_truth"],
+            "score": scored["score"],
+            "components": scored["components"],
+            "error": scored["error"],
+        },
+        schema=SCHEMAS["validation"],
+    )
+    inject_fault("validation", step)
+    ref = write_table(table, run.path, stage_path(step, "validation"), SCHEMAS["validation"], clock=run.io)
+    show_generations(step, table.slice(0, settings.log_generations).to_pylist())
+    metrics = compute_validation_metrics(
+        table["data_source"].to_pylist(),
+        table["prompt_id"].to_pylist(),
+        table["score"].to_pylist(),
+        aligned_components(table),
+    ) | reward_error_metrics(table, "val-aux/reward")
+    seconds = timer.seconds
+    values = tuple(sorted(metrics.items())) + timing_values({"testing": seconds})
+    return StageResult("validation", (ref,), current_cache_key(), seconds, values)

@@ -1,0 +1,380 @@
+"""run_dir/catalog.duckdb: DuckDB views over every table of a run, all iterations at once.
+
+The catalog holds views only; the data stays in the parquet files. It is rebuilt in a temp database
+and renamed into place, so it is never held open read-write: readers (`duckdb catalog.duckdb`,
+`connect_readonly`, other processes) are never locked out, and never see a half-made catalog.
+Readers that were open before a refresh keep the previous catalog until they reconnect.
+Views name absolute paths: after moving a run directory, call refresh_catalog again.
+
+Iteration views glob `iter=*/<stage>/*.parquet`, so a new iteration's rows appear without a refresh
+once the view exists. `iter` comes from the file name, not from DuckDB's hive partitioning: hive
+parsing reads every `key=value` folder of the absolute path, so a run under `runs/seed=3/` would
+overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARCHAR. Filters on
+`iter` still prune files.
+
+`query`, behind `ppoflow query`, is read-only. It reads through `connect_confined`: the catalog
+attached READ_ONLY, and the connection confined with DuckDB's own settings, locked so that no SET or
+RESET undoes them: it opens files only under the run directory (DuckDB resolves `..` and symlinks
+before its prefix check, and `runs/demo-evil` is not under `runs/demo`), installs and loads no
+extension, sees no Python object as a table and spills nothing to a temp folder. The run directory
+stays readable, as the views need it, and DuckDB would write there too; so `query` also runs read
+statements only: SELECT (which covers WITH, VALUES, FROM-first, DESCRIBE, SHOW and SUMMARIZE), PIVOT,
+and EXPLAIN of a SELECT. Every statement is checked before the first runs; COPY, ATTACH, USE, SET,
+LOAD … are a ValueError naming their type.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from ppoflow.tasks.storage.schemas import (
+    DATA_FILES,
+    INVARIANTS,
+    ITERATION_TABLES,
+    TABLES,
+    empty_table,
+)
+from ppoflow.tasks.storage.tables import read_json, timed_io, write_json_atomic
+
+__all__ = [
+    "CATALOG_NAME",
+    "VIEWS",
+    "check_invariants",
+    "connect_confined",
+    "connect_readonly",
+    "query",
+    "refresh_catalog",
+    "write_catalog",
+    "table_violations",
+]
+
+CATALOG_NAME = "catalog.duckdb"
+CATALOG_TABLES = ".catalog-tables.json"
+"""Which tables had files at the last refresh (see refresh_catalog_if_stale)."""
+VIEWS: tuple[str, ...] = (*TABLES, "updates")
+_ALIAS = "catalog"
+_ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
+_UPDATES = (
+    "SELECT 'actor' AS role, * FROM actor_update "
+    "UNION ALL BY NAME SELECT 'critic' AS role, * FROM critic_update"
+)
+
+
+@timed_io
+def refresh_catalog_if_stale(run_dir: str | Path) -> Path:
+    """Refresh only when a table that had no files at the last refresh has some now: the views read
+    their globs at query time, so new iterations of a non-empty table appear without a refresh."""
+    run_dir = Path(run_dir).resolve()
+    final = run_dir / CATALOG_NAME
+    if final.is_file() and _tables_with_files(run_dir) == _recorded_tables(run_dir):
+        return final
+    return refresh_catalog.__wrapped__(run_dir)  # undecorated: this call's time is already counted
+
+
+def _tables_with_files(run_dir: Path) -> list[str]:
+    present = []
+    for name in TABLES:
+        if name in DATA_FILES:
+            found = any((run_dir / f).is_file() for f in DATA_FILES[name])
+        else:
+            found = next(run_dir.glob(f"iter=*/{name}/*.parquet"), None) is not None
+        if found:
+            present.append(name)
+    return present
+
+
+def _recorded_tables(run_dir: Path) -> list[str] | None:
+    try:
+        return read_json(run_dir / CATALOG_TABLES)
+    except (OSError, ValueError):
+        return None
+
+
+@timed_io
+def refresh_catalog(run_dir: str | Path) -> Path:
+    """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
+    run_dir = _checked_dir(run_dir)
+    present = _tables_with_files(run_dir)
+
+    def define(con: duckdb.DuckDBPyConnection) -> None:
+        for name in TABLES:
+            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
+        con.execute(f"CREATE VIEW updates AS {_UPDATES}")
+
+    final = write_catalog(run_dir, define)
+    write_json_atomic(run_dir / CATALOG_TABLES, present)
+    return final
+
+
+def _checked_dir(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir).resolve()
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"no run directory at {run_dir}")
+    if any(c in str(run_dir) for c in "*?[]{}"):
+        raise ValueError(f"run directory {run_dir} contains glob characters; DuckDB cannot read it by glob")
+    return run_dir
+
+
+def write_catalog(run_dir: str | Path, define: Callable[[duckdb.DuckDBPyConnection], None]) -> Path:
+    """Build run_dir/catalog.duckdb with the views `define` creates, in a temp database renamed into
+    place (readers never see a half-made catalog and are never locked out); returns its path."""
+    run_dir = _checked_dir(run_dir)
+    final = run_dir / CATALOG_NAME
+    tmp = run_dir / f".{CATALOG_NAME}.{secrets.token_hex(6)}.tmp"
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            define(con)
+            con.execute("CHECKPOINT")
+        finally:
+            con.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        # A WAL left by someone who opened the old catalog read-write would be replayed onto the new one.
+        Path(f"{final}.wal").unlink(missing_ok=True)
+        os.replace(tmp, final)
+        fd = os.open(run_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+        Path(f"{tmp}.wal").unlink(missing_ok=True)
+    return final
+
+
+def connect_readonly(
+    run_dir: str | Path, retries: int = 50, wait_s: float = 0.1
+) -> duckdb.DuckDBPyConnection:
+    """A read-only connection whose default database is the run's catalog. Retries while another
+    process holds the file read-write. Close it when done (or use it as a context manager)."""
+    path = Path(run_dir).resolve() / CATALOG_NAME
+    if path.is_symlink():  # it would be read as the run's tables from wherever it points
+        raise ValueError(f"{path} is a link, not the run's catalog; remove it and rerun the training command")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"no run directory at {path.parent}")
+    if not path.is_file():
+        raise FileNotFoundError(f"no catalog at {path}; has this run finished an iteration?")
+    # ATTACH into a fresh in-memory database rather than duckdb.connect(path): connect() reuses an
+    # open in-process instance of the same path, which would serve the catalog as it was before a refresh.
+    for attempt in range(retries + 1):
+        con = duckdb.connect(":memory:")
+        try:
+            con.execute(f"ATTACH {sql_literal(str(path))} AS {_ALIAS} (READ_ONLY)")
+            con.execute(f"USE {_ALIAS}")
+            return con
+        except duckdb.IOException as exc:
+            con.close()
+            if "lock" not in str(exc).lower():
+                raise
+            if attempt == retries:
+                raise TimeoutError(
+                    f"catalog {path} stayed locked for {retries * wait_s:.1f} s; another process holds "
+                    f"it read-write (close that client, or open it read-only): {exc}"
+                ) from exc
+            time.sleep(wait_s)
+    raise AssertionError("unreachable")
+
+
+def connect_confined(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """connect_readonly, then confined to the run directory (_lock_down): for every reader of a run
+    (`ppoflow query`, diagnose, report), since the catalog's views are themselves read from the run.
+    A catalog copied into another folder still names the files of the run it was built for, which
+    are outside the copy: rebuild it there (refresh_catalog; `ppoflow train` does at its end)."""
+    con = connect_readonly(run_dir)
+    try:
+        _lock_down(con, Path(run_dir).resolve())
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _lock_down(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
+    """Confine a connection to the run directory, once the catalog is attached: with external access
+    off, DuckDB checks every path it opens (file, glob, ATTACH, COPY, extension folder) against
+    allowed_directories, and lock_configuration refuses every later SET and RESET. In this order:
+    turning external access off adds DuckDB's temp folder to the allowed directories unless
+    temp_directory is emptied first, and allowed_directories cannot change once external access is off."""
+    for setting in (
+        "temp_directory = ''",
+        f"allowed_directories = [{sql_literal(str(run_dir))}]",
+        "enable_external_access = false",
+        "autoinstall_known_extensions = false",
+        "autoload_known_extensions = false",
+        "allow_community_extensions = false",
+        "python_enable_replacements = false",
+        "lock_configuration = true",
+    ):
+        con.execute(f"SET {setting}")
+
+
+def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
+    """Run `sql`, one or more read statements, over the run's catalog; returns (column names, rows) of
+    the last. All statements are checked before the first runs (_read_statements). A SQL error is a
+    ValueError carrying DuckDB's message and the available views; so is a file outside the run."""
+    with connect_confined(run_dir) as con:
+        statements = _read_statements(con, sql)
+        try:
+            for statement in statements:
+                con.execute(statement)
+            return [d[0] for d in con.description], con.fetchall()
+        except duckdb.PermissionException as exc:
+            raise ValueError(
+                f"{exc}\nppoflow query may read only the run's tables, under {Path(run_dir).resolve()}; "
+                f"available views: {', '.join(_view_names(con))}"
+            ) from exc
+        except duckdb.Error as exc:
+            raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
+
+
+_READS = ("SELECT", "PIVOT", "EXPLAIN SELECT")
+"""The statement kinds (see _kind) that query runs."""
+
+
+def _read_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
+    """The statements of `sql`, parsed by DuckDB; a ValueError unless there is one at least and every
+    one is a read (_READS). The connection alone would still let COPY or ATTACH write in the run."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
+    if not statements:
+        raise ValueError("no SQL statement to run; ppoflow query runs read-only SELECT statements")
+    for statement in statements:
+        kind = _kind(con, statement)
+        if kind not in _READS:
+            raise ValueError(
+                "ppoflow query runs read-only SELECT statements (SELECT, WITH, VALUES, FROM, DESCRIBE, "
+                f"SHOW, SUMMARIZE, PIVOT, EXPLAIN of a SELECT); refused this {kind} statement: "
+                f"{_excerpt(statement.query)}"
+            )
+    return statements
+
+
+def _kind(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> str:
+    """DuckDB's type of a statement. EXPLAIN also names what it explains, since EXPLAIN ANALYZE runs
+    it; a PIVOT without an IN list, which DuckDB types MULTI (a temporary enum type, then a SELECT),
+    is PIVOT."""
+    suffixes = _token_suffixes(statement.query)
+    first = next(suffixes, "")
+    if statement.type == duckdb.StatementType.EXPLAIN:
+        explained = _first_statement(con, suffixes)
+        return f"EXPLAIN {_kind(con, explained) if explained else 'UNKNOWN'}"
+    if statement.type == duckdb.StatementType.MULTI and re.match(r"PIVOT(_WIDER)?\b", first, re.I):
+        return "PIVOT"
+    return statement.type.name
+
+
+def _first_statement(con: duckdb.DuckDBPyConnection, texts: Iterator[str]) -> duckdb.Statement | None:
+    """The first text that parses as one statement: after EXPLAIN, this skips ANALYZE or an option
+    list such as (ANALYZE, FORMAT json) and finds the statement explained."""
+    for text in texts:
+        try:
+            parsed = con.extract_statements(text)
+        except duckdb.ParserException:
+            continue
+        return parsed[0] if len(parsed) == 1 else None
+    return None
+
+
+def _token_suffixes(sql: str) -> Iterator[str]:
+    """`sql` from each of its tokens on, comments skipped (duckdb.tokenize counts UTF-8 bytes)."""
+    raw = sql.encode()
+    for start, kind in duckdb.tokenize(sql):
+        if kind != duckdb.token_type.comment:
+            yield raw[start:].decode()
+
+
+def _excerpt(sql: str, limit: int = 120) -> str:
+    text = " ".join(sql.split())
+    return text if len(text) <= limit else f"{text[: limit - 1]}…"
+
+
+def check_invariants(run_dir: str | Path) -> dict[str, list[str]]:
+    """Run every INVARIANTS query over the catalog's non-empty views; returns table -> failing SQL
+    (an empty dict when all hold)."""
+    con = connect_readonly(run_dir)
+    try:
+        return _violations(con, TABLES)
+    finally:
+        con.close()
+
+
+def table_violations(name: str, table: pa.Table) -> list[str]:
+    """The INVARIANTS queries of `name` that fail on an in-memory table (an iteration table without
+    an `iter` column is treated as one iteration): for tests of the stages that write them."""
+    if name in ITERATION_TABLES and "iter" not in table.column_names:
+        table = table.append_column("iter", pa.array([0] * table.num_rows, pa.int32()))
+    con = duckdb.connect(":memory:")
+    try:
+        con.register(name, table)
+        return _violations(con, [name]).get(name, [])
+    finally:
+        con.close()
+
+
+def _violations(con: duckdb.DuckDBPyConnection, names) -> dict[str, list[str]]:
+    failures: dict[str, list[str]] = {}
+    for name in names:
+        if not INVARIANTS[name] or not con.execute(f"SELECT EXISTS (FROM {_ident(name)})").fetchall()[0][0]:
+            continue
+        failing = [sql for sql in INVARIANTS[name] if con.execute(f"SELECT EXISTS ({sql})").fetchall()[0][0]]
+        if failing:
+            failures[name] = failing
+    return failures
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
+    if name in DATA_FILES:
+        files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
+        if not files:
+            return _empty_sql(con, name, with_iter=False)
+        paths = ", ".join(sql_literal(str(f)) for f in files)
+        return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
+    pattern = f"iter=*/{name}/*.parquet"
+    if not any(run_dir.glob(pattern)):  # read_parquet errors on a glob that matches nothing
+        return _empty_sql(con, name, with_iter=True)
+    source = sql_literal(f"{run_dir}/{pattern}")
+    return (
+        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet({source}, "
+        "hive_partitioning=false, union_by_name=true, filename=true)"
+    )
+
+
+def _empty_sql(con: duckdb.DuckDBPyConnection, name: str, *, with_iter: bool) -> str:
+    """A zero-row SELECT with the declared columns, typed as DuckDB reads the parquet."""
+    probe = empty_table(name)
+    con.register("_schema_probe", probe)
+    try:
+        described = con.execute("DESCRIBE SELECT * FROM _schema_probe").fetchall()
+    finally:
+        con.unregister("_schema_probe")
+    columns = ["CAST(NULL AS INTEGER) AS iter"] if with_iter else []
+    columns += [f"CAST(NULL AS {type_}) AS {_ident(column)}" for column, type_, *_ in described]
+    return f"SELECT {', '.join(columns)} LIMIT 0"
+
+
+def _view_names(con: duckdb.DuckDBPyConnection) -> list[str]:
+    rows = con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = ? ORDER BY view_name",
+        [_ALIAS],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -1,0 +1,99 @@
+"""Documentation of the metrics table's columns: verl's metric names, by pattern, with what each
+one is computed from (shown by `ppoflow schema metrics`, attached to the parquet fields)."""
+
+from __future__ import annotations
+
+import re
+
+METRICS_DOC = (
+    "One row per iteration: `step` (int64, the global training step) and one float64 column per "
+    "metric, named with verl's `group/name` (e.g. `actor/pg_clipfrac`, `critic/score/mean`, "
+    "`val-core/<data_source>/reward/mean@1`). The column set is not fixed; quote names in SQL: "
+    '`SELECT iter, "critic/score/mean" FROM metrics`.'
+)
+
+_TOKENS = "over the batch's response tokens (advantages table)"
+METRIC_DOCS: dict[str, str] = {
+    "critic/score/{mean,max,min}": "Of the scores (rewards.score) of responses with ≥ 1 token (verl).",
+    "critic/rewards/{mean,max,min}": "Of Σ token_level_rewards per response (the score minus the KL "
+    "penalty with algorithm.use_kl_in_reward), responses with ≥ 1 token.",
+    "critic/advantages/{mean,max,min}": f"Of advantages {_TOKENS}.",
+    "critic/returns/{mean,max,min}": f"Of returns {_TOKENS}.",
+    "critic/values/{mean,max,min}": f"Of the critic's values {_TOKENS}; runs with a critic.",
+    "critic/vf_explained_var": f"1 − Var(returns − values) / (Var(returns) + 1e-5) {_TOKENS}, unbiased.",
+    "critic/score/zero_spread_group_ratio": "Share of prompts whose n responses all scored the same (no "
+    "signal for grouped estimators: GRPO, RLOO, …); only when actor_rollout_ref.rollout.n > 1.",
+    "critic/score/group_std_mean": "Mean over prompts of the unbiased std of their responses' scores; "
+    "only when actor_rollout_ref.rollout.n > 1.",
+    "response_length/{mean,max,min}": "Of the responses' lengths in tokens (rollouts.response_length).",
+    "response_length/clip_ratio": "Share of responses of exactly data.max_response_length tokens (cut off).",
+    "response_length_non_aborted/{mean,max,min,clip_ratio}": "As response_length/*, over responses with "
+    "≥ 1 token (verl leaves out aborted rollouts).",
+    "response/aborted_ratio": "Share of responses without a token (verl's aborted rollouts).",
+    "prompt_length/{mean,max,min}": "Of the batch's prompt lengths in tokens (rollouts.prompt_length).",
+    "prompt_length/clip_ratio": "Share of prompts of exactly data.max_prompt_length tokens.",
+    "reward/error_rate": "Share of the batch's responses whose reward failed (rewards.error not null).",
+    "training/rollout_probs_diff_{max,mean,std}": "Of |exp(rollout_log_probs) − exp(old_log_probs)| over "
+    "response tokens (std unbiased): how far the rollout engine's probabilities are from the trainer's.",
+    "training/rollout_actor_probs_pearson_corr": "Pearson correlation of exp(old_log_probs) and "
+    "exp(rollout_log_probs) over response tokens.",
+    "training/rollout_probs_diff_valid": "1: the rollout engine reported log-probs (verl's flag).",
+    "training/global_step": "The iteration (verl's global step; the same as the step column).",
+    "training/epoch": "Pass over the training prompts that the step's batch comes from, 0-based.",
+    "actor/reward_kl_penalty": "Mean over responses of each one's mean per-token KL of old vs reference "
+    "policy (advantages.kl); only with algorithm.use_kl_in_reward.",
+    "actor/reward_kl_penalty_coeff": "β, the KL coefficient this step's rewards used (algorithm.kl_ctrl); "
+    "only with algorithm.use_kl_in_reward.",
+    "actor/<column>": "Mean of that actor_update column over the step's optimizer steps (verl's "
+    "reduce_metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, entropy, grad_norm, lr, kl_loss.",
+    "critic/<column>": "Mean of that critic_update column over the step's optimizer steps: vf_loss, "
+    "vf_clipfrac, vpred_mean, grad_norm, lr.",
+    "val-core/<data_source>/reward/mean@<n>": "Validation at this step: mean over the data source's "
+    "prompts of the mean score of their n responses (rollout.val_kwargs.n).",
+    "val-{core,aux}/<data_source>/reward/best@<n>/mean": "Validation: mean over prompts of the best of "
+    "their n scores (n > 1). val-aux when the source's prompts have fewer samples than its largest n.",
+    "val-aux/reward/error_rate": "Share of the step's validation responses whose reward failed.",
+    "val-aux/<data_source>/<component>/mean@<n>": "Validation: as val-core's mean@n, of one reward "
+    "component (correctness, format, …), or of the reward at a smaller n than the source's largest.",
+    "timing_s/step": "Sum of the step's stage seconds (verl's step timer); equals perf/time_per_step.",
+    "timing_s/<timer>": "Wall seconds of one of verl's timers, as the stage that measured it recorded "
+    "it in the iteration's manifest (the first run's when served from cache): gen (rollouts: generation, "
+    "reading and writing), old_log_prob and ref (rollouts), reward (rewards), values and adv "
+    "(advantages), update_critic and update_actor (with saving), testing (validation).",
+    "timing_per_token_ms/<timer>": "1000 · timing_s/<timer> per token: response tokens for gen, prompt + "
+    "response tokens for ref, values, adv, update_critic, update_actor (verl's counts).",
+    "perf/total_num_tokens": "Prompt + response tokens of the batch (verl's Σ global_token_num).",
+    "perf/time_per_step": "Seconds of the step: timing_s/step.",
+    "perf/throughput": "perf/total_num_tokens / (perf/time_per_step · devices): tokens/s per device.",
+    "perf/max_memory_allocated_gb": "GiB. CUDA: torch.cuda.max_memory_allocated, the peak since the "
+    "training process started (verl). CPU: that process's peak resident set size (getrusage).",
+    "perf/max_memory_reserved_gb": "GiB. CUDA: torch.cuda.max_memory_reserved, the peak since the "
+    "process started (verl). CPU: the process's peak resident set size, as perf/max_memory_allocated_gb.",
+    "perf/cpu_memory_used_gb": "GiB of memory in use on the whole host (total − available, verl's "
+    "psutil reading), not only this run's.",
+}
+"""The doc of every metric column, by name pattern: {a,b} is one of the words, <data_source> any text,
+another <placeholder> one name without '/'. The first matching pattern documents a column."""
+
+
+def _pattern(pattern: str) -> re.Pattern:
+    parts = re.split(r"(<data_source>|<[a-z_]+>|\{[^}]*\})", pattern)
+    regex = ""
+    for part in parts:
+        if part == "<data_source>":
+            regex += ".+"
+        elif part.startswith("<"):
+            regex += "[^/]+"
+        elif part.startswith("{"):
+            regex += "(?:" + "|".join(map(re.escape, part[1:-1].split(","))) + ")"
+        else:
+            regex += re.escape(part)
+    return re.compile(regex)
+
+
+_METRIC_PATTERNS = [(_pattern(pattern), doc) for pattern, doc in METRIC_DOCS.items()]
+
+
+def metric_doc(name: str) -> str | None:
+    """The documentation of a metrics column, or None for a name no pattern covers."""
+    return next((doc for regex, doc in _METRIC_PATTERNS if regex.fullmatch(name)), None)

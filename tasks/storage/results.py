@@ -1,0 +1,266 @@
+"""Stage results as Prefect keeps them: JSON of ppoflow's own result types, checked before reuse.
+
+Prefect stores each finished stage's return value in <run>/.prefect-results/<cache key> and reads
+it back, with the serializer the *file* names, when the same stage is asked for again. A run
+directory is data, not code: a planted file naming Prefect's pickle serializer would run code on
+the next `ppoflow train`. So stage results are written as JSON that can only rebuild ppoflow's
+result dataclasses (`ResultSerializer`), and `run_stage` reads a stored result itself before
+Prefect does: anything that is not such a record is removed and the stage runs again (a cache miss).
+
+A result that is ours is reused only while everything it points at is intact: its parquet files
+(digests) and the model files of the states it returns (`models.state_files_intact`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import typing
+from pathlib import Path
+from typing import Any
+
+from prefect.serializers import Serializer
+from pydantic import Field
+
+from ppoflow.engine.optim import OptimSettings
+from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.models.checkpoints import state_files_intact
+from ppoflow.tasks.run import Run
+from ppoflow.tasks.storage.cache_keys import key_for
+from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
+
+RESULTS_DIR = ".prefect-results"
+SERIALIZER_TYPE = "ppoflow-json"
+MAX_RECORD_BYTES = 16 << 20
+"""Stage results are references and numbers (kilobytes); a larger record is not one of ours."""
+
+SETTINGS_TYPES = (ActorUpdateSettings, CriticUpdateSettings, OptimSettings)
+"""The engine settings an update records (UpdateInputs), so that it can be replayed."""
+RESULT_TYPES: dict[str, type] = {
+    cls.__name__: cls for cls in (StageResult, ArtifactRef, ModelState, UpdateInputs, *SETTINGS_TYPES)
+}
+"""The only classes a stored result can rebuild."""
+
+
+class UnreadableResult(ValueError):
+    """A stored result that is not a ppoflow JSON record of known types."""
+
+
+class ResultSerializer(Serializer):
+    """JSON for stage results: dataclasses of RESULT_TYPES, tuples, dicts with string keys, lists and
+    scalars (floats may be NaN or ±inf). Decoding builds nothing else and imports nothing."""
+
+    type: str = Field(default=SERIALIZER_TYPE, frozen=True)
+
+    def dumps(self, obj: Any) -> bytes:
+        return json.dumps(_encode(obj), sort_keys=True, separators=(",", ":")).encode()
+
+    def loads(self, blob: bytes) -> Any:
+        try:
+            return _decode(json.loads(blob))
+        except (ValueError, TypeError, KeyError, RecursionError) as error:
+            raise UnreadableResult(f"not a ppoflow stage result: {error}") from error
+
+
+def _encode(obj: Any) -> Any:
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {"float": repr(obj)}
+    if isinstance(obj, tuple):
+        return {"tuple": [_encode(v) for v in obj]}
+    if isinstance(obj, list):
+        return [_encode(v) for v in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise TypeError(f"result dict keys must be strings: {list(obj)[:5]}")
+        return {"dict": {k: _encode(v) for k, v in obj.items()}}
+    name = type(obj).__name__
+    if RESULT_TYPES.get(name) is type(obj):
+        fields = {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {"type": name, "fields": fields}
+    if isinstance(obj, BaseException):  # a failed stage's exception: its type and message, to read
+        return {"error": f"{type(obj).__name__}: {obj}"}
+    raise TypeError(f"{name} cannot be stored as a stage result")
+
+
+def _decode(data: Any) -> Any:
+    if data is None or isinstance(data, bool | int | float | str):
+        return data
+    if isinstance(data, list):
+        return [_decode(v) for v in data]
+    if not isinstance(data, dict) or len(data) not in (1, 2):
+        raise ValueError(f"unexpected value {str(data)[:80]!r}")
+    match sorted(data):
+        case ["float"] if data["float"] in ("nan", "inf", "-inf"):
+            return float(data["float"])
+        case ["tuple"] if isinstance(data["tuple"], list):
+            return tuple(_decode(v) for v in data["tuple"])
+        case ["dict"] if isinstance(data["dict"], dict):
+            return {str(k): _decode(v) for k, v in data["dict"].items()}
+        case ["fields", "type"] if data["type"] in RESULT_TYPES and isinstance(data["fields"], dict):
+            cls = RESULT_TYPES[data["type"]]
+            fields = {k: _decode(v) for k, v in data["fields"].items()}
+            _check_fields(cls, fields)
+            return cls(**fields)
+        case ["error"] if isinstance(data["error"], str):
+            return RuntimeError(data["error"])
+    raise ValueError(f"unexpected value {str(data)[:80]!r}")
+
+
+_NUMBER = (int, float)
+_COUNT_LIMIT = 2**31
+FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
+    ArtifactRef: {"path": (str,), "digest": (str,), "rows": (int,)},
+    StageResult: {
+        "stage": (str,),
+        "refs": (tuple,),
+        "cache_key": (str,),
+        "seconds": _NUMBER,
+        "values": (tuple,),
+    },
+    ModelState: {
+        "role": (str,),
+        "lineage": (str,),
+        "step": (int,),
+        "checkpoint": (str, type(None)),
+        "checkpoint_digest": (str, type(None)),
+        "origin": (UpdateInputs, type(None)),
+    },
+    UpdateInputs: {
+        "parent": (ModelState,),
+        "step": (int,),
+        "rollouts": (ArtifactRef,),
+        "advantages": (ArtifactRef,),
+        "settings": (ActorUpdateSettings, CriticUpdateSettings),
+        "optim": (OptimSettings,),
+    },
+}
+"""The type of every field a stored result may set: a record that decodes to anything else is
+unreadable (recomputed), not a failure later in the stage that uses it."""
+ALLOWED_VALUES: dict[tuple[type, str], tuple] = {}
+"""(class, field) → the values a Literal-typed field may take."""
+
+
+def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Field types of an engine settings dataclass, from its annotations (every field of these is
+    a number, a bool, a tuple of numbers or one of a Literal's values)."""
+    types = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if typing.get_origin(hint) is typing.Literal:
+            ALLOWED_VALUES[(cls, name)] = typing.get_args(hint)
+            types[name] = (str,)
+        elif hint is bool:
+            types[name] = (bool,)
+        elif hint in (int, float):
+            types[name] = _NUMBER if hint is float else (int,)
+        elif typing.get_origin(hint) is tuple:
+            types[name] = (tuple,)
+        else:
+            raise TypeError(f"{cls.__name__}.{name}: no stored form for {hint}")
+    return types
+
+
+FIELD_TYPES |= {cls: _settings_field_types(cls) for cls in SETTINGS_TYPES}
+
+
+def _check_fields(cls: type, fields: dict[str, Any]) -> None:
+    expected = FIELD_TYPES[cls]
+    for name, value in fields.items():
+        if name not in expected:
+            raise ValueError(f"{cls.__name__} has no field {name!r}")
+        _check_value(cls, name, value, expected[name])
+    if cls is StageResult:
+        if not all(isinstance(ref, ArtifactRef) for ref in fields.get("refs", ())):
+            raise ValueError("StageResult.refs holds something other than ArtifactRefs")
+        for pair in fields.get("values", ()):
+            if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise ValueError("StageResult.values holds something other than (name, number) pairs")
+            if isinstance(pair[1], bool) or not isinstance(pair[1], _NUMBER):
+                raise ValueError(f"StageResult value {pair[0]!r} is not a number")
+
+
+COUNTS = ("rows", "step", "total_steps", "warmup_steps", "ppo_epochs", "mini_batch_size", "micro_batch_size")
+"""Fields that count something: non-negative and below 2³¹."""
+
+
+def _check_value(cls: type, name: str, value: Any, expected: tuple[type, ...]) -> None:
+    where = f"{cls.__name__}.{name}"
+    if (isinstance(value, bool) and bool not in expected) or not isinstance(value, expected):
+        raise ValueError(f"{where} is a {type(value).__name__}")
+    if (cls, name) in ALLOWED_VALUES and value not in ALLOWED_VALUES[(cls, name)]:
+        raise ValueError(f"{where}={value!r} is not one of {ALLOWED_VALUES[(cls, name)]}")
+    if isinstance(value, tuple) and cls in SETTINGS_TYPES and not all(_is_number(v) for v in value):
+        raise ValueError(f"{where} holds something other than numbers")
+    if isinstance(value, int) and name in COUNTS and not 0 <= value < _COUNT_LIMIT:
+        raise ValueError(f"{where}={value} is out of range")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, _NUMBER) and not isinstance(value, bool)
+
+
+def read_stored_result(path: Path) -> Any:
+    """The result stored at `path` if it is a record ResultSerializer wrote; UnreadableResult otherwise
+    (never deserializes with anything else: the serializer a file names is not trusted)."""
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise UnreadableResult(f"{path} is larger than any stage result")
+        record = json.loads(path.read_bytes())
+    except (OSError, ValueError) as error:
+        raise UnreadableResult(f"{path}: {error}") from error
+    metadata = record.get("metadata") if isinstance(record, dict) else None
+    serializer = metadata.get("serializer") if isinstance(metadata, dict) else None
+    if serializer != {"type": SERIALIZER_TYPE} or not isinstance(record.get("result"), str):
+        raise UnreadableResult(f"{path} was not written by ppoflow (serializer {serializer!r})")
+    return ResultSerializer().loads(record["result"].encode())
+
+
+def outputs_valid(run: Run, result: Any) -> bool:
+    """Every table a (possibly cached) result points at still exists with its digest, and every
+    model state it returns still has intact files (see state_files_intact)."""
+    items = result if isinstance(result, tuple) else (result,)
+    for item in items:
+        if isinstance(item, StageResult) and not all(artifact_is_valid(run.path, r) for r in item.refs):
+            return False
+        if isinstance(item, ModelState) and not state_files_intact(run, item):
+            return False
+    return True
+
+
+def discard_unreadable_result(run: Run, task, parameters: dict[str, Any]) -> None:
+    """Remove the stored result of this call unless ppoflow wrote it and can read it back."""
+    path = run.path / RESULTS_DIR / key_for(task, {"run": run, **parameters})
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+        return
+    try:
+        if path.is_symlink() or not path.is_file():  # a link or a FIFO is never a stored result
+            raise UnreadableResult(f"{path} is not a regular file")
+        read_stored_result(path)
+    except UnreadableResult:
+        path.unlink(missing_ok=True)
+
+
+def run_stage(task, run: Run, **parameters: Any):
+    """Call a stage task with the run's result storage. A stored result that ppoflow cannot read
+    safely, or whose files are gone or altered, is a miss: the task runs again. Returns
+    (result, was_cached)."""
+    discard_unreadable_result(run, task, parameters)
+    bound = task.with_options(
+        result_storage=run.path / RESULTS_DIR,
+        result_serializer=ResultSerializer(),
+        persist_result=True,
+        refresh_cache=run.recompute or None,
+    )
+    state = bound(run=run, **parameters, return_state=True)
+    result = state.result()
+    if state.name == "Cached" and not outputs_valid(run, result):
+        state = bound.with_options(refresh_cache=True)(run=run, **parameters, return_state=True)
+        result = state.result()
+    return result, state.name == "Cached"

@@ -1,0 +1,395 @@
+"""Atomic parquet and JSON artifacts, their references, and the per-iteration manifest.
+
+Every write goes to a temp file in the destination folder, is fsynced, renamed onto its final name,
+and the folder is fsynced: a crash leaves the previous file or the new one, never a part of one, and
+no temp file (DESIGN.md "Identity, caching and resume").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import hashlib
+import json
+import numbers
+import os
+import re
+import secrets
+import shutil
+import stat
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "MANIFEST_NAME",
+    "ArtifactCorrupt",
+    "ArtifactRef",
+    "artifact_is_valid",
+    "committed_iterations",
+    "conform_table",
+    "file_digest",
+    "iteration_dir",
+    "read_json",
+    "read_manifest",
+    "leads_outside",
+    "read_table",
+    "remove_from_run",
+    "remove_stale_temp_files",
+    "stage_path",
+    "stage_refs",
+    "write_json_atomic",
+    "write_text_atomic",
+    "write_manifest",
+    "manifest_document",
+    "write_table",
+    "IOClock",
+]
+
+
+class IOClock:
+    """Seconds a run has spent reading and writing its files (parquet, checkpoints, the catalog):
+    one per run, held by its `Run`, reported by benchmarks/iteration.py."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def timed_io(fn):
+    """`fn` takes a keyword `clock` (an IOClock, or None): the call's wall time is added to it."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, clock: IOClock | None = None, **kwargs):
+        if clock is None:
+            return fn(*args, **kwargs)
+        with clock.timing():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+COMPRESSION = "zstd"
+MANIFEST_NAME = "_manifest.json"
+MANIFEST_STAGE_KEYS = ("refs", "rows", "cache_key", "seconds")
+_CHUNK = 1 << 20
+_STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class ArtifactRef:
+    """A written artifact (a parquet file, or an iteration's manifest): `path` relative to the run
+    directory (runs can be moved), `digest` "sha256:<hex>" of its bytes, and its row count (a
+    manifest's: its number of stages). Small and JSON-able: what tasks return."""
+
+    path: str
+    digest: str
+    rows: int
+
+    def __post_init__(self) -> None:
+        _relative(self.path)  # a reference read back from a run directory must not point outside it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ArtifactRef:
+        return cls(path=str(data["path"]), digest=str(data["digest"]), rows=int(data["rows"]))
+
+
+class ArtifactCorrupt(ValueError):
+    """An artifact's bytes no longer match the digest recorded when it was written."""
+
+    def __init__(self, path: str | Path, expected: str, actual: str):
+        self.path, self.expected, self.actual = str(path), expected, actual
+        super().__init__(
+            f"artifact {path} is corrupt: expected {expected}, file has {actual} (truncated or "
+            "changed since it was written); delete it and rerun the stage that wrote it"
+        )
+
+    def __reduce__(self):  # picklable with its three arguments (Prefect persists failures)
+        return type(self), (self.path, self.expected, self.actual)
+
+
+def file_digest(path: str | Path) -> str:
+    """'sha256:<hex>' of a regular file's bytes, read in 1 MiB chunks (an OSError for anything else:
+    a FIFO planted under an artifact's name would block the read forever)."""
+    sha = hashlib.sha256()
+    with _open_regular(path) as f:
+        while chunk := f.read(_CHUNK):
+            sha.update(chunk)
+    return f"sha256:{sha.hexdigest()}"
+
+
+def _open_regular(path: str | Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file; an OSError otherwise. Opened without
+    blocking, so that a FIFO planted under a file's name cannot stall the run."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return open(fd, "rb")
+
+
+def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly `schema`'s columns, order, types and field docs, or a ValueError that
+    names the missing/unexpected columns, the column that cannot be cast, or nulls in a required one."""
+    name = (schema.metadata or {}).get(b"table", b"declared").decode()
+    have, want = table.column_names, schema.names
+    if len(set(have)) != len(have):
+        raise ValueError(f"table has duplicate columns: {sorted({c for c in have if have.count(c) > 1})}")
+    missing, extra = [c for c in want if c not in have], [c for c in have if c not in want]
+    if missing or extra:
+        raise ValueError(
+            f"table does not match the {name} schema: missing columns {missing}, unexpected columns {extra}"
+        )
+    columns = []
+    for field in schema:
+        column = table.column(field.name)
+        try:
+            column = column.cast(field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(
+                f"column {field.name!r}: cannot cast {column.type} to {field.type}: {exc}"
+            ) from exc
+        if not field.nullable and column.null_count:
+            raise ValueError(f"column {field.name!r} is required by the {name} schema but has nulls")
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+@timed_io
+def write_table(
+    table: pa.Table, run_dir: str | Path, relative_path: str, schema: pa.Schema | None = None
+) -> ArtifactRef:
+    """Write `table` as zstd parquet to run_dir/relative_path atomically (conformed to `schema`
+    when given) and return its reference."""
+    relative = _relative(relative_path)
+    final = Path(run_dir) / relative
+    if schema is not None:
+        try:
+            table = conform_table(table, schema)
+        except ValueError as exc:
+            raise ValueError(f"{final}: {exc}") from exc
+    if relative.startswith("iter=") and "iter" in table.column_names:
+        raise ValueError(f"{final}: a column named 'iter' would clash with the iter=NNNNNN folder")
+    digest = _atomic_write(final, lambda f: pq.write_table(table, f, compression=COMPRESSION))
+    return ArtifactRef(path=relative, digest=digest, rows=table.num_rows)
+
+
+@timed_io
+def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) -> pa.Table:
+    """Read a referenced parquet file; with `verify`, raise ArtifactCorrupt unless its digest matches."""
+    path = Path(run_dir) / ref.path
+    if verify:
+        actual = file_digest(path)
+        if actual != ref.digest:
+            raise ArtifactCorrupt(path, ref.digest, actual)
+    # A file, not a dataset: no partition columns are inferred from the iter= folder.
+    with pq.ParquetFile(path) as parquet:
+        return parquet.read()
+
+
+def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
+    """True when the referenced file exists and its digest matches; never raises for a missing file."""
+    try:
+        return file_digest(Path(run_dir) / ref.path) == ref.digest
+    except OSError:
+        return False
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a text file with the same temp-file, fsync and rename as every artifact."""
+    _atomic_write(Path(path), lambda f: f.write(text.encode()))
+
+
+@timed_io
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
+    data = _json_bytes(obj)
+    _atomic_write(Path(path), lambda f: f.write(data))
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n").encode()
+
+
+def read_json(path: str | Path) -> Any:
+    with _open_regular(path) as f:
+        return json.loads(f.read())
+
+
+def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
+    return Path(run_dir) / f"iter={_iteration(iteration):06d}"
+
+
+def stage_path(iteration: int, stage: str, part: int = 0) -> str:
+    """Relative path of a stage's parquet part: 'iter=000001/rollouts/part-00000.parquet'."""
+    if not _STAGE_NAME.match(stage):
+        raise ValueError(f"stage name {stage!r} must be lower-case letters, digits and '_'")
+    if part < 0:
+        raise ValueError(f"part must be >= 0, got {part}")
+    return f"iter={_iteration(iteration):06d}/{stage}/part-{part:05d}.parquet"
+
+
+def manifest_document(iteration: int, stages: Mapping[str, Mapping[str, Any]]) -> dict:
+    """iter=NNNNNN/_manifest.json's content: per stage its refs, rows, cache_key and seconds (extra
+    keys are kept)."""
+    entries = {}
+    for name, stage in sorted(stages.items()):
+        missing = [k for k in MANIFEST_STAGE_KEYS if k not in stage]
+        if missing:
+            raise ValueError(f"manifest entry for stage {name!r} lacks {missing}")
+        refs = [r if isinstance(r, ArtifactRef) else ArtifactRef.from_dict(r) for r in stage["refs"]]
+        entries[name] = {**stage, "refs": [r.to_dict() for r in refs]}
+    return {"iteration": _iteration(iteration), "stages": entries}
+
+
+@timed_io
+def write_manifest(
+    run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]
+) -> ArtifactRef:
+    """Write iter=NNNNNN/_manifest.json, the iteration's commit record (`manifest_document`). Call it
+    after every stage's files are written. Returns its reference (rows: the number of stages)."""
+    manifest = manifest_document(iteration, stages)
+    path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
+    digest = _atomic_write(path, lambda f: f.write(_json_bytes(manifest)))
+    return ArtifactRef(path=path.relative_to(run_dir).as_posix(), digest=digest, rows=len(manifest["stages"]))
+
+
+def read_manifest(run_dir: str | Path, iteration: int) -> dict | None:
+    """The iteration's manifest, or None when it was never committed."""
+    path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+
+
+def committed_iterations(run_dir: str | Path) -> list[int]:
+    """The iterations whose manifest is written (their stages all finished), in order."""
+    found = (p.parent.name.removeprefix("iter=") for p in Path(run_dir).glob(f"iter=*/{MANIFEST_NAME}"))
+    return sorted(int(n) for n in found if n.isdigit())
+
+
+def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
+    """The ArtifactRefs a manifest records for one stage."""
+    return [ArtifactRef.from_dict(r) for r in manifest["stages"][stage]["refs"]]
+
+
+def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> str:
+    """Write through `write` to a temp file beside `path`, fsync, rename, fsync the folder; return
+    the digest of the bytes written. On any failure remove the temp file and re-raise naming `path`."""
+    folder = path.parent
+    # A dot name with a .tmp suffix: never matched by the catalog's '*.parquet' globs.
+    tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest = file_digest(tmp)
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if not isinstance(exc, Exception) or str(path) in str(exc):
+            raise
+        raise _naming_path(exc, path) from exc
+    return digest
+
+
+def leads_outside(root: str | Path, path: str | Path) -> bool:
+    """Whether `path`, below `root`, goes through a link on the way (so that it is not root's own):
+    what ppoflow deletes or replaces must not be what a planted link points at. `root` itself may be
+    a link (a checkpoints folder moved to a larger disk)."""
+    root = Path(root)
+    expected = os.path.join(os.path.realpath(root), os.path.relpath(path, root))
+    return os.path.realpath(path) != os.path.normpath(expected)
+
+
+def remove_from_run(root: str | Path, path: str | Path) -> None:
+    """Delete a file or folder below `root` (nothing if it is gone); an OSError, deleting nothing,
+    when the path goes through a link below `root`."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if leads_outside(root, path):
+        raise OSError(errno.EPERM, "refusing to delete through a link inside the run", str(path))
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+_TEMP_FILE = re.compile(r"^\..+\.tmp(\.wal)?$")
+_STAGING_DIRS = ("checkpoints/iter=*/.*", "model/.*")
+
+
+def remove_stale_temp_files(run_dir: str | Path) -> int:
+    """Delete what writes killed before their rename left behind: temp files of atomic writes and
+    catalog rebuilds (`.<name>.<hex>.tmp`, and a DuckDB `.tmp.wal`) and checkpoint or model staging
+    folders. Call it only while holding the run's lock: then no live writer owns any of them.
+    Returns how many were removed."""
+    run_dir = Path(run_dir).resolve()
+    stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
+    stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
+    for path in stale:
+        if not leads_outside(run_dir, path):  # what a planted link points at is not the run's
+            remove_from_run(run_dir, path)
+    return len(stale)
+
+
+def _naming_path(exc: Exception, path: Path) -> Exception:
+    """The same kind of error, with a message that names the file that could not be written."""
+    try:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return type(exc)(exc.errno, f"{exc.strerror}; could not write", str(path))
+        return type(exc)(f"could not write {path}: {exc}")
+    except Exception:  # an exception type with an unusual constructor
+        return OSError(f"could not write {path}: {type(exc).__name__}: {exc}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    if os.name != "posix":  # Windows cannot open a directory for fsync; rename is already durable
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _relative(relative_path: str) -> str:
+    rel = PurePosixPath(relative_path)
+    if rel.is_absolute() or not rel.parts or ".." in rel.parts:
+        raise ValueError(f"artifact path must be relative to the run directory, got {relative_path!r}")
+    return rel.as_posix()
+
+
+def _iteration(iteration: int) -> int:
+    if isinstance(iteration, bool) or not isinstance(iteration, numbers.Integral) or iteration < 0:
+        raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
+    return int(iteration)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, ArtifactRef):
+        return obj.to_dict()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

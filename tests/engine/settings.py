@@ -1,0 +1,40 @@
+"""Engine settings for the engine's tests: the config's defaults (verl's), built the way a run
+builds them, with the fields a test sets. The engine itself has no defaults of its own."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+from ppoflow.conf import load_config
+from ppoflow.engine.optim import OptimSettings
+from ppoflow.engine.ppo import AdvantageSettings
+from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.stages.settings import RunSettings, run_settings
+
+MICRO = [  # verl leaves micro-batch sizes unset; a test sets the one it exercises
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+]
+
+
+@functools.cache
+def _defaults() -> RunSettings:
+    return run_settings(load_config(None, MICRO, base="verl", check_paths=False), total_steps=1)
+
+
+def actor_settings(**changes) -> ActorUpdateSettings:
+    return replace(_defaults().actor.update, **changes)
+
+
+def critic_settings(**changes) -> CriticUpdateSettings:
+    return replace(_defaults().critic.update, **changes)
+
+
+def optim_settings(**changes) -> OptimSettings:
+    return replace(_defaults().actor.optim, **changes)
+
+
+def advantage_settings(**changes) -> AdvantageSettings:
+    return replace(_defaults().advantages.estimator, **changes)
