@@ -100,7 +100,7 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     )
     share = (statistics.median(outside) + io_per_iteration) / median_wall
     print(f"outside engine compute: {share:.1%} of an iteration")
-    gen = sum(tokens) / sum(timing["rollout"])
+    gen = sum(tokens) / sum(timing["rollouts"])
     epochs = 4
     train = sum(tokens) * epochs / sum(timing["actor_update"])
     print(f"\ngeneration: {gen:,.0f} response tokens/s (sampling + old/ref log-probs)")

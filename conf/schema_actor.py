@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ppoflow.engine.names import LossAggMode
+from ppoflow.engine.names import LossAggMode, RolloutEngineName
 
 from .schema_common import (
     CheckpointConfig,
@@ -149,7 +149,7 @@ class ValKwargs(Section):
 class RolloutConfig(Section):
     """Response generation. Keys marked vLLM are used only by name=vllm."""
 
-    name: Literal["hf", "vllm"] = "hf"
+    name: RolloutEngineName = "hf"
     """Engine: hf is transformers' generate (CPU or GPU); vllm needs a GPU and the vllm extra."""
     mode: Literal["sync"] = "sync"
     """Only synchronous rollout is implemented."""

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, PFReweightMethod
+from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, KLControlType, PFReweightMethod
 
 from .schema_common import KLType, Section
 
@@ -13,7 +13,7 @@ from .schema_common import KLType, Section
 class KLControlConfig(Section):
     """Coefficient of the KL penalty in the reward (used when algorithm.use_kl_in_reward)."""
 
-    type: Literal["fixed", "adaptive"] = "fixed"
+    type: KLControlType = "fixed"
     """fixed keeps kl_coef; adaptive steers it towards target_kl (Ziegler et al. 2019)."""
     kl_coef: float = Field(0.001, ge=0)
     """Initial KL coefficient β."""

@@ -20,3 +20,7 @@ PFReweightMethod = Literal["pow", "max_min", "max_random"]
 """algorithm.pf_ppo.reweight_method: PF-PPO's sample weighting (engine/pf_ppo.py)."""
 FinishReason = Literal["stop", "length"]
 """Why a response ended: an EOS token, or the length limit."""
+KLControlType = Literal["fixed", "adaptive"]
+"""algorithm.kl_ctrl.type: β stays, or follows the measured KL toward target_kl (engine/kl.py)."""
+RolloutEngineName = Literal["hf", "vllm"]
+"""actor_rollout_ref.rollout.name: which engine generates."""

@@ -24,8 +24,8 @@ class OptimSettings:
     warmup_steps: int
     """lr_warmup_steps, or lr_warmup_steps_ratio × total_steps when that is negative."""
     total_steps: int
-    """The schedule's horizon: optim.total_training_steps, else the run's training steps (0 when the
-    schedule does not depend on it)."""
+    """The schedule's horizon: the run's training steps (0 when the schedule does not depend on it;
+    verl likewise sets optim.total_training_steps to the run's length)."""
     warmup_style: WarmupStyle
     min_lr_ratio: float
 

@@ -10,16 +10,12 @@ from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.run import Run, close_run, finish_run, open_run, set_torch_threads
 from ppoflow.tasks.stages.prepare_model import (
-    close_run,
     critic_state,
-    finish_run,
     model_source,
-    open_run,
     prepare_model,
     require_same_tokenizer,
-    set_torch_threads,
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.settings import run_settings, total_training_steps

@@ -5,7 +5,7 @@ the terminal then stops the server too, and the trainer spends a minute retrying
 record that the flow was interrupted; a trainer killed with SIGKILL leaves it running. This server
 is the same program (uvicorn serving Prefect's API on loopback, without the UI) started in a
 session of its own, so Ctrl-C reaches only the trainer, which reports to a live server and stops it
-on the way out; the kernel stops it if the trainer dies without doing so (tasks.processes).
+on the way out; the kernel stops it if the trainer dies without doing so (tasks/stages/processes.py).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
 
 def _train(config_file: str | None, overrides: list[str], log_file: Path, resume: str, ctrl_c: _CtrlC) -> int:
     from ppoflow.flows.train import ppo_train
-    from ppoflow.tasks.models.checkpoints import StateUnavailable
+    from ppoflow.tasks.storage.checkpoints import StateUnavailable
     from ppoflow.tasks.storage.lock import RunLocked
 
     try:

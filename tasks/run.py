@@ -1,13 +1,18 @@
 """The run handle every stage receives: where the run's files are, where its models live, and the
-clock of its file IO. Created once per run by the flow (`stages.prepare_model.open_run`)."""
+clock of its file IO; and the run's life: opened (lock taken, leftovers cleared, config written) and
+closed once per run by the flow."""
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppoflow.tasks.models.host import ModelHost
-from ppoflow.tasks.storage.tables import IOClock
+from ppoflow.tasks.storage.catalog import refresh_catalog
+from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.results import RESULTS_DIR
+from ppoflow.tasks.storage.tables import IOClock, remove_stale_temp_files, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -25,3 +30,46 @@ class Run:
     @property
     def path(self) -> Path:
         return Path(self.run_dir)
+
+
+def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False, device: str = "cpu") -> Run:
+    """Take the run directory's lock (one writer per run), clear what killed writes left behind,
+    and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
+    every stage again; the run's models live on `device` (trainer.device)."""
+    path = Path(run_dir).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    acquire_run_lock(path)
+    try:
+        _require_results_folder(path / RESULTS_DIR)
+        remove_stale_temp_files(path)
+        write_text_atomic(path / "config.yaml", config_yaml)
+    except BaseException:
+        release_run_lock(path)
+        raise
+    return Run(str(path), recompute=recompute, models=ModelHost(device))
+
+
+def _require_results_folder(path: Path) -> None:
+    """Stage results are kept in this folder; were it a file, Prefect would fail to keep any (in its
+    log only) and the run would silently lose its resume."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "stage results are kept in a folder; remove this", str(path))
+
+
+def finish_run(run: Run) -> Run:
+    """Refresh the catalog once more (a fully cached run wrote no new iteration)."""
+    refresh_catalog(run.path, clock=run.io)
+    return run
+
+
+def close_run(run: Run) -> None:
+    """Release the run directory's lock (also after a failure)."""
+    release_run_lock(run.path)
+
+
+def set_torch_threads(num_threads: int | None) -> None:
+    """trainer.num_threads: on a busy 2-core machine one thread can beat two; None keeps torch's choice."""
+    if num_threads:
+        import torch
+
+        torch.set_num_threads(num_threads)

@@ -148,3 +148,22 @@ def test_every_closed_vocabulary_is_defined_once():
     assert {values: where for values, where in defined.items() if len(where) > 1} == {}
     names = ROOT / "engine" / "names.py"
     assert imported_modules(names) == {"typing"}, "engine/names.py must import nothing but typing"
+
+
+TASKS_ORDER = ["faults", "storage", "observe", "models", "run", "retraining", "stages"]
+"""tasks/'s parts, each importing only those before it: the run's storage knows nothing of models or
+stages, where models live knows nothing of the DAG."""
+
+
+def test_the_parts_of_tasks_import_only_the_parts_below_them():
+    modules = module_files()
+    wrong = []
+    for name, path in modules.items():
+        if not name.startswith("ppoflow.tasks."):
+            continue
+        part = name.split(".")[2]
+        for target in imports_of(name, path, modules):
+            other = target.split(".")[2] if target.startswith("ppoflow.tasks.") else part
+            if TASKS_ORDER.index(other) > TASKS_ORDER.index(part):
+                wrong.append(f"{name} imports {target}")
+    assert wrong == []

@@ -16,9 +16,9 @@ import torch
 
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
 from ppoflow.engine.optim import OptimSettings, build_optimizer
-from ppoflow.tasks.models.checkpoints import StateUnavailable, Trainable, model_dir, optim_path, verified_dir
 from ppoflow.tasks.models.replay import apply_update
 from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.storage.checkpoints import StateUnavailable, Trainable, model_dir, optim_path, verified_dir
 from ppoflow.tasks.storage.states import ModelState
 
 if TYPE_CHECKING:

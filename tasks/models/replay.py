@@ -14,7 +14,7 @@ from ppoflow.engine.update import (
     update_actor,
     update_critic,
 )
-from ppoflow.tasks.models.checkpoints import Trainable
+from ppoflow.tasks.storage.checkpoints import Trainable
 from ppoflow.tasks.storage.states import UpdateInputs
 from ppoflow.tasks.storage.tables import read_table
 from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor

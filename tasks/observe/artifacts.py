@@ -59,7 +59,7 @@ def _rounded(value: Any) -> Any:
 
 
 class PrefectArtifacts:
-    """A tracking backend (see tasks/tracking.py) writing Prefect artifacts."""
+    """A tracking backend (see tasks/observe/tracking.py) writing Prefect artifacts."""
 
     @staticmethod
     def active() -> bool:

@@ -47,7 +47,7 @@ def wandb_mode(environ: dict[str, str] | None = None) -> str:
 
 
 class WandbLogger:
-    """A tracking backend (see tasks/tracking.py): one wandb run per training run."""
+    """A tracking backend (see tasks/observe/tracking.py): one wandb run per training run."""
 
     def __init__(self, cfg, run_path: Path):
         import wandb

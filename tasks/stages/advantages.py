@@ -15,7 +15,7 @@ from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
 from ppoflow.engine.ppo import compute_advantage_stage, unpad
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.run import Run
-from ppoflow.tasks.stages.settings import AdvantagesSettings, PFPPOSettings
+from ppoflow.tasks.stages.settings import AdvantageStageSettings, PFPPOSettings
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
@@ -32,7 +32,7 @@ def advantages(
     rollouts: ArtifactRef,
     rewards: ArtifactRef,
     kl_coef: float,
-    settings: AdvantagesSettings,
+    settings: AdvantageStageSettings,
 ) -> StageResult:
     """Values V(s_t) from the critic (GAE only), token-level rewards (minus β·KL when
     algorithm.use_kl_in_reward), then the configured estimator's advantages and returns. Reports

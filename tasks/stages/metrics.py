@@ -17,6 +17,7 @@ from ppoflow.engine.metrics import (
     reduce_update_steps,
 )
 from ppoflow.engine.ppo import pad_rows
+from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.rewards import reward_error_metrics
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
@@ -121,5 +122,6 @@ def metrics(
         total_tokens=tokens["all"], step_seconds=timing["step"], n_devices=n_devices
     )
     values |= memory_metrics()
+    inject_fault("metrics", step)
     ref = write_table(metrics_table(values, step), run.path, stage_path(step, "metrics"), clock=run.io)
     return StageResult("metrics", (ref,), current_cache_key(), timer.seconds, tuple(sorted(values.items())))

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.checkpoints import prune_checkpoints, save_checkpoint
 from ppoflow.tasks.models.replay import apply_update, update_steps
 from ppoflow.tasks.observe.console import progress_bar
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import current_cache_key, digest_of
+from ppoflow.tasks.storage.checkpoints import prune_checkpoints, save_checkpoint
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, UpdateInputs, timing_values
 from ppoflow.tasks.storage.tables import stage_path, write_table

@@ -1,4 +1,5 @@
-"""Before the first iteration: the run directory and the base model (prompts: tasks/ingest.py)."""
+"""The `prepare_model` stage: the base model of a run (the built-in tiny model, a GGUF file, a local or
+cached Hugging Face directory), and the critic it starts from."""
 
 from __future__ import annotations
 
@@ -17,15 +18,11 @@ from prefect import task
 from ppoflow.conf.model_paths import local_model_path
 from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
-from ppoflow.tasks.models.checkpoints import directory_digest
-from ppoflow.tasks.models.host import ModelHost
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
-from ppoflow.tasks.storage.catalog import refresh_catalog
-from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
-from ppoflow.tasks.storage.results import RESULTS_DIR
+from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.states import ModelState
-from ppoflow.tasks.storage.tables import leads_outside, remove_stale_temp_files, write_text_atomic
+from ppoflow.tasks.storage.tables import leads_outside
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 SMOLLM2 = "builtin:smollm2-135m-instruct"
@@ -33,30 +30,6 @@ SMOLLM2 = "builtin:smollm2-135m-instruct"
 BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)
 BUILTIN_DATA = "builtin:addition"
 BUILTIN_TRAIN_ROWS = 2048
-
-
-def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False, device: str = "cpu") -> Run:
-    """Take the run directory's lock (one writer per run), clear what killed writes left behind,
-    and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
-    every stage again; the run's models live on `device` (trainer.device)."""
-    path = Path(run_dir).resolve()
-    path.mkdir(parents=True, exist_ok=True)
-    acquire_run_lock(path)
-    try:
-        _require_results_folder(path / RESULTS_DIR)
-        remove_stale_temp_files(path)
-        write_text_atomic(path / "config.yaml", config_yaml)
-    except BaseException:
-        release_run_lock(path)
-        raise
-    return Run(str(path), recompute=recompute, models=ModelHost(device))
-
-
-def _require_results_folder(path: Path) -> None:
-    """Stage results are kept in this folder; were it a file, Prefect would fail to keep any (in its
-    log only) and the run would silently lose its resume."""
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(errno.ENOTDIR, "stage results are kept in a folder; remove this", str(path))
 
 
 def cache_root() -> Path:
@@ -215,22 +188,3 @@ def critic_state(base: ModelState) -> ModelState:
     return ModelState(
         role="critic", lineage=digest_of("critic", base.lineage), step=0, checkpoint=base.checkpoint
     )
-
-
-def finish_run(run: Run) -> Run:
-    """Refresh the catalog once more (a fully cached run wrote no new iteration)."""
-    refresh_catalog(run.path, clock=run.io)
-    return run
-
-
-def close_run(run: Run) -> None:
-    """Release the run directory's lock (also after a failure)."""
-    release_run_lock(run.path)
-
-
-def set_torch_threads(num_threads: int | None) -> None:
-    """trainer.num_threads: on a busy 2-core machine one thread can beat two; None keeps torch's choice."""
-    if num_threads:
-        import torch
-
-        torch.set_num_threads(num_threads)

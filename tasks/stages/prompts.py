@@ -1,5 +1,6 @@
-"""Ingest: JSON/JSONL/parquet prompts (or the built-in task) → data/<split>.parquet, and every source
-row that cannot become a prompt → data/rejects_<split>.parquet with its file, line and reason.
+"""The `prompts` stage (ingest): JSON/JSONL/parquet prompts (or the built-in task) →
+data/<split>.parquet, and every source row that cannot become a prompt → data/rejects_<split>.parquet
+with its file, line and reason.
 
 Bad input is handled per row, so one broken line never sinks a file; nothing is dropped silently:
 each rejected row is in the rejects table and counted in the summary line, and the ingest fails when

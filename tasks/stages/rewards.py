@@ -25,7 +25,7 @@ from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, wr
 
 
 def reward_components(
-    data_source: str, response: str, ground_truth: str, gsm8k_method: Gsm8kMethod = "strict"
+    data_source: str, response: str, ground_truth: str, gsm8k_method: Gsm8kMethod
 ) -> dict[str, float]:
     """The rule reward of `data_source` as named components in [0, 1] (verl selects by data_source)."""
     match data_source:
@@ -53,12 +53,12 @@ def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.T
         )
         for row in rows
     ]
-    fail = reward.get("on_error", "fail") == "fail"
-    custom = reward.get("custom_function")
+    fail = reward["on_error"] == "fail"
+    custom = reward["custom_function"]
     if custom is not None:
         outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
     else:
-        method = reward.get("gsm8k_method", "strict")
+        method = reward["gsm8k_method"]
         outcomes = [_builtin(call, reward["weights"], method) for call in calls]
     if fail:
         _raise_on_failures(rows, outcomes)

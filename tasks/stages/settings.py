@@ -5,9 +5,9 @@ repeats one. A stage's settings are part of its cache key, so a change to one se
 the keys of the stages that read it.
 
 The walk of a value, e.g. `actor_rollout_ref.actor.clip_ratio`: the config field
-(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (here) → `RunSettings.actor.update`
-→ the `actor_update` stage (its `settings` parameter, recorded in `UpdateInputs` for replay) →
-`engine.update.update_actor` → `engine.losses.compute_policy_loss`.
+(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (engine/update.py, built here)
+→ `RunSettings.actor.update` → the `actor_update` stage (its `settings` parameter, recorded in
+`UpdateInputs` for replay) → `engine.update.update_actor` → `engine.losses.compute_policy_loss`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
-from ppoflow.engine.names import PFReweightMethod, Truncation
+from ppoflow.engine.names import KLControlType, PFReweightMethod, RolloutEngineName, Truncation
 from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
@@ -39,7 +39,7 @@ class DataSettings:
 class RolloutSettings:
     """Generating one step's responses (actor_rollout_ref.rollout.*)."""
 
-    engine: str
+    engine: RolloutEngineName
     """rollout.name: "hf" (transformers) or "vllm"."""
     n: int
     prompt_length: int
@@ -60,15 +60,15 @@ class RolloutSettings:
 class ValidationSettings:
     """Generating and scoring validation answers (rollout.val_kwargs.*)."""
 
-    engine: str
+    engine: RolloutEngineName
     n: int
     """val_kwargs.n answers per prompt."""
     prompt_length: int
     truncation: Truncation
     sampling: SamplingParams
     """val_kwargs' temperature, top_p, top_k, do_sample."""
-    log_generations: int
-    """trainer.log_val_generations."""
+    log_generations: int = field(metadata={"cache_key": False})
+    """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class PFPPOSettings:
 
 
 @dataclass(frozen=True)
-class AdvantagesSettings:
+class AdvantageStageSettings:
     """Values, token-level rewards and advantages (algorithm.*)."""
 
     estimator: AdvantageSettings
@@ -106,7 +106,7 @@ class UpdateSettings:
 class KLControlSettings:
     """algorithm.kl_ctrl.*: β between iterations."""
 
-    type: str
+    type: KLControlType
     target_kl: float
     horizon: int
 
@@ -116,7 +116,7 @@ class RunSettings:
     data: DataSettings
     rollout: RolloutSettings
     validation: ValidationSettings
-    advantages: AdvantagesSettings
+    advantages: AdvantageStageSettings
     actor: UpdateSettings
     critic: UpdateSettings | None
     """None when the estimator needs no critic."""
@@ -168,7 +168,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
             log_generations=cfg.trainer.log_val_generations,
         ),
-        advantages=AdvantagesSettings(
+        advantages=AdvantageStageSettings(
             estimator=AdvantageSettings(
                 adv_estimator=algorithm.adv_estimator,
                 gamma=algorithm.gamma,

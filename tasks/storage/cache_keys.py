@@ -18,12 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.states import ModelState, StageResult
 from ppoflow.tasks.storage.tables import ArtifactRef
 
 TASKS_DIR = Path(__file__).resolve().parents[1]
-STORAGE_FORMAT = ("tables.py", "schemas.py", "metric_docs.py", "tensors.py", "states.py")
+STORAGE_FORMAT = ("tables.py", "schemas.py", "metric_docs.py", "tensors.py", "states.py", "checkpoints.py")
 """The storage modules that shape what a stage writes (parquet layout, schemas and their column docs,
 the tensors read back, result types)."""
 
@@ -51,8 +50,6 @@ def identity(obj: Any) -> Any:
         return [obj.stage, [r.digest for r in obj.refs]]
     if isinstance(obj, ModelState):
         return [obj.role, obj.lineage]
-    if isinstance(obj, Run):
-        return None
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {
             f.name: identity(getattr(obj, f.name))

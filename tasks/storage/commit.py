@@ -17,16 +17,29 @@ if TYPE_CHECKING:
 
 
 def commit_step(run: Run, step: int, results: list[StageResult]) -> None:
-    """Write step `step`'s manifest from its stages' results (unless the one on disk already says
-    exactly that: a step served from cache leaves its files as they are), then refresh the catalog."""
+    """Write step `step`'s manifest from its stages' results, then refresh the catalog. A manifest on
+    disk that names the same files and cache keys is kept as it is: a step served from cache leaves its
+    files alone, and a stage recomputed to the same output keeps the seconds the step's (cached)
+    metrics were computed from."""
     stages = {r.stage: _entry(r) for r in results}
     try:
         current = read_manifest(run.path, step)
     except (OSError, ValueError):
         current = None
-    if current != json.loads(json.dumps(manifest_document(step, stages))):
+    wanted = json.loads(json.dumps(manifest_document(step, stages)))
+    if current is None or _outputs(current) != _outputs(wanted):
         write_manifest(run.path, step, stages, clock=run.io)
     refresh_catalog_if_stale(run.path, clock=run.io)
+
+
+def _outputs(manifest: dict) -> dict:
+    """A manifest without its wall-clock fields."""
+    stages = manifest.get("stages", {}) if isinstance(manifest, dict) else {}
+    return {
+        name: {k: v for k, v in entry.items() if k not in ("seconds", "timers")}
+        for name, entry in stages.items()
+        if isinstance(entry, dict)
+    }
 
 
 def _entry(result: StageResult) -> dict:

@@ -58,8 +58,9 @@ METRIC_DOCS: dict[str, str] = {
     "timing_s/step": "Sum of the step's stage seconds (verl's step timer); equals perf/time_per_step.",
     "timing_s/<timer>": "Wall seconds of one of verl's timers, as the stage that measured it recorded "
     "it in the iteration's manifest (the first run's when served from cache): gen (rollouts: generation, "
-    "reading and writing), old_log_prob and ref (rollouts), reward (rewards), values and adv "
-    "(advantages), update_critic and update_actor (with saving), testing (validation).",
+    "reading and writing, and loading the actor when it is not in memory), old_log_prob and ref "
+    "(rollouts), reward (rewards), values (with loading the critic) and adv (advantages), "
+    "update_critic and update_actor (with saving), testing (validation).",
     "timing_per_token_ms/<timer>": "1000 · timing_s/<timer> per token: response tokens for gen, prompt + "
     "response tokens for ref, values, adv, update_critic, update_actor (verl's counts).",
     "perf/total_num_tokens": "Prompt + response tokens of the batch (verl's Σ global_token_num).",

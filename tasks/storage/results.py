@@ -19,18 +19,20 @@ import math
 import shutil
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect.serializers import Serializer
 from pydantic import Field
 
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
-from ppoflow.tasks.models.checkpoints import state_files_intact
-from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import key_for
+from ppoflow.tasks.storage.checkpoints import state_files_intact
 from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.run import Run
 
 RESULTS_DIR = ".prefect-results"
 SERIALIZER_TYPE = "ppoflow-json"

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ppoflow.engine.data import batch_rows
-from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.run import Run
 
 STATE_FILE = "trainer_state.json"
 
@@ -25,20 +29,24 @@ def _saved(run: Run, state: ModelState | None) -> dict | None:
 
 
 def record_trainer_state(run: Run, step: int, state: TrainState, data_position: dict) -> None:
-    """Write the trainer state beside the step's checkpoints (only steps that saved one)."""
+    """Write the trainer state beside the step's checkpoints (only steps that saved one; unless the
+    file already holds it, so a step served from cache rewrites nothing)."""
     folder = run.path / f"checkpoints/iter={step:06d}"
     if not (folder / "actor").is_dir() and not (folder / "critic").is_dir():
         return
-    write_json_atomic(
-        folder / STATE_FILE,
-        {
-            "global_step": step,
-            "kl_coef": state.kl_coef,  # β for step + 1 (verl does not save it; a resume must not reset it)
-            "data": data_position,
-            "actor": _saved(run, state.actor),
-            "critic": _saved(run, state.critic),
-        },
-    )
+    record = {
+        "global_step": step,
+        "kl_coef": state.kl_coef,  # β for step + 1 (verl does not save it; a resume must not reset it)
+        "data": data_position,
+        "actor": _saved(run, state.actor),
+        "critic": _saved(run, state.critic),
+    }
+    try:
+        if read_json(folder / STATE_FILE) == json.loads(json.dumps(record)):
+            return
+    except (OSError, ValueError):
+        pass
+    write_json_atomic(folder / STATE_FILE, record)
 
 
 def data_position(n_rows: int, step: int, *, train_batch_size: int, shuffle: bool, seed: int) -> dict:

@@ -57,6 +57,8 @@ def config(path, *, on_error="zero", timeout_s=5.0, name="compute_score", weight
         "weights": weights or {"correctness": 0.9, "format": 0.1},
         "timeout_s": timeout_s,
         "on_error": on_error,
+        "gsm8k_method": "strict",
+        "reward_fn_key": "data_source",
         "custom_function": custom,
     }
 
