@@ -12,7 +12,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .schema_checks import DERIVED, get_key
+from .schema_checks import followed_source, get_key
 from .schema_common import ConfigError
 
 if TYPE_CHECKING:
@@ -261,21 +261,16 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
 )
 
 
-def _follows_a_refused_key(cfg: "PPOFlowConfig", key: str) -> bool:
-    """A derived key (critic.model.tokenizer_path) holding the value of the key it follows, which is
-    refused in its own right: one refusal, at the key the user set."""
-    sources = [s for s in DERIVED.get(key, ()) if get_key(cfg, s) is not None][:1]
-    refused = {rule.key for rule in UNSUPPORTED if rule.refused(get_key(cfg, rule.key), cfg)}
-    return any(get_key(cfg, s) == get_key(cfg, key) and s in refused for s in sources)
-
-
 def check_supported(cfg: "PPOFlowConfig", where: Callable[[str], str]) -> None:
     """A ConfigError naming every key whose value would change the run in a way ppoflow cannot do;
-    `where(key)` says which layer set it."""
+    `where(key)` says which layer set it. A derived key (critic.model.tokenizer_path) that holds
+    the value of a refused key is not named again: one refusal, at the key the user set."""
+    refused = [rule for rule in UNSUPPORTED if rule.refused(get_key(cfg, rule.key), cfg)]
+    keys = {rule.key for rule in refused}
     problems = [
         f"{rule.key}={get_key(cfg, rule.key)!r} ({where(rule.key)}): {rule.why}"
-        for rule in UNSUPPORTED
-        if rule.refused(get_key(cfg, rule.key), cfg) and not _follows_a_refused_key(cfg, rule.key)
+        for rule in refused
+        if followed_source(cfg, rule.key) not in keys
     ]
     if problems:
         raise ConfigError("\n".join(problems), keys=[rule.key for rule in UNSUPPORTED])

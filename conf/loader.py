@@ -123,10 +123,10 @@ MODEL_PATH_KEYS = {
 (`org/name`, which a relative path can look like)."""
 
 
-def _absolute(assignment: Assignment, folder: Path | None) -> Assignment:
+def _absolute(assignment: Assignment, folder: Path) -> Assignment:
     """A path-valued assignment with `~` expanded and a relative path joined to `folder` (a config
-    file's real folder; None: the working directory). A model key keeps a value that names no local
-    path (a Hugging Face id)."""
+    file's real folder, or the working directory for an override), links resolved. A model key keeps
+    a value that names no local path (a Hugging Face id)."""
     model = assignment.path in MODEL_PATH_KEYS
 
     def resolve(name: Any) -> Any:
@@ -134,10 +134,10 @@ def _absolute(assignment: Assignment, folder: Path | None) -> Assignment:
             return name
         path = Path(name).expanduser()
         if not path.is_absolute():
-            path = (folder or Path.cwd()) / path
+            path = folder / path
         if model and not path.exists():
             return name
-        return str(path.resolve()) if model or folder is not None else str(path)
+        return str(path.resolve())
 
     if assignment.path not in PATH_KEYS | MODEL_PATH_KEYS:
         return assignment

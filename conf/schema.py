@@ -15,7 +15,7 @@ from pydantic_core import to_jsonable_python
 from .effects import without_effect
 from .schema_actor import ActorRolloutRefConfig
 from .schema_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
-from .schema_checks import DERIVED, resolve_and_check
+from .schema_checks import DERIVED, followed_source, resolve_and_check
 from .schema_common import Section, section_type
 from .schema_critic import CriticConfig
 from .schema_data import DataConfig
@@ -96,8 +96,7 @@ class PPOFlowConfig(Section):
             value = value_at(self, key)
             if key in self._origins or value is None or value == default_of(key):
                 continue
-            source = next((s for s in sources if value_at(self, s) == value), sources[0])
-            followed[key] = f"follows {source}"
+            followed[key] = f"follows {followed_source(self, key) or sources[0]}"
         return followed
 
     def origin_of(self, key: str) -> str:
@@ -112,14 +111,9 @@ class PPOFlowConfig(Section):
             for key, origin in self._origins.items()
             if not origin.startswith("embedded default")
             and value_at(self, key) != default_of(key)
-            and not self._as_followed(key)
+            and followed_source(self, key) is None  # a read-back effective config: as it would be anyway
         ]
         return without_effect(self, chosen)
-
-    def _as_followed(self, key: str) -> bool:
-        """A derived key set to the value it would follow anyway (a read-back effective config)."""
-        sources = DERIVED.get(key, ())
-        return any(value_at(self, source) == value_at(self, key) for source in sources[:1])
 
     def no_effect_warning(self) -> str | None:
         """One line naming the keys set that have no effect in this run, grouped by why; or None."""

@@ -71,6 +71,13 @@ def _set_explicitly(cfg: BaseModel, key: str) -> bool:
     return name in get_key(cfg, parent).model_fields_set
 
 
+def followed_source(cfg: BaseModel, key: str) -> str | None:
+    """The key a derived `key` holds the value of (its first source that is set, when the values
+    agree), or None: e.g. critic.model.tokenizer_path → actor_rollout_ref.model.path."""
+    source = next((s for s in DERIVED.get(key, ()) if get_key(cfg, s) is not None), None)
+    return source if source is not None and get_key(cfg, source) == get_key(cfg, key) else None
+
+
 def _fill_derived(cfg: "PPOFlowConfig") -> None:
     for key, sources in DERIVED.items():
         if get_key(cfg, key) is None:

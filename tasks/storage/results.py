@@ -143,17 +143,14 @@ FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
 }
 """The type of every field a stored result may set: a record that decodes to anything else is
 unreadable (recomputed), not a failure later in the stage that uses it."""
-ALLOWED_VALUES: dict[tuple[type, str], tuple] = {}
-"""(class, field) → the values a Literal-typed field may take."""
 
 
 def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
     """Field types of an engine settings dataclass, from its annotations (every field of these is
-    a number, a bool, a tuple of numbers or one of a Literal's values)."""
+    a number, a bool, a tuple of numbers or one of a Literal's values, stored as a string)."""
     types = {}
     for name, hint in typing.get_type_hints(cls).items():
         if typing.get_origin(hint) is typing.Literal:
-            ALLOWED_VALUES[(cls, name)] = typing.get_args(hint)
             types[name] = (str,)
         elif hint is bool:
             types[name] = (bool,)
@@ -167,6 +164,13 @@ def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
 
 
 FIELD_TYPES |= {cls: _settings_field_types(cls) for cls in SETTINGS_TYPES}
+ALLOWED_VALUES: dict[tuple[type, str], tuple] = {
+    (cls, name): typing.get_args(hint)
+    for cls in SETTINGS_TYPES
+    for name, hint in typing.get_type_hints(cls).items()
+    if typing.get_origin(hint) is typing.Literal
+}
+"""(class, field) → the values a Literal-typed field may take."""
 
 
 def _check_fields(cls: type, fields: dict[str, Any]) -> None:
