@@ -6,6 +6,7 @@ made it, so each error names the key, the layer, the bad value and what is expec
 import copy
 import difflib
 import functools
+import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -132,7 +133,7 @@ def _absolute(assignment: Assignment, folder: Path) -> Assignment:
     def resolve(name: Any) -> Any:
         if not isinstance(name, str) or not _is_local(name):
             return name
-        path = Path(name).expanduser()
+        path = Path(os.path.expanduser(name))  # "~someone" of no such user stays as written
         if not path.is_absolute():
             path = folder / path
         if model and not path.exists():

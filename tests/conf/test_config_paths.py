@@ -113,6 +113,12 @@ def test_a_linked_config_file_reads_paths_from_where_it_really_lives(tmp_path, m
         assert load_config(path, MICRO).data.train_files == str(tmp_path / "repo" / "data" / "train.jsonl")
 
 
+def test_the_home_of_a_user_that_does_not_exist_is_a_missing_file_not_a_crash(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="data file .*~no-such-user-here/x.jsonl.* does not exist"):
+        load_config(None, ["data.train_files=~no-such-user-here/x.jsonl"])
+
+
 def test_home_is_expanded_in_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "t.jsonl").write_text("{}\n")
