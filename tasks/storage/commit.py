@@ -27,18 +27,20 @@ def commit_step(run: Run, step: int, results: list[StageResult]) -> None:
     except (OSError, ValueError):
         current = None
     wanted = json.loads(json.dumps(manifest_document(step, stages)))
-    if current is None or _outputs(current) != _outputs(wanted):
+    if _outputs(current) is None or _outputs(current) != _outputs(wanted):
         write_manifest(run.path, step, stages, clock=run.io)
     refresh_catalog_if_stale(run.path, clock=run.io)
 
 
-def _outputs(manifest: dict) -> dict:
-    """A manifest without its wall-clock fields."""
-    stages = manifest.get("stages", {}) if isinstance(manifest, dict) else {}
+def _outputs(manifest: object) -> dict | None:
+    """A manifest without its wall-clock fields; None for a file that is not a manifest (a damaged
+    or planted one, which is then written again)."""
+    stages = manifest.get("stages") if isinstance(manifest, dict) else None
+    if not isinstance(stages, dict) or not all(isinstance(e, dict) for e in stages.values()):
+        return None
     return {
         name: {k: v for k, v in entry.items() if k not in ("seconds", "timers")}
         for name, entry in stages.items()
-        if isinstance(entry, dict)
     }
 
 
