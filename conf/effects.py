@@ -108,21 +108,25 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         _hf_rollout,
     ),
     NoEffect(
-        ("trainer.nnodes", "trainer.n_gpus_per_node"),
-        "updates run in one process; the world size only enters verl's batch-size checks",
-        lambda cfg: cfg.world_size > 1,
-    ),
-    NoEffect(
         (
             "actor_rollout_ref.actor.strategy",
             "critic.strategy",
             "*.fsdp_config.*",
             "*.deepspeed_config.*",
-            "actor_rollout_ref.hybrid_engine",
-            "actor_rollout_ref.model.use_shm",
-            "trainer.balance_batch",
         ),
-        "training runs in one process, without FSDP or DeepSpeed sharding",
+        "world_size is 1 (trainer.nnodes × trainer.n_gpus_per_node): training runs in this process, "
+        "unsharded",
+        lambda cfg: cfg.world_size == 1,
+    ),
+    NoEffect(
+        ("*.fsdp_config.*",),
+        "FSDP2 shards every decoder layer over all ranks, without offloading; the reference policy "
+        "is a whole copy on each rank",
+        lambda cfg: cfg.world_size > 1,
+    ),
+    NoEffect(
+        ("actor_rollout_ref.hybrid_engine", "actor_rollout_ref.model.use_shm", "trainer.balance_batch"),
+        "each rank generates and trains on contiguous shares of the batch; weights stay in memory",
     ),
     NoEffect(
         (
@@ -190,6 +194,23 @@ def _not_the_actor_model(value: Any, cfg: "PPOFlowConfig") -> bool:
 
 
 UNSUPPORTED: tuple[Unsupported, ...] = (
+    *(
+        Unsupported(
+            f"{section}.strategy",
+            lambda value, cfg, critic=section == "critic": (
+                cfg.world_size > 1 and value == "torch" and (cfg.use_critic or not critic)
+            ),
+            "strategy=torch trains in one process, but world_size (trainer.nnodes × "
+            "trainer.n_gpus_per_node) is above 1: set it to fsdp2 (verl's default fsdp runs as "
+            "fsdp2) or deepspeed",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+    ),
+    Unsupported(
+        "algorithm.use_pf_ppo",
+        lambda value, cfg: value and cfg.world_size > 1,
+        "PF-PPO's resampled batch is not split over several ranks yet: train it with world_size 1",
+    ),
     Unsupported(
         "actor_rollout_ref.rollout.name",
         lambda value, cfg: value != "hf",

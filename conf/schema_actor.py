@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ppoflow.engine.names import LossAggMode, RolloutEngineName
+from ppoflow.engine.names import LossAggMode, RolloutEngineName, Strategy
 
 from .schema_common import (
     CheckpointConfig,
@@ -16,7 +16,6 @@ from .schema_common import (
     OptimConfig,
     Section,
     Seed,
-    Strategy,
 )
 
 
@@ -53,8 +52,9 @@ class ActorModelConfig(ModelSource):
 class ActorConfig(Section):
     """The clipped-surrogate policy update (PPO loss, optional KL loss and entropy bonus)."""
 
-    strategy: Strategy = "torch"
-    """Training backend: torch is one process or DDP; fsdp/fsdp2/deepspeed shard across GPUs."""
+    strategy: Strategy = "fsdp"
+    """How training is spread when world_size > 1: fsdp or fsdp2 (torch FSDP2) or deepspeed (ZeRO);
+    torch trains in one process only. With world_size 1 every strategy trains in one process."""
     ppo_mini_batch_size: int = Field(256, gt=0)
     """Prompts per optimizer step, over all GPUs; each brings rollout.n responses."""
     ppo_micro_batch_size: int | None = Field(None, gt=0)
@@ -185,6 +185,9 @@ class RolloutConfig(Section):
     """vLLM: release the KV cache after generating, for the update's memory."""
     enable_chunked_prefill: bool = True
     """vLLM: split long prefills into chunks."""
+    micro_batch_size: int = Field(256, gt=0)
+    """hf engine: responses generated together on one device (a device's share of a step is
+    generated in batches of this many)."""
     log_prob_micro_batch_size: int | None = Field(None, gt=0)
     """Deprecated global micro-batch in responses; use log_prob_micro_batch_size_per_gpu."""
     log_prob_micro_batch_size_per_gpu: int | None = Field(None, gt=0)

@@ -189,7 +189,6 @@ Seed = Annotated[int, Field(ge=0, lt=2**32)]
 """A random seed in numpy's and transformers' range; a larger one overflows torch's generator once
 ppoflow derives per-step seeds from it (seed × 1,000,003 + step)."""
 
-Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
 KLType = KLPenalty
 CheckpointContent = Literal["model", "optimizer", "extra", "hf_model"]
 

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ppoflow.engine.names import LossAggMode
+from ppoflow.engine.names import LossAggMode, Strategy
 
 from .schema_actor import ModelSource
 from .schema_common import (
@@ -14,7 +14,6 @@ from .schema_common import (
     FsdpConfig,
     OptimConfig,
     Section,
-    Strategy,
 )
 
 
@@ -37,8 +36,9 @@ class CriticModelConfig(ModelSource):
 class CriticConfig(Section):
     """The value-function update."""
 
-    strategy: Strategy = "torch"
-    """Training backend: torch is one process or DDP; fsdp/fsdp2/deepspeed shard across GPUs."""
+    strategy: Strategy = "fsdp"
+    """How training is spread when world_size > 1: fsdp or fsdp2 (torch FSDP2) or deepspeed (ZeRO);
+    torch trains in one process only. With world_size 1 every strategy trains in one process."""
     rollout_n: int | None = Field(None, gt=0)
     """Responses per prompt; always actor_rollout_ref.rollout.n (None fills it in)."""
     optim: CriticOptimConfig = Field(default_factory=CriticOptimConfig)

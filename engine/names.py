@@ -24,3 +24,6 @@ KLControlType = Literal["fixed", "adaptive"]
 """algorithm.kl_ctrl.type: β stays, or follows the measured KL toward target_kl (engine/kl.py)."""
 RolloutEngineName = Literal["hf", "vllm"]
 """actor_rollout_ref.rollout.name: which engine generates."""
+
+Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
+"""How an update is spread over devices: torch (one process), fsdp/fsdp2 (torch's FSDP2), deepspeed."""

@@ -16,7 +16,7 @@ import torch
 from .advantages import AdvEstimator, compute_advantages
 from .forward import SequenceBatch, compute_log_probs
 from .kl import KLPenalty, apply_kl_penalty
-from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad
+from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad, sample_seed
 
 
 def build_sequence_batch(
@@ -70,15 +70,19 @@ def generate_rollouts(
     pad_token_id: int,
     micro_batch_size: int,
     ref_micro_batch_size: int | None = None,
+    first_prompt: int = 0,
     on_batch: Callable[[int], None] | None = None,
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
     trainer's forward pass at the sampling temperature, `micro_batch_size` (and
-    `ref_micro_batch_size`, default the same) sequences at a time."""
+    `ref_micro_batch_size`, default the same) sequences at a time. Response j of prompt i samples
+    from `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt`
+    on of a step's batch generates what one device given the whole batch would."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
+    seeds = [sample_seed(seed, first_prompt + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     started = time.perf_counter()
-    out = engine.generate(repeated, params, seed=seed, on_batch=on_batch, on_tokens=on_tokens)
+    out = engine.generate(repeated, params, seeds=seeds, on_batch=on_batch, on_tokens=on_tokens)
     batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     temperature = params.logit_temperature
     generated = time.perf_counter()

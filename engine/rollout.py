@@ -11,6 +11,7 @@ the sampled token, *before* top-k / top-p filtering, which is what the trainer r
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,12 +63,14 @@ class RolloutEngine(Protocol):
         prompt_ids: Sequence[Sequence[int]],
         params: SamplingParams,
         *,
-        seed: int,
+        seeds: Sequence[int],
         on_batch: Callable[[int], None] | None = None,
         on_tokens: Callable[[int], None] | None = None,
     ) -> RolloutOutput:
-        """Generate one response per prompt (repeat a prompt n times for n samples); `on_batch(k)`
-        after k responses are finished, `on_tokens(k)` after k more tokens are generated."""
+        """Generate one response per prompt (repeat a prompt n times for n samples), response i
+        sampled from its own random stream `seeds[i]` (so a response does not depend on the other
+        prompts of its batch, or on which device generated it); `on_batch(k)` after k responses are
+        finished, `on_tokens(k)` after k more tokens are generated."""
         ...
 
 
@@ -93,10 +96,18 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class HFRolloutEngine:
-    """Batched sampling with a `transformers` causal LM and its KV cache.
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The random stream of one response: sample `sample_index` of the prompt at `prompt_index` in
+    a step's batch, under the step's `seed`. Independent of how the batch is split over devices."""
+    digest = hashlib.blake2b(f"{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # torch.Generator takes a non-negative int64
 
-    Deterministic for a given seed and prompt list: sampling uses its own `torch.Generator`.
+
+class HFRolloutEngine:
+    """Batched sampling with a `transformers` causal LM and its KV cache, `batch_size` prompts at a
+    time (actor_rollout_ref.rollout.micro_batch_size on one device).
+
+    Deterministic for given seeds and prompts: each response samples from its own `torch.Generator`.
     """
 
     def __init__(
@@ -114,22 +125,26 @@ class HFRolloutEngine:
         self._cache_kw = cache_keyword(model)
 
     @torch.no_grad()
-    def generate(self, prompt_ids, params, *, seed, on_batch=None, on_tokens=None) -> RolloutOutput:
+    def generate(self, prompt_ids, params, *, seeds, on_batch=None, on_tokens=None) -> RolloutOutput:
+        if len(seeds) != len(prompt_ids):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: one seed per response")
         was_training = self.model.training
         self.model.eval()
-        generator = torch.Generator().manual_seed(seed)
         out = RolloutOutput()
         try:
             for start in range(0, len(prompt_ids), self.batch_size):
                 chunk = prompt_ids[start : start + self.batch_size]
-                out.extend(self._generate_batch(chunk, params, generator, on_tokens))
+                generators = [
+                    torch.Generator().manual_seed(s) for s in seeds[start : start + self.batch_size]
+                ]
+                out.extend(self._generate_batch(chunk, params, generators, on_tokens))
                 if on_batch is not None:
                     on_batch(len(chunk))
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_batch(self, prompts, params: SamplingParams, generator, on_tokens=None) -> RolloutOutput:
+    def _generate_batch(self, prompts, params: SamplingParams, generators, on_tokens=None) -> RolloutOutput:
         device = next(self.model.parameters()).device
         input_ids, attention_mask = left_pad(prompts, self.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -150,7 +165,7 @@ class HFRolloutEngine:
             )
             cache = getattr(result, self._cache_kw)
             logits = result.logits[:, -1, :].float() / params.logit_temperature
-            next_ids = self._pick(logits, params, generator)
+            next_ids = self._pick(logits, params, generators)
             next_ids = torch.where(done, torch.full_like(next_ids, self.pad_token_id), next_ids)
             token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, next_ids[:, None])[:, 0]
             tokens.append(next_ids)
@@ -166,12 +181,13 @@ class HFRolloutEngine:
             attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=-1)
         return _collect(torch.stack(tokens, 1), torch.stack(log_probs, 1), lengths, done)
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, generator) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, generators) -> torch.Tensor:
         if not params.do_sample or params.temperature <= 0:
             return logits.argmax(dim=-1)
         filtered = filter_logits(logits, top_k=params.top_k, top_p=params.top_p)
-        probs = torch.softmax(filtered, dim=-1)
-        return torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(logits.device)
+        probs = torch.softmax(filtered, dim=-1).cpu()
+        picks = [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generators, strict=True)]
+        return torch.cat(picks).to(logits.device)
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -145,6 +145,6 @@ def greedy_accuracy(model, tokenizer, problems: list[AdditionProblem], max_new_t
         model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
     )
     prompts = [tokenizer(p.prompt)["input_ids"] for p in problems]
-    out = engine.generate(prompts, SamplingParams.greedy(max_new_tokens), seed=0)
+    out = engine.generate(prompts, SamplingParams.greedy(max_new_tokens), seeds=[0] * len(prompts))
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     return sum(t.strip() == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)

@@ -19,6 +19,10 @@ from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
 from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
 from .metrics import reduce_update_steps
+from .parallel import LocalStepper
+
+Stepper = LocalStepper
+"""Backward, optimizer step and metric reduction of one rank (engine/parallel.py)."""
 
 
 @dataclass(frozen=True)
@@ -87,15 +91,6 @@ def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: in
             yield epoch, index, rows
 
 
-def clip_and_step(model, optimizer, grad_clip: float) -> float:
-    """Clip gradients to `grad_clip`, step unless the norm is not finite; the pre-clip norm."""
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    if torch.isfinite(grad_norm):
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm)
-
-
 MicroLoss = Callable[
     [torch.Tensor, SequenceBatch, float], tuple[torch.Tensor, dict[str, float], dict[str, float]]
 ]
@@ -105,7 +100,7 @@ MicroLoss = Callable[
 
 def _optimize(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    stepper: Stepper,
     batch: SequenceBatch,
     settings: ActorUpdateSettings | CriticUpdateSettings,
     seed: int,
@@ -114,9 +109,11 @@ def _optimize(
     on_step: Callable[[int], None] | None,
 ) -> UpdateResult:
     """The loop both updates share: epochs × mini-batches (one clipped optimizer step each) ×
-    micro-batches (gradient accumulation over the whole mini-batch's denominator). Per step, loss
-    terms are summed over micro-batches (each is already a share of the mini-batch loss) and
-    token-level metrics are weighted by each micro-batch's share of the valid tokens."""
+    micro-batches (gradient accumulation over the whole mini-batch's denominator). With several
+    ranks, each takes its contiguous share of every mini-batch (`stepper.rank` of `stepper.world`)
+    and the strategy reduces the gradients. Per step, loss terms are summed over micro-batches (each
+    is already a share of the mini-batch loss) and token-level metrics are weighted by each
+    micro-batch's share of the valid tokens, then both are summed over the ranks."""
     model.train()
     device = model_device(model)
     steps: list[dict[str, float]] = []
@@ -126,19 +123,21 @@ def _optimize(
     ):
         mask = batch.response_mask[rows]
         denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float, {"epoch": epoch, "mini_batch": index})
-        for micro in rows.split(s.micro_batch_size):
+        step: dict[str, float] = defaultdict(float)
+        micros = rows.chunk(stepper.world)[stepper.rank].split(s.micro_batch_size)
+        for position, micro in enumerate(micros):
             part = batch.select(micro).to(device)
             loss, summed, token_means = micro_loss(micro, part, denominator)
-            loss.backward()
+            stepper.backward(loss, last=position == len(micros) - 1)
             share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
             for name, value in summed.items():
                 step[name] += value
             for name, value in token_means.items():
                 step[name] += value * share
-        step[f"{role}/grad_norm"] = clip_and_step(model, optimizer, s.grad_clip)
-        step[f"{role}/lr"] = optimizer.param_groups[0]["lr"]
-        steps.append(dict(step))
+        step = stepper.reduce(step) | {"epoch": epoch, "mini_batch": index}
+        step[f"{role}/grad_norm"] = stepper.step(s.grad_clip)
+        step[f"{role}/lr"] = stepper.lr
+        steps.append(step)
         if on_step is not None:
             on_step(1)
     return UpdateResult(steps)
@@ -155,9 +154,11 @@ def update_actor(
     settings: ActorUpdateSettings,
     seed: int,
     on_step: Callable[[int], None] | None = None,
+    stepper: Stepper | None = None,
 ) -> UpdateResult:
     """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step;
-    `seed` orders the mini-batches when settings.shuffle."""
+    `seed` orders the mini-batches when settings.shuffle. `stepper` spreads it over ranks
+    (engine/parallel.py); by default it runs in this process."""
     if settings.use_kl_loss and ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref_log_probs")
     s = settings
@@ -193,7 +194,8 @@ def update_actor(
             pg_metrics = pg_metrics | {"actor/kl_coef": s.kl_loss_coef}  # a share-weighted constant
         return loss, summed, pg_metrics
 
-    return _optimize(model, optimizer, batch, settings, seed, "actor", micro_loss, on_step)
+    stepper = stepper or LocalStepper(model, optimizer)
+    return _optimize(model, stepper, batch, settings, seed, "actor", micro_loss, on_step)
 
 
 def update_critic(
@@ -206,6 +208,7 @@ def update_critic(
     settings: CriticUpdateSettings,
     seed: int,
     on_step: Callable[[int], None] | None = None,
+    stepper: Stepper | None = None,
 ) -> UpdateResult:
     """Clipped value-loss regression of V(s_t) onto `returns`: one `critic/*` row per optimizer step."""
     s = settings
@@ -228,4 +231,5 @@ def update_critic(
         }
         return vf_loss, {"critic/vf_loss": vf_loss.item()}, token_means
 
-    return _optimize(critic, optimizer, batch, settings, seed, "critic", micro_loss, on_step)
+    stepper = stepper or LocalStepper(critic, optimizer)
+    return _optimize(critic, stepper, batch, settings, seed, "critic", micro_loss, on_step)

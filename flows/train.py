@@ -8,6 +8,7 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
+from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
 from ppoflow.tasks.run import Run, close_run, finish_run, open_run, set_torch_threads
@@ -18,7 +19,7 @@ from ppoflow.tasks.stages.prepare_model import (
     require_same_tokenizer,
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
-from ppoflow.tasks.stages.settings import run_settings, total_training_steps
+from ppoflow.tasks.stages.settings import role_layouts, run_settings, total_training_steps
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
@@ -44,6 +45,7 @@ def train(cfg: PPOFlowConfig) -> dict:
         cfg.to_yaml(origins=True),
         recompute=cfg.trainer.resume_mode == "disable",
         device=cfg.trainer.device,
+        group=GroupPlan(cfg.world_size, cfg.trainer.device, num_threads=cfg.trainer.num_threads),
     )
     if (warning := cfg.no_effect_warning()) is not None:
         say(f"ppoflow: {warning}")
@@ -67,6 +69,8 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     first, state = _starting_state(cfg, base, critic_base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     settings = run_settings(cfg, total)
+    if isinstance(run.models, WorkerGroupHost):
+        run.models.assign(run, role_layouts(cfg, settings))
     tracking = Tracking(cfg, run.path, total)
     history = []
 

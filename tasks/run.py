@@ -5,10 +5,12 @@ closed once per run by the flow."""
 from __future__ import annotations
 
 import errno
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.results import RESULTS_DIR
@@ -22,7 +24,7 @@ class Run:
 
     run_dir: str
     recompute: bool = False
-    models: ModelHost = field(default_factory=ModelHost, compare=False, repr=False)
+    models: ModelHost | WorkerGroupHost = field(default_factory=ModelHost, compare=False, repr=False)
     """Where the run's actor, critic and reference live (`run.models.model(state)`)."""
     io: IOClock = field(default_factory=IOClock, compare=False, repr=False)
     """Seconds spent reading and writing the run's files."""
@@ -32,12 +34,22 @@ class Run:
         return Path(self.run_dir)
 
 
-def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False, device: str = "cpu") -> Run:
+def open_run(
+    run_dir: str | Path,
+    config_yaml: str,
+    *,
+    recompute: bool = False,
+    device: str = "cpu",
+    group: GroupPlan | None = None,
+) -> Run:
     """Take the run directory's lock (one writer per run), clear what killed writes left behind,
     and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
-    every stage again; the run's models live on `device` (trainer.device)."""
+    every stage again; the run's models live on `device` (trainer.device), in this process or, with
+    a `group` of world size > 1, in a worker group (started by `WorkerGroupHost.assign`)."""
     path = Path(run_dir).resolve()
     path.mkdir(parents=True, exist_ok=True)
+    if device == "cpu":  # DeepSpeed (imported by transformers' integrations too) would warn it found no GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     acquire_run_lock(path)
     try:
         _require_results_folder(path / RESULTS_DIR)
@@ -46,7 +58,8 @@ def open_run(run_dir: str | Path, config_yaml: str, *, recompute: bool = False, 
     except BaseException:
         release_run_lock(path)
         raise
-    return Run(str(path), recompute=recompute, models=ModelHost(device))
+    models = WorkerGroupHost(group) if group is not None and group.world_size > 1 else ModelHost(device)
+    return Run(str(path), recompute=recompute, models=models)
 
 
 def _require_results_folder(path: Path) -> None:
@@ -63,8 +76,11 @@ def finish_run(run: Run) -> Run:
 
 
 def close_run(run: Run) -> None:
-    """Release the run directory's lock (also after a failure)."""
-    release_run_lock(run.path)
+    """Stop the run's workers and release the run directory's lock (also after a failure)."""
+    try:
+        run.models.close()
+    finally:
+        release_run_lock(run.path)
 
 
 def set_torch_threads(num_threads: int | None) -> None:

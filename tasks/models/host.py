@@ -5,24 +5,46 @@ Stages hand each other `ModelState` references; the host turns a reference into 
 the newest trained state of each role in memory, so consecutive stages never reload weights, and
 the frozen reference policy once; a state it does not hold (a resumed run, a stage served from
 cache) comes from its intact checkpoint, or is rebuilt by replaying the updates since the last one.
-This is the seam for placing models elsewhere (worker processes, several devices).
+Stages ask the host for what they need computed (rollouts, values, an update, a checkpoint), so the
+same stages drive `workers.WorkerGroupHost`, which keeps the models sharded over worker processes.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
 from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.engine.ppo import Rollouts
+from ppoflow.engine.rollout import RolloutOutput, SamplingParams
+from ppoflow.engine.update import UpdateResult
+from ppoflow.tasks.models.generation import RolloutRequest, generate_share, rollout_share
 from ppoflow.tasks.models.replay import apply_update
 from ppoflow.tasks.observe.console import say
-from ppoflow.tasks.storage.checkpoints import StateUnavailable, Trainable, model_dir, optim_path, verified_dir
-from ppoflow.tasks.storage.states import ModelState
+from ppoflow.tasks.storage.checkpoints import (
+    StateUnavailable,
+    Trainable,
+    load_optimizer_state,
+    model_dir,
+    save_checkpoint,
+    verified_dir,
+)
+from ppoflow.tasks.storage.states import ModelState, UpdateInputs
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
+
+
+def saved_tokenizer_dir(run: Run, state: ModelState) -> Path:
+    """The checkpoint directory of `state`, or of its nearest saved ancestor: the tokenizer there is
+    the state's (training never changes it, and every checkpoint carries the base model's)."""
+    while state.checkpoint is None and state.origin is not None:
+        state = state.origin.parent
+    return model_dir(run, state)
 
 
 class ModelHost:
@@ -35,6 +57,71 @@ class ModelHost:
         self._live: dict[str, tuple[str, Trainable]] = {}  # role → (lineage, its trainable)
         self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy
         self._tokenizers: dict[str, object] = {}  # checkpoint directory → tokenizer
+        self._trained: dict[str, Trainable] = {}  # role → trained by `train`, not yet kept
+
+    def rollouts(
+        self,
+        run: Run,
+        actor: ModelState,
+        reference: ModelState | None,
+        prompt_ids: list[list[int]],
+        request: RolloutRequest,
+        progress=None,
+    ) -> Rollouts:
+        """rollout.n responses per prompt of a step's batch, with old and reference log-probs."""
+        return rollout_share(
+            self.model(run, actor),
+            self.reference(run, reference) if reference is not None else None,
+            self.tokenizer(run, actor),
+            prompt_ids,
+            request,
+            on_batch=progress,
+            on_tokens=getattr(progress, "tokens", None),
+        )
+
+    def generate(
+        self,
+        run: Run,
+        actor: ModelState,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        seeds: list[int],
+        *,
+        engine: str,
+        batch_size: int,
+        progress=None,
+    ) -> RolloutOutput:
+        """One response per prompt (validation), response i sampled from `seeds[i]`."""
+        return generate_share(
+            self.model(run, actor),
+            self.tokenizer(run, actor),
+            prompt_ids,
+            sampling,
+            seeds,
+            engine=engine,
+            batch_size=batch_size,
+            on_batch=progress,
+            on_tokens=getattr(progress, "tokens", None),
+        )
+
+    def values(self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
+        """V(s_t) of every response token of `batch` (N, T)."""
+        return compute_values(self.model(run, critic), batch, micro_batch_size=micro_batch_size)
+
+    def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
+        """Apply one update to the parent state of `inputs` (in place); `keep` names the result,
+        `drop` discards it."""
+        value = self.trainable(run, inputs.parent, inputs.optim)
+        self._live.pop(role, None)  # no longer the parent state, whatever happens next
+        self._trained[role] = value
+        return apply_update(run, role, inputs, value, self.tokenizer(run, inputs.parent), on_step=on_step)
+
+    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str]:
+        """Save what `train` produced: checkpoints/iter=N/<role>/; (directory, digest)."""
+        return save_checkpoint(run, role, step, self._trained[role], tokenizer, clock=run.io)
+
+    def close(self) -> None:
+        """Nothing to release: the models go with the process."""
 
     def trainable(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
         """The model, optimizer and LR schedule of `state`, to train: in memory, else from its intact
@@ -82,20 +169,21 @@ class ModelHost:
     def tokenizer(self, run: Run, state: ModelState):
         """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
         changes the tokenizer, and every checkpoint carries the base model's)."""
-        while state.checkpoint is None and state.origin is not None:
-            state = state.origin.parent
-        directory = str(model_dir(run, state))
+        directory = str(saved_tokenizer_dir(run, state))
         if directory not in self._tokenizers:
             self._tokenizers[directory] = load_tokenizer(directory)
         return self._tokenizers[directory]
 
-    def keep(self, state: ModelState, value: Trainable) -> None:
-        """Hold `value` as the newest state of its role (the previous one is released)."""
+    def keep(self, state: ModelState, value: Trainable | None = None) -> None:
+        """Hold `value` (by default what `train` produced for the role) as the newest state of its
+        role (the previous one is released)."""
+        value = value if value is not None else self._trained.pop(state.role)
         self._live[state.role] = (state.lineage, value)
 
     def drop(self, role: str) -> None:
         """Release the model of `role` (after a failed update left it half-trained)."""
         self._live.pop(role, None)
+        self._trained.pop(role, None)
 
     def _live_value(self, state: ModelState) -> Trainable | None:
         live = self._live.get(state.role)
@@ -106,9 +194,7 @@ class ModelHost:
         model = self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
         optimizer, scheduler = build_optimizer(model, optim)
         if state.step > 0:
-            saved = torch.load(optim_path(directory), weights_only=True)
-            optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
+            load_optimizer_state(directory, model, optimizer, scheduler)
         return Trainable(model, optimizer, scheduler)
 
     def _placed(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -5,10 +5,14 @@ one trained originally (same parent, same cached rollout and advantage tables, s
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
+
+import torch
 
 from ppoflow.engine.update import (
     CriticUpdateSettings,
+    Stepper,
     UpdateResult,
     count_steps,
     update_actor,
@@ -16,7 +20,7 @@ from ppoflow.engine.update import (
 )
 from ppoflow.tasks.storage.checkpoints import Trainable
 from ppoflow.tasks.storage.states import UpdateInputs
-from ppoflow.tasks.storage.tables import read_table
+from ppoflow.tasks.storage.tables import IOClock, read_table
 from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
 
 if TYPE_CHECKING:
@@ -39,11 +43,38 @@ def apply_update(
     """Train `value` (the parent state, in place) on the step's rollouts and advantages, then step
     the LR schedule: PPO's policy update for the actor, value regression for the critic. The
     mini-batch order is seeded by the step."""
-    rollouts = read_table(run.path, inputs.rollouts, clock=run.io)
-    advantages = read_table(run.path, inputs.advantages, clock=run.io)
+    return run_update(
+        run.path,
+        role,
+        inputs,
+        value.model,
+        value.optimizer,
+        value.scheduler,
+        tokenizer.pad_token_id,
+        on_step=on_step,
+        clock=run.io,
+    )
+
+
+def run_update(
+    run_dir: str | Path,
+    role: str,
+    inputs: UpdateInputs,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    pad_token_id: int,
+    *,
+    stepper: Stepper | None = None,
+    on_step: Callable[[int], None] | None = None,
+    clock: IOClock | None = None,
+) -> UpdateResult:
+    """`apply_update` on one rank of a worker group (`stepper`: its strategy), or in this process."""
+    rollouts = read_table(Path(run_dir), inputs.rollouts, clock=clock)
+    advantages = read_table(Path(run_dir), inputs.advantages, clock=clock)
     order = [i for i, w in enumerate(advantages["train_weight"].to_pylist()) for _ in range(w)]  # PF-PPO
     rollouts, advantages = rollouts.take(order), advantages.take(order)
-    batch = sequence_batch(rollouts, tokenizer.pad_token_id)
+    batch = sequence_batch(rollouts, pad_token_id)
     width = batch.response_ids.shape[1]
     if role == "critic":
         if not isinstance(inputs.settings, CriticUpdateSettings):
@@ -51,19 +82,20 @@ def apply_update(
                 f"a critic update needs CriticUpdateSettings, got {type(inputs.settings).__name__}"
             )
         result = update_critic(
-            value.model,
-            value.optimizer,
+            model,
+            optimizer,
             batch,
             values=token_tensor(advantages, "values", width),
             returns=token_tensor(advantages, "returns", width),
             settings=inputs.settings,
             seed=inputs.step,
             on_step=on_step,
+            stepper=stepper,
         )
     else:
         result = update_actor(
-            value.model,
-            value.optimizer,
+            model,
+            optimizer,
             batch,
             old_log_probs=token_tensor(rollouts, "old_log_probs", width),
             advantages=token_tensor(advantages, "advantages", width),
@@ -71,6 +103,7 @@ def apply_update(
             settings=inputs.settings,
             seed=inputs.step,
             on_step=on_step,
+            stepper=stepper,
         )
-    value.scheduler.step()
+    scheduler.step()
     return result

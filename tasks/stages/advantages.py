@@ -9,7 +9,6 @@ import pyarrow as pa
 import torch
 from prefect import task
 
-from ppoflow.engine.forward import compute_values
 from ppoflow.engine.kl import kl_penalty
 from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
 from ppoflow.engine.ppo import compute_advantage_stage, unpad
@@ -49,9 +48,7 @@ def advantages(
     values, phases = None, {}
     if critic is not None:
         started = time.perf_counter()
-        values = compute_values(
-            run.models.model(run, critic), batch, micro_batch_size=settings.values_micro_batch_size
-        )
+        values = run.models.values(run, critic, batch, micro_batch_size=settings.values_micro_batch_size)
         phases["values"] = time.perf_counter() - started
     estimator = settings.estimator
     result = compute_advantage_stage(

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.replay import apply_update, update_steps
+from ppoflow.tasks.models.replay import update_steps
 from ppoflow.tasks.observe.console import progress_bar
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import current_cache_key, digest_of
-from ppoflow.tasks.storage.checkpoints import prune_checkpoints, save_checkpoint
+from ppoflow.tasks.storage.checkpoints import prune_checkpoints
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, UpdateInputs, timing_values
 from ppoflow.tasks.storage.tables import stage_path, write_table
@@ -39,12 +39,11 @@ def train_state(
     and the new state. The new state's lineage is its parent's and this stage's cache key."""
     stage = f"{role}_update"
     timer, key = StageTimer(), current_cache_key()
-    value = run.models.trainable(run, inputs.parent, inputs.optim)
     try:  # the model is trained in place: if anything fails, it is no longer the parent state
         total = update_steps(inputs, inputs.rollouts.rows)
         tokenizer = run.models.tokenizer(run, inputs.parent)
         with progress_bar(f"step {inputs.step} {role} update", total=total) as progress:
-            result = apply_update(run, role, inputs, value, tokenizer, on_step=progress)
+            result = run.models.train(run, role, inputs, on_step=progress)
         inject_fault(stage, inputs.step)
         ref = write_table(
             _step_table(result.steps, role),
@@ -56,7 +55,7 @@ def train_state(
         parent = inputs.parent
         state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
         if save:
-            checkpoint, digest = save_checkpoint(run, role, inputs.step, value, tokenizer, clock=run.io)
+            checkpoint, digest = run.models.save(run, role, inputs.step, tokenizer)
             prune_checkpoints(run, role, keep_checkpoints)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
@@ -65,7 +64,7 @@ def train_state(
     except BaseException:
         run.models.drop(role)
         raise
-    run.models.keep(state, value)
+    run.models.keep(state)
     seconds = timer.seconds
     return StageResult(stage, (ref,), key, seconds, timing_values({VERL_TIMERS[role]: seconds})), state
 

@@ -6,9 +6,8 @@ import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.data import batch_rows, truncate_prompt
-from ppoflow.engine.ppo import generate_rollouts
-from ppoflow.engine.rollout import HFRolloutEngine
 from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.observe.console import progress_bar
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.settings import DataSettings, RolloutSettings
@@ -73,24 +72,18 @@ def rollouts(
     rows = table.take(rows_ids).to_pylist()
     tokenizer = run.models.tokenizer(run, actor)
     rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
-    model = run.models.model(run, actor)
-    engine = rollout_engine(settings.engine, model, tokenizer)
     rollout_seed = settings.seed * 1_000_003 + step
+    request = RolloutRequest(
+        engine=settings.engine,
+        n=settings.n,
+        sampling=settings.sampling,
+        seed=rollout_seed,
+        generation_batch_size=settings.generation_batch_size,
+        log_prob_micro_batch_size=settings.log_prob_micro_batch_size,
+        ref_log_prob_micro_batch_size=settings.ref_log_prob_micro_batch_size,
+    )
     with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:
-        out = generate_rollouts(
-            engine,
-            model,
-            run.models.reference(run, reference) if reference else None,
-            [ids for _, ids in rendered],
-            n=settings.n,
-            params=settings.sampling,
-            seed=rollout_seed,
-            pad_token_id=tokenizer.pad_token_id,
-            micro_batch_size=settings.log_prob_micro_batch_size,
-            ref_micro_batch_size=settings.ref_log_prob_micro_batch_size,
-            on_batch=progress,
-            on_tokens=progress.tokens,
-        )
+        out = run.models.rollouts(run, actor, reference, [ids for _, ids in rendered], request, progress)
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     columns = {
         "prompt_id": [rows[i]["prompt_id"] for i in out.prompt_index],
@@ -117,24 +110,3 @@ def rollouts(
     seconds = timer.seconds  # read once: the timers add up to the stage's seconds
     phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
     return StageResult("rollouts", (ref,), current_cache_key(), seconds, timing_values(phases))
-
-
-def rollout_engine(name: str, model, tokenizer) -> HFRolloutEngine:
-    """actor_rollout_ref.rollout.name: "hf" (transformers, CPU or GPU). The RolloutEngine protocol is
-    the seam for a vLLM engine; until one is wired in, asking for it is a clear error, not a fallback."""
-    if name != "hf":
-        raise NotImplementedError(
-            f"actor_rollout_ref.rollout.name={name}: ppoflow's {name} rollout engine is not available yet; "
-            "use actor_rollout_ref.rollout.name=hf (transformers)"
-        )
-    return HFRolloutEngine(
-        model, eos_token_ids=_eos_ids(tokenizer, model), pad_token_id=tokenizer.pad_token_id
-    )
-
-
-def _eos_ids(tokenizer, model) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config (chat models often have two)."""
-    ids = {tokenizer.eos_token_id}
-    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(configured if isinstance(configured, list) else [configured])
-    return sorted(i for i in ids if i is not None)

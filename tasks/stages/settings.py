@@ -22,6 +22,7 @@ from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.stages.reward_functions import custom_function_section
 
 
@@ -54,6 +55,8 @@ class RolloutSettings:
     """ref.log_prob_micro_batch_size_per_gpu."""
     seed: int
     """rollout.seed, else trainer.seed."""
+    generation_batch_size: int
+    """rollout.micro_batch_size: responses generated together on one device."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class ValidationSettings:
     truncation: Truncation
     sampling: SamplingParams
     """val_kwargs' temperature, top_p, top_k, do_sample."""
+    generation_batch_size: int
+    """rollout.micro_batch_size."""
     log_generations: int = field(metadata={"cache_key": False})
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
 
@@ -150,6 +155,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
         ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
+        generation_batch_size=arr.rollout.micro_batch_size,
     )
     pf = algorithm.pf_ppo
     return RunSettings(
@@ -166,6 +172,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             prompt_length=arr.rollout.prompt_length,
             truncation=cfg.data.truncation,
             sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
+            generation_batch_size=arr.rollout.micro_batch_size,
             log_generations=cfg.trainer.log_val_generations,
         ),
         advantages=AdvantageStageSettings(
@@ -214,8 +221,32 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         save_freq=cfg.trainer.save_freq,
         val_before_train=cfg.trainer.val_before_train,
         total_steps=total_steps,
-        n_devices=1,  # updates run in one process
+        n_devices=cfg.world_size,
     )
+
+
+def role_layouts(cfg: PPOFlowConfig, settings: RunSettings) -> dict[str, RoleLayout]:
+    """How the actor (and the critic) are spread over a worker group of cfg.world_size ranks:
+    verl's strategy keys (fsdp runs as FSDP2) and each rank's micro-batches per mini-batch."""
+    world = cfg.world_size
+
+    def layout(section, update: UpdateSettings) -> RoleLayout:
+        strategy = "deepspeed" if section.strategy == "deepspeed" else "fsdp2"
+        loop = update.update
+        return RoleLayout(
+            strategy=strategy,
+            zero_stage=section.deepspeed_config.zero_stage,
+            offload_optimizer=section.deepspeed_config.offload_optimizer,
+            micro_batch_size=loop.micro_batch_size,
+            micro_batches=loop.mini_batch_size // world // loop.micro_batch_size,
+            grad_clip=loop.grad_clip,
+            optim=update.optim,
+        )
+
+    layouts = {"actor": layout(cfg.actor_rollout_ref.actor, settings.actor)}
+    if settings.critic is not None:
+        layouts["critic"] = layout(cfg.critic, settings.critic)
+    return layouts
 
 
 def sampling_params(source, response_length: int) -> SamplingParams:

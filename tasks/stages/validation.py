@@ -7,11 +7,12 @@ import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.metrics import compute_validation_metrics
+from ppoflow.engine.rollout import sample_seed
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar, show_generations
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
-from ppoflow.tasks.stages.rollouts import render_prompts, rollout_engine
+from ppoflow.tasks.stages.rollouts import render_prompts
 from ppoflow.tasks.stages.settings import ValidationSettings
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import SCHEMAS
@@ -32,14 +33,21 @@ def validation(
     (verl's timer: testing)."""
     timer = StageTimer()
     rows = read_table(run.path, prompts, clock=run.io).to_pylist()
-    tokenizer, model = run.models.tokenizer(run, actor), run.models.model(run, actor)
+    tokenizer = run.models.tokenizer(run, actor)
     rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
     n = settings.n
-    engine = rollout_engine(settings.engine, model, tokenizer)
     prompt_ids = [ids for _, ids in rendered for _ in range(n)]
+    seeds = [sample_seed(step, i, j) for i in range(len(rendered)) for j in range(n)]
     with progress_bar(f"step {step} validate", total=len(prompt_ids)) as progress:
-        out = engine.generate(
-            prompt_ids, settings.sampling, seed=step, on_batch=progress, on_tokens=progress.tokens
+        out = run.models.generate(
+            run,
+            actor,
+            prompt_ids,
+            settings.sampling,
+            seeds,
+            engine=settings.engine,
+            batch_size=settings.generation_batch_size,
+            progress=progress,
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     index = [i for i in range(len(rows)) for _ in range(n)]

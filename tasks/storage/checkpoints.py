@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -112,10 +113,11 @@ def verified_dir(run: Run, state: ModelState) -> Path:
 
 
 @timed_io
-def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer) -> tuple[str, str]:
-    """Write checkpoints/iter=NNNNNN/<role>/ (an HF directory with tokenizer) and <role>.optim.pt;
-    returns (directory relative to the run, checkpoint digest). Files are staged and renamed into
-    place; a crash in between leaves a checkpoint whose digest does not match, which is never used."""
+def write_checkpoint(run: Run, role: str, step: int, fill: Callable[[Path, Path], None]) -> tuple[str, str]:
+    """Write checkpoints/iter=NNNNNN/<role>/ and <role>.optim.pt with `fill(model directory,
+    optimizer file)`; returns (directory relative to the run, checkpoint digest). Files are staged
+    and renamed into place; a crash in between leaves a checkpoint whose digest does not match,
+    which is never used."""
     relative = f"checkpoints/iter={step:06d}/{role}"
     final = run.path / relative
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -124,10 +126,7 @@ def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
     optim_tmp = final.parent / f".{role}.optim.pt.tmp"
     try:
-        value.model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        state = {"optimizer": value.optimizer.state_dict(), "scheduler": value.scheduler.state_dict()}
-        torch.save(state, optim_tmp)
+        fill(staging, optim_tmp)
         inject_fault("checkpoint", step)
         remove_from_run(run.path / "checkpoints", final)
         os.replace(staging, final)
@@ -137,6 +136,65 @@ def save_checkpoint(run: Run, role: str, step: int, value: Trainable, tokenizer)
         optim_tmp.unlink(missing_ok=True)
         raise
     return relative, checkpoint_digest(final)
+
+
+def save_checkpoint(
+    run: Run, role: str, step: int, value: Trainable, tokenizer, *, clock=None
+) -> tuple[str, str]:
+    """A model trained in this process: an HF directory with its tokenizer, and its optimizer state
+    keyed by parameter name (loadable at any world size)."""
+
+    def fill(directory: Path, optimizer_file: Path) -> None:
+        value.model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        state = {
+            "optimizer": named_optimizer_state(value.model, value.optimizer),
+            "scheduler": value.scheduler.state_dict(),
+        }
+        torch.save(state, optimizer_file)
+
+    return write_checkpoint(run, role, step, fill, clock=clock)
+
+
+def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` with each parameter named as in the model instead of numbered: the
+    layout of torch.distributed's full optimizer state dict, which any world size can load."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved = optimizer.state_dict()
+    return {
+        "state": {order[i]: value for i, value in saved["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
+
+
+def numbered_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named: dict) -> dict:
+    """The inverse of `named_optimizer_state`, for `optimizer.load_state_dict`; a state whose names
+    do not match the model's parameters is an error naming the first that differs."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    index = {name: i for i, name in enumerate(order)}
+    saved_names = [n for g in named["param_groups"] for n in g["params"]]
+    if sorted(saved_names) != sorted(order):
+        differing = sorted(set(saved_names) ^ set(order))
+        raise StateUnavailable(
+            f"the saved optimizer state does not match the model's parameters ({differing[0]})"
+        )
+    return {
+        "state": {index[name]: value for name, value in named["state"].items()},
+        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
+    }
+
+
+def load_optimizer_state(directory: Path, model: torch.nn.Module, optimizer, scheduler) -> None:
+    """Restore the optimizer and LR schedule saved beside `directory` (by parameter name; a file
+    written by an earlier ppoflow numbers them instead)."""
+    saved = torch.load(optim_path(directory), weights_only=True)
+    state = saved["optimizer"]
+    if any(isinstance(name, str) for g in state["param_groups"] for name in g["params"]):
+        state = numbered_optimizer_state(model, optimizer, state)
+    optimizer.load_state_dict(state)
+    scheduler.load_state_dict(saved["scheduler"])
 
 
 def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:

@@ -66,8 +66,6 @@ def test_ppoflow_config_says_where_each_value_came_from(tmp_path):
 VERL_QUICKSTART_NO_EFFECT = [
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    "trainer.n_gpus_per_node=2",
-    "actor_rollout_ref.actor.strategy=fsdp",
     "actor_rollout_ref.actor.fsdp_config.param_offload=true",
     "critic.model.enable_gradient_checkpointing=true",
     "actor_rollout_ref.model.use_remove_padding=true",
@@ -76,7 +74,9 @@ VERL_QUICKSTART_NO_EFFECT = [
 ]
 
 
-TWO_GPUS_FIT = [  # micro-batches that fit a per-GPU share of two GPUs: these keys take effect
+TWO_GPUS_FIT = [  # two devices, FSDP2, micro-batches that fit a per-GPU share: these keys take effect
+    "trainer.n_gpus_per_node=2",
+    "actor_rollout_ref.actor.strategy=fsdp",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
     "critic.ppo_micro_batch_size_per_gpu=16",
 ]
@@ -87,7 +87,9 @@ def test_keys_without_effect_are_named_once_with_why_and_defaults_say_nothing():
     unused = dict(cfg.settings_without_effect())
     assert list(unused) == [override.split("=")[0] for override in VERL_QUICKSTART_NO_EFFECT]
     assert "rollout.name=hf" in unused["actor_rollout_ref.rollout.gpu_memory_utilization"]
-    assert "one process" in unused["trainer.n_gpus_per_node"]
+    assert "without offloading" in unused["actor_rollout_ref.actor.fsdp_config.param_offload"]
+    one = load_config(None, ["actor_rollout_ref.actor.strategy=deepspeed"]).settings_without_effect()
+    assert dict(one)["actor_rollout_ref.actor.strategy"].startswith("world_size is 1")
     warning = cfg.no_effect_warning()
     assert warning.startswith("no effect in this run: ") and "\n" not in warning
     quiet = load_config(

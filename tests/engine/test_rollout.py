@@ -6,8 +6,12 @@ import torch
 from ppoflow.engine.forward import compute_log_probs
 from ppoflow.engine.models import load_actor, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch, pad_rows
-from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams, filter_logits
+from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams, filter_logits, sample_seed
 from ppoflow.engine.tiny import all_addition_problems
+
+
+def _seeds(prompts, seed: int) -> list[int]:
+    return [sample_seed(seed, i, 0) for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +28,9 @@ def setup(tiny_model_dir):
 def test_same_seed_same_samples_different_seed_different(setup):
     _, _, engine, prompts = setup
     params = SamplingParams(max_new_tokens=4, temperature=1.5)
-    a = engine.generate(prompts, params, seed=7)
-    b = engine.generate(prompts, params, seed=7)
-    c = engine.generate(prompts, params, seed=8)
+    a = engine.generate(prompts, params, seeds=_seeds(prompts, 7))
+    b = engine.generate(prompts, params, seeds=_seeds(prompts, 7))
+    c = engine.generate(prompts, params, seeds=_seeds(prompts, 8))
     assert a.response_ids == b.response_ids and a.rollout_log_probs == b.rollout_log_probs
     assert a.response_ids != c.response_ids
 
@@ -34,7 +38,7 @@ def test_same_seed_same_samples_different_seed_different(setup):
 def test_rollout_log_probs_match_the_trainer_forward(setup):
     tokenizer, model, engine, prompts = setup
     params = SamplingParams(max_new_tokens=4, temperature=1.3)
-    out = engine.generate(prompts, params, seed=3)
+    out = engine.generate(prompts, params, seeds=_seeds(prompts, 3))
     batch = build_sequence_batch(prompts, out.response_ids, pad_token_id=tokenizer.pad_token_id)
     old = compute_log_probs(model, batch, temperature=1.3, micro_batch_size=7)
     rollout = pad_rows(out.rollout_log_probs, batch.response_ids.shape[1])
@@ -44,7 +48,9 @@ def test_rollout_log_probs_match_the_trainer_forward(setup):
 
 def test_responses_stop_at_eos_and_report_finish_reason(setup):
     tokenizer, _, engine, prompts = setup
-    out = engine.generate(prompts, SamplingParams(max_new_tokens=2, temperature=2.0), seed=1)
+    out = engine.generate(
+        prompts, SamplingParams(max_new_tokens=2, temperature=2.0), seeds=_seeds(prompts, 1)
+    )
     eos = tokenizer.eos_token_id
     for ids, reason in zip(out.response_ids, out.finish_reasons, strict=True):
         assert 1 <= len(ids) <= 2
@@ -63,8 +69,8 @@ def test_greedy_is_argmax_and_batch_size_independent(setup):
         batch_size=len(prompts),
     )
     assert (
-        engine.generate(prompts, greedy, seed=0).response_ids
-        == one_batch.generate(prompts, greedy, seed=99).response_ids
+        engine.generate(prompts, greedy, seeds=_seeds(prompts, 0)).response_ids
+        == one_batch.generate(prompts, greedy, seeds=_seeds(prompts, 99)).response_ids
     )
 
 
@@ -79,8 +85,8 @@ def test_top_k_and_top_p_filters():
 
 def test_top_k_one_sampling_equals_greedy(setup):
     _, _, engine, prompts = setup
-    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=4, top_k=1), seed=5)
-    greedy = engine.generate(prompts, SamplingParams.greedy(4), seed=5)
+    sampled = engine.generate(prompts, SamplingParams(max_new_tokens=4, top_k=1), seeds=_seeds(prompts, 5))
+    greedy = engine.generate(prompts, SamplingParams.greedy(4), seeds=_seeds(prompts, 5))
     assert sampled.response_ids == greedy.response_ids
 
 
@@ -92,9 +98,33 @@ def test_progress_counts_every_generated_token_and_every_finished_response(setup
     out = engine.generate(
         prompts,
         SamplingParams(max_new_tokens=3, temperature=2.0),
-        seed=5,
+        seeds=_seeds(prompts, 5),
         on_batch=batches.append,
         on_tokens=tokens.append,
     )
     assert sum(tokens) == sum(len(ids) for ids in out.response_ids) > len(prompts)
     assert batches == [len(prompts[i : i + 16]) for i in range(0, len(prompts), 16)]
+
+
+def test_a_response_does_not_depend_on_its_batch(setup):
+    """Each response samples from its own stream: generating the prompts in two halves (two devices'
+    shares) gives the same responses, token for token, as one call over all of them, when the
+    generation batches have the same shapes (batch_size 16 here, halves of 16 prompts)."""
+    tokenizer, model, engine, prompts = setup
+    prompts = prompts[:32]
+    seeds = _seeds(prompts, 11)
+    params = SamplingParams(max_new_tokens=4, temperature=1.5)
+    whole = engine.generate(prompts, params, seeds=seeds)
+    halves = [engine.generate(prompts[i : i + 16], params, seeds=seeds[i : i + 16]) for i in (0, 16)]
+    assert whole.response_ids == halves[0].response_ids + halves[1].response_ids
+    assert whole.rollout_log_probs == halves[0].rollout_log_probs + halves[1].rollout_log_probs
+    reordered = engine.generate(prompts[::-1], params, seeds=seeds[::-1])  # other batch companions
+    assert len(set(map(tuple, whole.response_ids))) > 1
+    same = sum(a == b for a, b in zip(whole.response_ids, reordered.response_ids[::-1], strict=True))
+    assert same >= len(prompts) - 2  # only padding-width numerics can flip a near-tie
+
+
+def test_one_seed_per_response_is_required(setup):
+    _, _, engine, prompts = setup
+    with pytest.raises(ValueError, match="one seed per response"):
+        engine.generate(prompts, SamplingParams(max_new_tokens=2), seeds=[1])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ppoflow.tasks.stages.rollouts import rollout_engine
+from ppoflow.tasks.models.generation import rollout_engine
 
 
 def test_unavailable_engine_is_a_clear_error_not_a_silent_fallback():

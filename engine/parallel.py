@@ -1,0 +1,231 @@
+"""Data-parallel, sharded training over a torch.distributed process group: FSDP2 (torch's
+`fully_shard`) or DeepSpeed ZeRO stage 1–3. One process per device (on CPU: one per worker, gloo).
+
+Every rank runs the same update loop (engine/update.py) on its contiguous share of each mini-batch;
+the loss of a share is normalised by the denominator of the whole mini-batch, so the gradients the
+strategy reduces add up to the one-process gradient. Both strategies average gradients over the
+ranks, so each rank's loss is scaled by the world size (FSDP2's sum reduction would need
+PREMUL_SUM, which gloo does not have). The lr schedule stays the client optimizer's own.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .names import Strategy
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+"""How long a rank waits for the others in one collective before it fails (a dead peer is noticed
+by the worker group sooner: tasks/models/workers.py)."""
+
+
+def join_process_group(rank: int, world: int, master_addr: str, master_port: int, device: str) -> None:
+    """Join the run's process group as `rank` of `world` (gloo on CPU, NCCL on CUDA). DeepSpeed also
+    reads the rendezvous from the environment, so it is set there too."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK="0" if device == "cpu" else str(rank % max(1, torch.cuda.device_count())),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+    )
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group(
+        "nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+    )
+
+
+def leave_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_sum(values: dict[str, float]) -> dict[str, float]:
+    """Each value summed over the ranks (one collective for the whole dict)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
+        return dict(values)
+    names = sorted(values)
+    tensor = torch.tensor([float(values[n]) for n in names], dtype=torch.float64)
+    dist.all_reduce(tensor)
+    return dict(zip(names, tensor.tolist(), strict=True))
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks a causal LM or token classifier is sharded by (verl wraps each module
+    class the model names in `_no_split_modules`)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+class LocalStepper:
+    """One process: gradients accumulate in place, one clipped optimizer step per mini-batch."""
+
+    rank, world = 0, 1
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        loss.backward()
+
+    def step(self, grad_clip: float) -> float:
+        """Clip gradients to `grad_clip`, step unless the norm is not finite; the pre-clip norm."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    def reduce(self, values: dict[str, float]) -> dict[str, float]:
+        return dict(values)
+
+
+class FSDP2Stepper(LocalStepper):
+    """FSDP2: parameters, gradients and optimizer state sharded over the ranks; a mini-batch's
+    gradients are reduce-scattered once, after its last micro-batch."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        super().__init__(model, optimizer)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        self.model.set_requires_gradient_sync(last)
+        (loss * self.world).backward()
+
+    def step(self, grad_clip: float) -> float:
+        """Clip and step as one process would: the norm is taken over each parameter's whole
+        gradient (gathered one parameter at a time), so the clip factor, and with it every weight,
+        matches the one-process result instead of differing in the last bits (which AdamW
+        amplifies in gradients near zero)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norms = [torch.linalg.vector_norm(g.full_tensor(), 2) for g in grads]
+        grad_norm = torch.linalg.vector_norm(torch.stack(norms), 2) if norms else torch.tensor(0.0)
+        coefficient = torch.clamp(grad_clip / (grad_norm + 1e-6), max=1.0)
+        if torch.isfinite(grad_norm):
+            for g in grads:
+                g.mul_(coefficient)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def reduce(self, values: dict[str, float]) -> dict[str, float]:
+        return all_sum(values)
+
+
+class DeepSpeedStepper(LocalStepper):
+    """DeepSpeed ZeRO: the engine accumulates micro-batches and steps (clipping included) at the
+    end of each mini-batch; `model` is the DeepSpeed engine."""
+
+    def __init__(self, engine, optimizer: torch.optim.Optimizer):
+        super().__init__(engine, optimizer)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self._norm = 0.0
+
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        self.model.set_gradient_accumulation_boundary(last)
+        self.model.backward(loss * self.world, scale_wrt_gas=False)
+        self.model.step()  # a no-op except at the boundary, where it clips, steps and zeroes
+        if last:
+            self._norm = float(self.model.get_global_grad_norm() or 0.0)
+
+    def step(self, grad_clip: float) -> float:
+        return self._norm
+
+    def reduce(self, values: dict[str, float]) -> dict[str, float]:
+        return all_sum(values)
+
+
+def shard_fsdp2(model: torch.nn.Module, device: str) -> torch.nn.Module:
+    """Shard `model` in place over the whole process group: each decoder layer, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def deepspeed_engine(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    zero_stage: int,
+    micro_batch_size: int,
+    micro_batches: int,
+    grad_clip: float,
+    offload_optimizer: bool = False,
+):
+    """`model` and its (client, torch) optimizer under DeepSpeed ZeRO `zero_stage`, accumulating
+    `micro_batches` micro-batches of `micro_batch_size` per optimizer step on each rank."""
+    import deepspeed
+
+    _skip_shared_memory_build()
+    zero: dict = {"stage": zero_stage}
+    if offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    config = {
+        "train_micro_batch_size_per_gpu": micro_batch_size,
+        "gradient_accumulation_steps": micro_batches,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+    return engine
+
+
+def _skip_shared_memory_build() -> None:
+    """DeepSpeed's CPU accelerator compiles a shared-memory C++ op on its first initialize (tens of
+    seconds, with a compiler) to speed up intra-node collectives; gloo does without it."""
+    comm = sys.modules.get("deepspeed.comm.torch")
+    if comm is not None and hasattr(comm, "build_shm_op"):
+        comm.build_shm_op = lambda: None
+
+
+def full_state_dict(
+    model: torch.nn.Module, strategy: Strategy, zero_stage: int = 0
+) -> dict[str, torch.Tensor]:
+    """The whole model's weights, on every rank (a collective: every rank calls it)."""
+    if strategy == "fsdp2":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    module = model.module
+    if zero_stage == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters())):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """FSDP2: the optimizer state keyed by parameter name, whole, on every rank (a collective)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """FSDP2: restore a whole, name-keyed optimizer state; each rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]

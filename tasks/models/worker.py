@@ -1,0 +1,347 @@
+"""One rank of a worker group: a process (a Ray actor) that keeps its shard of each trained model
+(actor, critic), their optimizer state, a whole copy of the actor for generation and the frozen
+reference, resident across stages and iterations. `workers.WorkerGroupHost` drives the ranks;
+every method here is called on all ranks at once, since updates and sharded forward passes are
+collectives."""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ppoflow.engine.forward import SequenceBatch, compute_values
+from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
+from ppoflow.engine.names import Strategy
+from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.engine.parallel import (
+    DeepSpeedStepper,
+    FSDP2Stepper,
+    deepspeed_engine,
+    full_optimizer_state,
+    full_state_dict,
+    join_process_group,
+    leave_process_group,
+    load_full_optimizer_state,
+    shard_fsdp2,
+)
+from ppoflow.engine.ppo import Rollouts
+from ppoflow.engine.rollout import RolloutOutput, SamplingParams
+from ppoflow.engine.update import UpdateResult
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.models.generation import RolloutRequest, generate_share, rollout_share
+from ppoflow.tasks.models.replay import run_update
+from ppoflow.tasks.storage.checkpoints import StateUnavailable, optim_path
+from ppoflow.tasks.storage.states import UpdateInputs
+
+
+@dataclass(frozen=True)
+class RoleLayout:
+    """How one trained role (actor or critic) is spread over the ranks."""
+
+    strategy: Strategy
+    """fsdp2 (fsdp is run as fsdp2) or deepspeed."""
+    zero_stage: int
+    offload_optimizer: bool
+    micro_batch_size: int
+    """ppo_micro_batch_size_per_gpu."""
+    micro_batches: int
+    """Micro-batches per rank in one mini-batch (DeepSpeed's gradient accumulation steps)."""
+    grad_clip: float
+    optim: OptimSettings
+
+
+@dataclass
+class _Trained:
+    model: torch.nn.Module  # the FSDP2 module, or the DeepSpeed engine
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stepper: FSDP2Stepper | DeepSpeedStepper
+    layout: RoleLayout
+    architecture: type  # the transformers class, to build a whole copy from gathered weights
+    config: object
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The transformers model itself (inside the DeepSpeed engine, or the FSDP2 module)."""
+        return self.model.module if self.layout.strategy == "deepspeed" else self.model
+
+    def whole_copy(self) -> torch.nn.Module:
+        """A fresh, unsharded model of the same architecture (its weights are set afterwards)."""
+        return self.architecture(self.config)
+
+
+class ModelWorker:
+    """Rank `rank` of `world`; joins the group's process group on creation."""
+
+    def __init__(
+        self, rank: int, world: int, master_addr: str, master_port: int, device: str, threads: int | None
+    ):
+        if threads:
+            torch.set_num_threads(threads)
+        self.rank, self.world, self.device = rank, world, device
+        join_process_group(rank, world, master_addr, master_port, device)
+        self._trained: dict[str, _Trained] = {}
+        self._generator: torch.nn.Module | None = None  # a whole copy of the actor, for generation
+        self._reference: dict[str, torch.nn.Module] = {}
+        self._tokenizers: dict[str, object] = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def probe(self, directory: str) -> str:
+        """Write and read back a file in the run directory: every rank must see the same storage."""
+        path = Path(directory) / f".probe-rank{self.rank}-{os.getpid()}"
+        path.write_text(str(self.rank))
+        try:
+            return path.read_text()
+        finally:
+            path.unlink(missing_ok=True)
+
+    def load(self, role: str, directory: str, step: int, layout: RoleLayout) -> None:
+        """Load the state saved in `directory` (an HF model; its optimizer state beside it when
+        `step` > 0) as this rank's shard of `role`."""
+        model = load_critic(directory) if role == "critic" else load_actor(directory)
+        model = model.to(self.device)
+        if role == "actor" and not _whole_on_every_rank(layout):
+            self._generator = copy.deepcopy(model).eval()
+        trained = self._wrap(model, layout)
+        if step > 0:
+            saved = torch.load(optim_path(Path(directory)), weights_only=True)
+            if saved.get("optimizer") is None:
+                raise StateUnavailable(f"{directory} was saved without its optimizer state")
+            if layout.strategy == "deepspeed":
+                _load_deepspeed_optimizer(trained, saved["optimizer"])
+            else:
+                load_full_optimizer_state(trained.model, trained.optimizer, saved["optimizer"])
+            trained.scheduler.load_state_dict(saved["scheduler"])
+        self._trained[role] = trained
+        if role == "actor":
+            self._sync_generator()
+
+    def _wrap(self, model: torch.nn.Module, layout: RoleLayout) -> _Trained:
+        architecture, config = type(model), model.config
+        if layout.strategy == "deepspeed":
+            optimizer, scheduler = build_optimizer(model, layout.optim)
+            engine = deepspeed_engine(
+                model,
+                optimizer,
+                zero_stage=layout.zero_stage,
+                micro_batch_size=layout.micro_batch_size,
+                micro_batches=layout.micro_batches,
+                grad_clip=layout.grad_clip,
+                offload_optimizer=layout.offload_optimizer,
+            )
+            stepper = DeepSpeedStepper(engine, optimizer)
+            return _Trained(engine, optimizer, scheduler, stepper, layout, architecture, config)
+        model = shard_fsdp2(model, self.device)
+        optimizer, scheduler = build_optimizer(model, layout.optim)
+        stepper = FSDP2Stepper(model, optimizer)
+        return _Trained(model, optimizer, scheduler, stepper, layout, architecture, config)
+
+    def _full_weights(self, role: str) -> dict[str, torch.Tensor]:
+        trained = self._trained[role]
+        return full_state_dict(trained.model, trained.layout.strategy, trained.layout.zero_stage)
+
+    def _sync_generator(self) -> None:
+        """Refresh the whole copy of the actor that generates (verl's weight sync from the trainer
+        to the rollout engine). ZeRO-1/2 keep whole weights on every rank: the engine's module is
+        used directly."""
+        trained = self._trained["actor"]
+        if _whole_on_every_rank(trained.layout):
+            self._generator = trained.module
+        else:
+            self._generator.load_state_dict(self._full_weights("actor"))
+
+    def tokenizer(self, directory: str):
+        if directory not in self._tokenizers:
+            self._tokenizers[directory] = load_tokenizer(directory)
+        return self._tokenizers[directory]
+
+    def reference(self, lineage: str, directory: str) -> torch.nn.Module:
+        if lineage not in self._reference:
+            self._reference[lineage] = load_reference(directory).to(self.device)
+        return self._reference[lineage]
+
+    def rollouts(
+        self,
+        tokenizer_dir: str,
+        reference: tuple[str, str] | None,
+        prompt_ids: list[list[int]],
+        first_prompt: int,
+        request: RolloutRequest,
+    ) -> Rollouts:
+        """This rank's share of a step's rollouts: prompts from `first_prompt` on of the batch."""
+        ref_model = self.reference(*reference) if reference is not None else None
+        return rollout_share(
+            self._generator,
+            ref_model,
+            self.tokenizer(tokenizer_dir),
+            prompt_ids,
+            request,
+            first_prompt=first_prompt,
+        )
+
+    def generate(
+        self,
+        tokenizer_dir: str,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        seeds: list[int],
+        engine: str,
+        batch_size: int,
+    ) -> RolloutOutput:
+        return generate_share(
+            self._generator,
+            self.tokenizer(tokenizer_dir),
+            prompt_ids,
+            sampling,
+            seeds,
+            engine=engine,
+            batch_size=batch_size,
+        )
+
+    def values(self, batch: SequenceBatch, micro_batch_size: int) -> torch.Tensor:
+        """V(s_t) of this rank's rows (every rank has as many, so the sharded forward passes pair up)."""
+        return compute_values(self._trained["critic"].model, batch, micro_batch_size=micro_batch_size)
+
+    def train(self, run_dir: str, role: str, inputs: UpdateInputs, tokenizer_dir: str) -> UpdateResult | None:
+        """One update of `role` on this rank's share of each mini-batch; rank 0 returns the
+        metrics (summed over the ranks)."""
+        trained = self._trained[role]
+
+        def after_step(_: int) -> None:  # a fault point inside the update, where a rank can die
+            inject_fault(f"{role}_update_rank{self.rank}", inputs.step)
+
+        result = run_update(
+            run_dir,
+            role,
+            inputs,
+            trained.model,
+            trained.optimizer,
+            trained.scheduler,
+            self.tokenizer(tokenizer_dir).pad_token_id,
+            stepper=trained.stepper,
+            on_step=after_step,
+        )
+        if role == "actor":
+            self._sync_generator()
+        return result if self.rank == 0 else None
+
+    def save(self, role: str, directory: str, optimizer_file: str) -> None:
+        """Rank 0 writes the whole model (an HF directory) and the optimizer state keyed by
+        parameter name, gathered from every rank (a collective)."""
+        trained = self._trained[role]
+        weights = self._full_weights(role)
+        if trained.layout.strategy == "deepspeed":
+            optimizer = _deepspeed_optimizer_state(trained)
+        else:
+            optimizer = full_optimizer_state(trained.model, trained.optimizer)
+        if self.rank != 0:
+            return
+        whole = trained.whole_copy()
+        whole.load_state_dict(weights)
+        whole.save_pretrained(directory)
+        torch.save({"optimizer": optimizer, "scheduler": trained.scheduler.state_dict()}, optimizer_file)
+
+    def drop(self, role: str) -> None:
+        self._trained.pop(role, None)
+        if role == "actor":
+            self._generator = None
+
+    def shutdown(self) -> None:
+        leave_process_group()
+
+
+def _whole_on_every_rank(layout: RoleLayout) -> bool:
+    """ZeRO-1/2 shard optimizer state and gradients only: every rank holds the whole weights."""
+    return layout.strategy == "deepspeed" and layout.zero_stage < 3
+
+
+def _deepspeed_optimizer_state(trained: _Trained) -> dict:
+    """A ZeRO optimizer's AdamW state, whole and keyed by parameter name (a collective)."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    module = trained.model.module
+    state, names = {}, []
+    step = _deepspeed_step(trained)
+    for name, param in module.named_parameters():
+        if not param.requires_grad:
+            continue
+        names.append(name)
+        moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
+        if all(v is not None for v in moments.values()):
+            state[name] = {
+                "step": torch.tensor(float(step)),
+                **{k: v.detach().cpu() for k, v in moments.items()},
+            }
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": names}
+        for g in trained.optimizer.param_groups[:1]
+    ]
+    return {"state": state, "param_groups": groups}
+
+
+def _deepspeed_step(trained: _Trained) -> int:
+    for value in trained.optimizer.state.values():
+        if "step" in value:
+            return int(value["step"])
+    return 0
+
+
+def _load_deepspeed_optimizer(trained: _Trained, saved: dict) -> None:
+    """Restore a name-keyed AdamW state into a ZeRO optimizer. Its state only exists after a first
+    step, so one step with zero gradients and lr 0 creates it (no parameter moves), then the saved
+    moments and step count replace it."""
+    from deepspeed.utils import safe_set_full_optimizer_state
+
+    if not saved["state"]:
+        return
+    engine, optimizer = trained.model, trained.optimizer
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    _zero_step(engine)
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    module = engine.module
+    for name, param in module.named_parameters():
+        if name in saved["state"]:
+            for key in ("exp_avg", "exp_avg_sq"):
+                value = saved["state"][name][key].to(torch.float32)
+                if hasattr(param, "ds_id"):
+                    _set_zero3_state(param, value, key)
+                else:
+                    safe_set_full_optimizer_state(param, value, key)
+    step = next(iter(saved["state"].values()))["step"]
+    for value in optimizer.state.values():
+        if "step" in value:
+            value["step"] = step.clone() if torch.is_tensor(value["step"]) else int(step)
+
+
+def _set_zero3_state(param, value: torch.Tensor, key: str) -> None:
+    """This rank's partition of a ZeRO-3 parameter's optimizer state `key` from its whole value.
+    (DeepSpeed's safe_set_full_optimizer_state fails on a parameter smaller than the world size,
+    whose last partitions are padding.)"""
+    optimizer = param._z3_optimizer
+    partition, _ = optimizer._get_fp32_opt_state_partition(
+        param, release_swap_buffers=False, optim_state_key=key
+    )
+    rank = optimizer._get_param_partition_rank(param)
+    size = partition.numel()
+    padded = torch.zeros(size * (rank + 1), dtype=partition.dtype)
+    flat = value.flatten()[: padded.numel()]
+    padded[: flat.numel()] = flat
+    partition.data.copy_(padded[size * rank :].to(partition.device))
+
+
+def _zero_step(engine) -> None:
+    """One DeepSpeed optimizer step on zero gradients (every rank at once)."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=engine.device)
+    loss = engine(input_ids=ids).logits.sum() * 0.0
+    engine.set_gradient_accumulation_boundary(True)
+    engine.backward(loss, scale_wrt_gas=False)
+    engine.step()

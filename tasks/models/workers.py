@@ -1,0 +1,382 @@
+"""Worker groups on Ray: a run whose world size (trainer.nnodes × trainer.n_gpus_per_node) is above 1
+keeps its models in `world` worker processes (Ray actors, `worker.ModelWorker`), one per device,
+joined in one torch.distributed process group. Stages stay Prefect tasks in the driver: each asks
+this host for rollouts, values, an update or a checkpoint, and the host sends every rank its share.
+
+Ray is started for the run on loopback without a dashboard, or joined at `RAY_ADDRESS` /
+trainer.ray_address for a cluster; a worker that dies fails the stage within seconds with the rank
+named, and the group is torn down (no worker outlives the run).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ppoflow.engine.forward import SequenceBatch
+from ppoflow.engine.ppo import Rollouts
+from ppoflow.engine.rollout import RolloutOutput, SamplingParams
+from ppoflow.engine.update import UpdateResult
+from ppoflow.tasks.models.generation import RolloutRequest
+from ppoflow.tasks.models.host import saved_tokenizer_dir
+from ppoflow.tasks.models.worker import RoleLayout
+from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.storage.checkpoints import StateUnavailable, verified_dir, write_checkpoint
+from ppoflow.tasks.storage.states import ModelState, UpdateInputs
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.run import Run
+
+
+class WorkerFailed(RuntimeError):
+    """A rank of the worker group died or raised; the group has been stopped."""
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    world_size: int
+    device: str
+    ray_address: str | None = None
+    num_threads: int | None = None
+
+
+class WorkerGroup:
+    """`plan.world_size` ModelWorker actors in one process group."""
+
+    def __init__(self, plan: GroupPlan):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from ppoflow.tasks.models.worker import ModelWorker
+
+        self.plan = plan
+        address = plan.ray_address or os.environ.get("RAY_ADDRESS")
+        self._own_ray = not ray.is_initialized()
+        if self._own_ray:
+            if address:
+                ray.init(address=address, log_to_driver=False)
+            else:
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, loopback-only instance
+                ray.init(
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    num_cpus=max(plan.world_size, os.cpu_count() or 1),
+                    num_gpus=torch.cuda.device_count() if plan.device == "cuda" else 0,
+                    log_to_driver=False,
+                )
+        gpu = 1 if plan.device == "cuda" else 0
+        bundle = {"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1}
+        self._group = placement_group([bundle] * plan.world_size, strategy="PACK")
+        ray.get(self._group.ready(), timeout=120)
+        master_addr = "127.0.0.1" if not address else _node_address(self._group)
+        port = _free_port() if not address else _remote_free_port(self._group)
+        remote = ray.remote(ModelWorker)
+        self._workers = [
+            remote.options(
+                num_cpus=1,
+                num_gpus=gpu,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self._group, placement_group_bundle_index=rank
+                ),
+            ).remote(rank, plan.world_size, master_addr, port, plan.device, plan.num_threads)
+            for rank in range(plan.world_size)
+        ]
+        self.pids = self.call("pid", what="start-up")
+        if self._own_ray and not address:
+            _reap_after_exit(os.getpid())
+
+    def call(self, method: str, *args, what: str, per_rank: list[tuple] | None = None) -> list:
+        """Run `method` on every rank (rank r with `per_rank[r]` when given, else `args`) and return
+        the ranks' results; the first rank to fail stops the group and raises WorkerFailed naming it."""
+        import ray
+
+        refs = [
+            getattr(worker, method).remote(*(per_rank[rank] if per_rank is not None else args))
+            for rank, worker in enumerate(self._workers)
+        ]
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except Exception as error:  # the other ranks would wait for it in a collective
+                self.close()
+                rank = rank_of[ready[0]]
+                raise WorkerFailed(
+                    f"worker rank {rank} of {len(refs)} failed during {what}: {_first_line(error)}"
+                ) from None
+        return ray.get(refs)
+
+    def close(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for worker in getattr(self, "_workers", []):
+            ray.kill(worker, no_restart=True)
+        self._workers = []
+        if getattr(self, "_group", None) is not None:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+        if self._own_ray:
+            ray.shutdown()
+
+
+class WorkerGroupHost:
+    """The models of a run with world size > 1: the same questions as `host.ModelHost`, answered
+    by a worker group. Which state each role holds is tracked here (by lineage), as ModelHost does."""
+
+    def __init__(self, plan: GroupPlan):
+        self.plan = plan
+        self.device = plan.device
+        self._group: WorkerGroup | None = None
+        self._layouts: dict[str, RoleLayout] = {}
+        self._live: dict[str, str] = {}  # role → lineage its workers hold
+        self._tokenizers: dict[str, object] = {}
+
+    def assign(self, run: Run, layouts: dict[str, RoleLayout]) -> None:
+        """Start the workers for the trained roles' layouts and check that every rank reads and
+        writes the run directory."""
+        self._layouts = dict(layouts)
+        if self._group is None:
+            self._group = WorkerGroup(self.plan)
+            seen = self._group.call("probe", str(run.path), what="the run-directory check")
+            if seen != [str(rank) for rank in range(self.plan.world_size)]:
+                raise WorkerFailed(
+                    f"the workers do not all see {run.path}: "
+                    "put the run directory on storage every node mounts"
+                )
+
+    @property
+    def group(self) -> WorkerGroup:
+        if self._group is None:
+            raise RuntimeError("the worker group is not started (WorkerGroupHost.assign)")
+        return self._group
+
+    def tokenizer(self, run: Run, state: ModelState):
+        directory = str(saved_tokenizer_dir(run, state))
+        if directory not in self._tokenizers:
+            from ppoflow.engine.models import load_tokenizer
+
+            self._tokenizers[directory] = load_tokenizer(directory)
+        return self._tokenizers[directory]
+
+    def _ensure(self, run: Run, state: ModelState, what: str) -> None:
+        """Make the workers hold `state`: already held, else its intact checkpoint, else replayed."""
+        role = state.role
+        if self._live.get(role) == state.lineage:
+            return
+        self._live.pop(role, None)
+        try:
+            directory = verified_dir(run, state)
+        except StateUnavailable:
+            inputs = state.origin
+            if inputs is None:
+                raise
+            self._ensure(run, inputs.parent, what)
+            say(f"rebuilding the {role} of step {state.step}: replaying its update (not saved)")
+            self._train(run, role, inputs, what)
+        else:
+            self.group.call(
+                "load", role, str(directory), state.step, self._layouts[role], what=f"{what} (loading)"
+            )
+        self._live[role] = state.lineage
+
+    def rollouts(
+        self,
+        run: Run,
+        actor: ModelState,
+        reference: ModelState | None,
+        prompt_ids: list[list[int]],
+        request: RolloutRequest,
+        progress=None,
+    ) -> Rollouts:
+        self._ensure(run, actor, "rollouts")
+        tokenizer_dir = str(saved_tokenizer_dir(run, actor))
+        ref = (reference.lineage, str(verified_dir(run, reference))) if reference is not None else None
+        starts = _share_starts(len(prompt_ids), self.plan.world_size)
+        per_rank = [
+            (tokenizer_dir, ref, prompt_ids[start:stop], start, request)
+            for start, stop in zip(starts, starts[1:], strict=False)
+        ]
+        shares = self.group.call("rollouts", what="rollouts", per_rank=per_rank)
+        if progress is not None:
+            progress(len(prompt_ids) * request.n)
+        return _joined_rollouts(shares, starts)
+
+    def generate(
+        self,
+        run: Run,
+        actor: ModelState,
+        prompt_ids: list[list[int]],
+        sampling: SamplingParams,
+        seeds: list[int],
+        *,
+        engine: str,
+        batch_size: int,
+        progress=None,
+    ) -> RolloutOutput:
+        self._ensure(run, actor, "validation")
+        tokenizer_dir = str(saved_tokenizer_dir(run, actor))
+        starts = _share_starts(len(prompt_ids), self.plan.world_size)
+        per_rank = [
+            (tokenizer_dir, prompt_ids[a:b], sampling, seeds[a:b], engine, batch_size)
+            for a, b in zip(starts, starts[1:], strict=False)
+        ]
+        out = RolloutOutput()
+        for share in self.group.call("generate", what="validation", per_rank=per_rank):
+            out.extend(share)
+        if progress is not None:
+            progress(len(prompt_ids))
+        return out
+
+    def values(
+        self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int
+    ) -> torch.Tensor:
+        """Values in equal shares (the last rows repeated to fill the last share), since every rank
+        must take part in each sharded forward pass."""
+        self._ensure(run, critic, "advantages")
+        world, n = self.plan.world_size, len(batch)
+        size = -(-n // world)
+        rows = torch.arange(size * world).clamp(max=n - 1)
+        per_rank = [(batch.select(rows[r * size : (r + 1) * size]), micro_batch_size) for r in range(world)]
+        parts = self.group.call("values", what="advantages (critic values)", per_rank=per_rank)
+        return torch.cat(parts)[:n]
+
+    def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
+        self._ensure(run, inputs.parent, f"{role}_update")
+        self._live.pop(role, None)  # trained in place: no longer the parent state
+        result = self._train(run, role, inputs, f"{role}_update")
+        if on_step is not None:
+            on_step(len(result.steps))
+        return result
+
+    def _train(self, run: Run, role: str, inputs: UpdateInputs, what: str) -> UpdateResult:
+        tokenizer_dir = str(saved_tokenizer_dir(run, inputs.parent))
+        results = self.group.call(
+            "train", str(run.path), role, inputs, tokenizer_dir, what=f"{what} (step {inputs.step})"
+        )
+        return results[0]
+
+    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str]:
+        """Rank 0 writes the whole model and optimizer state (gathered from all ranks), this
+        process the tokenizer, into the checkpoint being staged."""
+
+        def fill(directory, optimizer_file) -> None:
+            self.group.call("save", role, str(directory), str(optimizer_file), what=f"{role} checkpoint")
+            tokenizer.save_pretrained(directory)
+
+        return write_checkpoint(run, role, step, fill, clock=run.io)
+
+    def keep(self, state: ModelState, value=None) -> None:
+        self._live[state.role] = state.lineage
+
+    def drop(self, role: str) -> None:
+        self._live.pop(role, None)
+
+    def close(self) -> None:
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+
+def _share_starts(n: int, world: int) -> list[int]:
+    """Boundaries of `world` contiguous shares of n items (sizes differ by at most one)."""
+    return [rank * n // world for rank in range(world + 1)]
+
+
+def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
+    joined = Rollouts([], [], [], [], [], [], None if shares[0].ref_log_probs is None else [], {})
+    for share, start in zip(shares, starts, strict=False):
+        joined.prompt_index += [start + i for i in share.prompt_index]
+        joined.sample_index += share.sample_index
+        joined.response_ids += share.response_ids
+        joined.finish_reasons += share.finish_reasons
+        joined.rollout_log_probs += share.rollout_log_probs
+        joined.old_log_probs += share.old_log_probs
+        if joined.ref_log_probs is not None:
+            joined.ref_log_probs += share.ref_log_probs
+        for phase, seconds in share.seconds.items():  # the ranks run at once: the slowest counts
+            joined.seconds[phase] = max(joined.seconds.get(phase, 0.0), seconds)
+    return joined
+
+
+def _reap_after_exit(driver: int) -> None:
+    """Start `reaper`, which stops this run's Ray processes once the driver is gone, even killed."""
+    ray_processes = [pid for pid in _descendants(driver) if _names_ray(pid)]
+    if ray_processes:
+        subprocess.Popen(
+            [sys.executable, "-m", "ppoflow.tasks.models.reaper", str(driver), *map(str, ray_processes)],
+            start_new_session=True,  # a Ctrl-C to the terminal's group must not stop it first
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _names_ray(pid: int) -> bool:
+    try:
+        return b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _first_line(error: BaseException) -> str:
+    cause = getattr(error, "cause", None) or error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}".strip()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _node_address(group) -> str:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(lambda: ray.util.get_node_ip_address())
+    return ray.get(task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote())
+
+
+def _remote_free_port(group) -> int:
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(_free_port_any)
+    return ray.get(task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote())
+
+
+def _free_port_any() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]

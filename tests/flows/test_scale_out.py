@@ -1,0 +1,221 @@
+"""Scale-out on CPU: worker groups of two ranks on Ray (gloo) training with FSDP2 and DeepSpeed ZeRO,
+compared with one process on the same machine. Every run uses one torch thread per process, so a
+rank's kernels are the ones the single process runs (the thread count changes float reductions).
+
+Measured here (and asserted with the issue's tolerance of 1e-5 where it holds): FSDP2 with gradient
+clipping and DeepSpeed ZeRO-2 with a clip that does not bind give bit-identical tables and weights;
+ZeRO-3 (and ZeRO with a binding clip, whose norm DeepSpeed sums in its own order) differs in the
+last bits from the first optimizer step on, which AdamW amplifies to ~2e-4 after two iterations.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+COMMON = [
+    "trainer.total_training_steps=2",
+    "trainer.num_threads=1",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=false",
+    "trainer.device=cpu",
+]
+TWO = ["trainer.n_gpus_per_node=2"]
+FSDP2 = [*TWO, "actor_rollout_ref.actor.strategy=fsdp2", "critic.strategy=fsdp2"]
+GRPO = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=4",
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",  # one micro-batch per rank
+    "actor_rollout_ref.actor.grad_clip=100",
+]
+SMALL_PPO = [
+    "data.train_batch_size=32",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "critic.ppo_mini_batch_size=16",
+    "critic.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.actor.grad_clip=100",
+    "critic.grad_clip=100",
+]
+TABLES = {
+    "rollouts": "response_ids, rollout_log_probs, old_log_probs",
+    "rewards": "score",
+    "advantages": "values, advantages, returns",
+}
+
+
+def _train(run_dir: Path, *overrides: str) -> Path:
+    from ppoflow.flows.train import ppo_train
+
+    ppo_train(None, [*COMMON, f"trainer.default_local_dir={run_dir}", *overrides])
+    return run_dir
+
+
+def _table(run_dir: Path, name: str, iteration: int | None = None) -> list:
+    where = f"iter={iteration:06d}" if iteration is not None else "iter=*"
+    return duckdb.sql(
+        f"SELECT {TABLES[name]} FROM read_parquet('{run_dir}/{where}/{name}/*.parquet') "
+        "ORDER BY prompt_id, sample_idx"
+    ).fetchall()
+
+
+def _weights_gap(a: Path, b: Path, step: int, role: str) -> float:
+    first = load_file(a / f"checkpoints/iter={step:06d}/{role}/model.safetensors")
+    second = load_file(b / f"checkpoints/iter={step:06d}/{role}/model.safetensors")
+    assert first.keys() == second.keys()
+    return max((first[k] - second[k]).abs().max().item() for k in first)
+
+
+@pytest.fixture(scope="module")
+def one_process(prefect_server, tiny_model_dir, tmp_path_factory):
+    """The embedded default (PPO with a critic) in this process: the reference of the FSDP2 runs."""
+    return _train(tmp_path_factory.mktemp("one"))
+
+
+@pytest.fixture(scope="module")
+def fsdp2(prefect_server, tiny_model_dir, tmp_path_factory):
+    """The acceptance command line: the embedded default on two ranks with FSDP2."""
+    return _train(tmp_path_factory.mktemp("fsdp2"), *FSDP2)
+
+
+def test_fsdp2_on_two_ranks_equals_one_process(one_process, fsdp2):
+    for name in TABLES:
+        assert _table(fsdp2, name) == _table(one_process, name), name
+    for role in ("actor", "critic"):
+        for step in (1, 2):
+            assert _weights_gap(one_process, fsdp2, step, role) <= 1e-5, (role, step)
+    actor = duckdb.sql(
+        f"SELECT count(*), max(grad_norm) FROM read_parquet('{fsdp2}/iter=*/actor_update/*.parquet')"
+    ).fetchall()[0]
+    assert actor[0] == 2 * 8 * 4 and actor[1] > 1.0  # 8 mini-batches × 4 epochs; the clip at 1.0 binds
+
+
+def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(prefect_server, tiny_model_dir, tmp_path):
+    one = _train(tmp_path / "one", *GRPO)
+    zero2 = _train(
+        tmp_path / "zero2",
+        *GRPO,
+        *TWO,
+        "actor_rollout_ref.actor.strategy=deepspeed",
+        "actor_rollout_ref.actor.deepspeed_config.zero_stage=2",
+    )
+    for name in TABLES:
+        assert _table(zero2, name) == _table(one, name), name
+    assert _weights_gap(one, zero2, 2, "actor") <= 1e-5
+
+
+def test_deepspeed_zero3_actor_and_zero2_critic(prefect_server, tiny_model_dir, tmp_path):
+    """PPO with the actor under ZeRO-3 and the critic under ZeRO-2: the first iteration's tables are
+    identical (the same initial weights); ZeRO-3's weights then differ in the last bits (see above)."""
+    one = _train(tmp_path / "one", *SMALL_PPO)
+    sharded = _train(
+        tmp_path / "zero",
+        *SMALL_PPO,
+        *TWO,
+        "actor_rollout_ref.actor.strategy=deepspeed",
+        "actor_rollout_ref.actor.deepspeed_config.zero_stage=3",
+        "critic.strategy=deepspeed",
+        "critic.deepspeed_config.zero_stage=2",
+    )
+    for name in TABLES:
+        assert _table(sharded, name, 1) == _table(one, name, 1), name
+    assert _weights_gap(one, sharded, 1, "critic") <= 1e-5
+    assert _weights_gap(one, sharded, 2, "actor") <= 1e-3
+    assert _table(sharded, "rewards") == _table(one, "rewards")
+
+
+def test_resume_on_another_world_size(prefect_server, tiny_model_dir, tmp_path):
+    """1 → 2 ranks (GRPO, ZeRO-2) and 2 → 1 (PPO, FSDP2): the resumed run loads the checkpoint and
+    optimizer state the other world size wrote and ends where an uninterrupted run ends."""
+    zero2 = [*TWO, "actor_rollout_ref.actor.strategy=deepspeed"]
+    straight = _train(tmp_path / "straight", *GRPO)
+    grown = tmp_path / "grown"
+    _train(grown, *GRPO, "trainer.total_training_steps=1")
+    _train(grown, *GRPO, *zero2)
+    assert _table(grown, "rollouts") == _table(straight, "rollouts")
+    assert _weights_gap(straight, grown, 2, "actor") <= 1e-5
+
+    straight = _train(tmp_path / "ppo", *SMALL_PPO)
+    shrunk = tmp_path / "shrunk"
+    _train(shrunk, *SMALL_PPO, *FSDP2, "trainer.total_training_steps=1")
+    _train(shrunk, *SMALL_PPO)
+    for role in ("actor", "critic"):
+        assert _weights_gap(straight, shrunk, 2, role) <= 1e-5
+
+
+def _ray_processes() -> set[int]:
+    found = set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ray::" in command or b"raylet" in command or b"gcs_server" in command:
+            found.add(int(entry.name))
+    return found
+
+
+def test_a_killed_rank_fails_the_stage_in_seconds_and_the_rerun_resumes(fsdp2, tmp_path):
+    """SIGKILL of rank 1 in the middle of step 2's actor update: the command fails within seconds
+    with one line naming the rank and the stage, nothing of Ray is left, and the same command run
+    again resumes to the weights of the uninterrupted run."""
+    run_dir = tmp_path / "killed"
+    command = [
+        sys.executable,
+        "-m",
+        "ppoflow",
+        "train",
+        *COMMON,
+        *FSDP2,
+        f"trainer.default_local_dir={run_dir}",
+    ]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
+        "PPOFLOW_PROGRESS": "0",
+        "PPOFLOW_FAULT": "actor_update_rank1@2",
+        "PPOFLOW_FAULT_ONCE": str(tmp_path / "fired"),
+    }
+    before = _ray_processes()
+    started = time.monotonic()
+    failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode != 0
+    stopped = [line for line in failed.stderr.splitlines() if line.startswith("ppoflow: training stopped")]
+    assert len(stopped) == 1, failed.stderr[-3000:]
+    assert stopped[0].startswith(
+        "ppoflow: training stopped: worker rank 1 of 2 failed during actor_update (step 2): "
+    ), stopped
+    assert (tmp_path / "fired").exists()
+    assert time.monotonic() - started < 120
+    assert not list(run_dir.glob("iter=000002/actor_update/*.parquet"))
+    deadline = time.monotonic() + 10
+    while _ray_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _ray_processes() - before
+
+    rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    for role in ("actor", "critic"):
+        assert _weights_gap(fsdp2, run_dir, 2, role) == 0.0  # same world size, same machine
+
+    shutil.rmtree(run_dir)
+
+
+def test_world_size_above_one_needs_a_sharding_strategy():
+    from ppoflow.conf import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="set it to fsdp2 .* or deepspeed"):
+        load_config(None, [*TWO, "actor_rollout_ref.actor.strategy=torch"])
+    assert load_config(None, TWO).world_size == 2  # verl's default strategy, fsdp, runs as FSDP2
+    cfg = load_config(None, [*FSDP2, "algorithm.adv_estimator=grpo", "critic.strategy=torch"])
+    assert cfg.world_size == 2  # the critic's strategy does not matter without a critic
