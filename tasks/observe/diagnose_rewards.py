@@ -95,12 +95,13 @@ def check_critic_fit(run: RunData) -> list[Finding]:
     if len(recent) < 2 or any(v >= EV_NEGATIVE for _, v in recent):
         return []
     loss = run.series("critic/vf_loss")
-    growth = loss[-1][1] / loss[0][1] if len(loss) > 1 and loss[0][1] > 0 else 1.0
+    # the peak, not the last value: a diverging critic's loss swings, and one spike is enough
+    growth = max(v for _, v in loss[1:]) / loss[0][1] if len(loss) > 1 and loss[0][1] > 0 else 1.0
     diverging = growth >= VF_LOSS_BLOWUP
     title = (
         f"the critic does not fit the returns: explained variance < {EV_NEGATIVE:g} in iterations "
         f"{[i for i, _ in recent]} while the returns vary"
-        + (f"; vf_loss grew ×{growth:.3g}" if diverging else "")
+        + (f"; vf_loss grew up to ×{growth:.3g}" if diverging else "")
     )
     if diverging:
         causes: tuple[str, ...] = ("critic.optim.lr too large: vf_loss grows instead of falling",)
