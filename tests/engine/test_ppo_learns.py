@@ -1,4 +1,5 @@
-"""PPO on the tiny model, in-process: greedy validation accuracy rises over the warm-started base."""
+"""PPO on the tiny model, in-process: greedy validation accuracy rises over the warm-started base.
+(tests/flows/test_embedded_default.py checks the same through the flow, with other samples.)"""
 
 import pytest
 
@@ -6,7 +7,7 @@ from tests.engine.ppo_loop import run_ppo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1])
 def test_ppo_raises_addition_accuracy_within_20_iterations(tiny_model_dir, seed):
     accuracies = run_ppo(
         tiny_model_dir,
