@@ -12,18 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+from ppoflow.tasks.storage.lock import process_exists
 
 
-def _is_ray(pid: int) -> bool:
+def names_ray(pid: int) -> bool:
+    """Whether process `pid`'s command line mentions Ray (raylet, gcs_server, ray::… workers)."""
     try:
         return b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
@@ -32,10 +25,10 @@ def _is_ray(pid: int) -> bool:
 
 def main(argv: list[str]) -> None:
     driver, *pids = (int(a) for a in argv)
-    while _alive(driver):
+    while process_exists(driver):
         time.sleep(0.5)
     for pid in pids:
-        if _is_ray(pid):
+        if names_ray(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

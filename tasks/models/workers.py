@@ -26,6 +26,7 @@ from ppoflow.engine.rollout import RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
+from ppoflow.tasks.models.reaper import names_ray
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import StateUnavailable, verified_dir, write_checkpoint
@@ -313,7 +314,7 @@ def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
 
 def _reap_after_exit(driver: int) -> None:
     """Start `reaper`, which stops this run's Ray processes once the driver is gone, even killed."""
-    ray_processes = [pid for pid in _descendants(driver) if _names_ray(pid)]
+    ray_processes = [pid for pid in _descendants(driver) if names_ray(pid)]
     if ray_processes:
         subprocess.Popen(
             [sys.executable, "-m", "ppoflow.tasks.models.reaper", str(driver), *map(str, ray_processes)],
@@ -339,13 +340,6 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-def _names_ray(pid: int) -> bool:
-    try:
-        return b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def _first_line(error: BaseException) -> str:

@@ -147,12 +147,13 @@ def _holder(path: Path) -> str:
         pid, host, started = int(holder["pid"]), str(holder["host"]), holder.get("started", "?")
     except (OSError, ValueError, TypeError, KeyError):
         return f"another process, not yet recorded in {path}"
-    if host == socket.gethostname() and not _exists(pid):  # a killed holder's record, not yet replaced
+    if host == socket.gethostname() and not process_exists(pid):  # a killed holder's record, not yet replaced
         return f"another process, not recorded in {path} (process {pid} recorded there has exited)"
     return f"process {pid} on {host} (since {started})"
 
 
-def _exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether process `pid` runs on this machine (whoever owns it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
