@@ -56,6 +56,8 @@ def train(cfg: PPOFlowConfig) -> dict:
 
 
 def _train(run: Run, cfg: PPOFlowConfig) -> dict:
+    if isinstance(run.models, WorkerGroupHost):  # devices and shared storage are checked first
+        run.models.start(run)
     base, _ = run_stage(
         prepare_model,
         run,
@@ -70,7 +72,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     settings = run_settings(cfg, total)
     if isinstance(run.models, WorkerGroupHost):
-        run.models.assign(run, role_layouts(cfg, settings))
+        run.models.assign(role_layouts(cfg, settings))
     tracking = Tracking(cfg, run.path, total)
     history = []
 

@@ -10,6 +10,7 @@ named, and the group is torn down (no worker outlives the run).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -63,7 +64,7 @@ class WorkerGroup:
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             if address:
-                ray.init(address=address, log_to_driver=False)
+                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, loopback-only instance
                 ray.init(
@@ -72,8 +73,10 @@ class WorkerGroup:
                     num_cpus=max(plan.world_size, os.cpu_count() or 1),
                     num_gpus=torch.cuda.device_count() if plan.device == "cuda" else 0,
                     log_to_driver=False,
+                    logging_level=logging.WARNING,
                 )
         gpu = 1 if plan.device == "cuda" else 0
+        _require_resources(plan, "GPU" if gpu else "CPU", self)
         bundle = {"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1}
         self._group = placement_group([bundle] * plan.world_size, strategy="PACK")
         ray.get(self._group.ready(), timeout=120)
@@ -133,6 +136,22 @@ class WorkerGroup:
             ray.shutdown()
 
 
+def _require_resources(plan: GroupPlan, kind: str, group: WorkerGroup) -> None:
+    """One worker per device: a cluster with fewer free devices than the world size would leave
+    the placement waiting; say so at once."""
+    import ray
+
+    available = int(ray.available_resources().get(kind, 0))
+    if available < plan.world_size:
+        group.close()
+        device = "GPUs" if kind == "GPU" else "CPUs"
+        raise WorkerFailed(
+            f"world_size={plan.world_size} (trainer.nnodes × trainer.n_gpus_per_node) needs "
+            f"{plan.world_size} free {device} in the Ray cluster, which has {available}"
+            + ("; on a machine without GPUs use trainer.device=cpu" if kind == "GPU" else "")
+        )
+
+
 class WorkerGroupHost:
     """The models of a run with world size > 1: the same questions as `host.ModelHost`, answered
     by a worker group. Which state each role holds is tracked here (by lineage), as ModelHost does."""
@@ -145,18 +164,20 @@ class WorkerGroupHost:
         self._live: dict[str, str] = {}  # role → lineage its workers hold
         self._tokenizers: dict[str, object] = {}
 
-    def assign(self, run: Run, layouts: dict[str, RoleLayout]) -> None:
-        """Start the workers for the trained roles' layouts and check that every rank reads and
-        writes the run directory."""
+    def start(self, run: Run) -> None:
+        """Start the workers and check that every rank reads and writes the run directory."""
+        if self._group is not None:
+            return
+        self._group = WorkerGroup(self.plan)
+        seen = self._group.call("probe", str(run.path), what="the run-directory check")
+        if seen != [str(rank) for rank in range(self.plan.world_size)]:
+            raise WorkerFailed(
+                f"the workers do not all see {run.path}: put the run directory on storage every node mounts"
+            )
+
+    def assign(self, layouts: dict[str, RoleLayout]) -> None:
+        """How each trained role is spread over the ranks (known once the run's settings are)."""
         self._layouts = dict(layouts)
-        if self._group is None:
-            self._group = WorkerGroup(self.plan)
-            seen = self._group.call("probe", str(run.path), what="the run-directory check")
-            if seen != [str(rank) for rank in range(self.plan.world_size)]:
-                raise WorkerFailed(
-                    f"the workers do not all see {run.path}: "
-                    "put the run directory on storage every node mounts"
-                )
 
     @property
     def group(self) -> WorkerGroup:
