@@ -206,6 +206,16 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for section in ("actor_rollout_ref.actor", "critic")
     ),
+    *(
+        Unsupported(
+            f"{section}.deepspeed_config.zero_stage",
+            lambda value, cfg, section=section: (
+                cfg.world_size > 1 and value == 0 and get_key(cfg, f"{section}.strategy") == "deepspeed"
+            ),
+            "ZeRO stage 0 keeps no gatherable optimizer state and reports no gradient norm: use 1, 2 or 3",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+    ),
     Unsupported(
         "algorithm.use_pf_ppo",
         lambda value, cfg: value and cfg.world_size > 1,

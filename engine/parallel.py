@@ -182,6 +182,7 @@ def deepspeed_engine(
         "gradient_clipping": grad_clip,
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,  # offload with the client's torch AdamW
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
