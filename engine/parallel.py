@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -40,11 +39,6 @@ def join_process_group(rank: int, world: int, master_addr: str, master_port: int
     dist.init_process_group(
         "nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
     )
-
-
-def leave_process_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def all_sum(values: dict[str, float]) -> dict[str, float]:
@@ -227,6 +221,3 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Opt
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
-
-
-OptimizerFactory = Callable[[torch.nn.Module], torch.optim.Optimizer]

@@ -24,7 +24,6 @@ from ppoflow.engine.parallel import (
     full_optimizer_state,
     full_state_dict,
     join_process_group,
-    leave_process_group,
     load_full_optimizer_state,
     shard_fsdp2,
 )
@@ -247,14 +246,6 @@ class ModelWorker:
         whole.save_pretrained(directory)
         torch.save({"optimizer": optimizer, "scheduler": trained.scheduler.state_dict()}, optimizer_file)
 
-    def drop(self, role: str) -> None:
-        self._trained.pop(role, None)
-        if role == "actor":
-            self._generator = None
-
-    def shutdown(self) -> None:
-        leave_process_group()
-
 
 def _whole_on_every_rank(layout: RoleLayout) -> bool:
     """ZeRO-1/2 shard optimizer state and gradients only: every rank holds the whole weights."""
@@ -265,7 +256,7 @@ def _deepspeed_optimizer_state(trained: _Trained) -> dict:
     """A ZeRO optimizer's AdamW state, whole and keyed by parameter name (a collective)."""
     from deepspeed.utils import safe_get_full_optimizer_state
 
-    module = trained.model.module
+    module = trained.module
     state, names = {}, []
     step = _deepspeed_step(trained)
     for name, param in module.named_parameters():
