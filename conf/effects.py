@@ -143,7 +143,8 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     ),
     NoEffect(
         ("*.checkpoint.save_contents", "*.checkpoint.load_contents", "trainer.del_local_ckpt_after_load"),
-        "a checkpoint always holds the weights (a Hugging Face directory), optimizer and LR schedule",
+        "a checkpoint always holds the weights (a Hugging Face directory), and the newest of each role "
+        "its optimizer and LR-schedule state (what a resume needs)",
     ),
     NoEffect(
         tuple(f"{model}.override_config.{key}" for model in MODELS for key in INERT_MODEL_OVERRIDES),

@@ -207,17 +207,3 @@ def full_state_dict(
         with deepspeed.zero.GatheredParameters(list(module.parameters())):
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-
-def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """FSDP2: the optimizer state keyed by parameter name, whole, on every rank (a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-
-
-def load_full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """FSDP2: restore a whole, name-keyed optimizer state; each rank keeps its shard."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

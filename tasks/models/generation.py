@@ -64,7 +64,10 @@ def rollout_share(
     on_batch: Callable[[int], None] | None = None,
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
-    """The rollouts of `prompt_ids`, the prompts from `first_prompt` on of a step's batch."""
+    """The rollouts of `prompt_ids`, the prompts from `first_prompt` on of a step's batch (none: a
+    rank of a group with more ranks than prompts)."""
+    if not prompt_ids:
+        return Rollouts([], [], [], [], [], [], None if reference is None else [], {})
     engine = rollout_engine(request.engine, actor, tokenizer, request.generation_batch_size)
     return generate_rollouts(
         engine,
@@ -96,5 +99,7 @@ def generate_share(
     on_tokens: Callable[[int], None] | None = None,
 ) -> RolloutOutput:
     """One response per prompt of `prompt_ids` (validation), response i from `seeds[i]`."""
+    if not prompt_ids:
+        return RolloutOutput()
     generator = rollout_engine(engine, actor, tokenizer, batch_size)
     return generator.generate(prompt_ids, sampling, seeds=seeds, on_batch=on_batch, on_tokens=on_tokens)

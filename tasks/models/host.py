@@ -116,8 +116,9 @@ class ModelHost:
         self._trained[role] = value
         return apply_update(run, role, inputs, value, self.tokenizer(run, inputs.parent), on_step=on_step)
 
-    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str]:
-        """Save what `train` produced: checkpoints/iter=N/<role>/; (directory, digest)."""
+    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str, str]:
+        """Save what `train` produced: checkpoints/iter=N/<role>/ and <role>.optim/; (directory,
+        its digest, the optimizer state's digest)."""
         return save_checkpoint(run, role, step, self._trained[role], tokenizer, clock=run.io)
 
     def close(self) -> None:
@@ -141,7 +142,7 @@ class ModelHost:
                 value = self.trainable(run, inputs.parent, optim)
             except StateUnavailable as error:
                 raise StateUnavailable(f"{missing}, and it cannot be rebuilt: {error}") from error
-            say(f"rebuilding the {state.role} of step {state.step}: replaying its update (not saved)")
+            say(f"rebuilding the {state.role} of step {state.step}: replaying its update (not on disk)")
             apply_update(run, state.role, inputs, value, self.tokenizer(run, inputs.parent))
         self.keep(state, value)
         return value
@@ -194,7 +195,7 @@ class ModelHost:
         model = self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
         optimizer, scheduler = build_optimizer(model, optim)
         if state.step > 0:
-            load_optimizer_state(directory, model, optimizer, scheduler)
+            load_optimizer_state(run, state, model, optimizer, scheduler)
         return Trainable(model, optimizer, scheduler)
 
     def _placed(self, model: torch.nn.Module) -> torch.nn.Module:

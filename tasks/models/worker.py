@@ -17,14 +17,19 @@ from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
 from ppoflow.engine.names import Strategy
 from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.engine.optimizer_state import (
+    OptimizerStateError,
+    load_deepspeed_optimizer,
+    load_torch_optimizer,
+    save_deepspeed_optimizer,
+    save_torch_optimizer,
+)
 from ppoflow.engine.parallel import (
     DeepSpeedStepper,
     FSDP2Stepper,
     deepspeed_engine,
-    full_optimizer_state,
     full_state_dict,
     join_process_group,
-    load_full_optimizer_state,
     shard_fsdp2,
 )
 from ppoflow.engine.ppo import Rollouts
@@ -33,7 +38,7 @@ from ppoflow.engine.update import UpdateResult
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.models.generation import RolloutRequest, generate_share, rollout_share
 from ppoflow.tasks.models.replay import run_update
-from ppoflow.tasks.storage.checkpoints import StateUnavailable, optim_path
+from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.states import UpdateInputs
 
 
@@ -100,23 +105,20 @@ class ModelWorker:
         finally:
             path.unlink(missing_ok=True)
 
-    def load(self, role: str, directory: str, step: int, layout: RoleLayout) -> None:
-        """Load the state saved in `directory` (an HF model; its optimizer state beside it when
-        `step` > 0) as this rank's shard of `role`."""
+    def load(self, role: str, directory: str, optimizer_directory: str | None, layout: RoleLayout) -> None:
+        """Load the model saved in `directory` (an HF model) as this rank's shard of `role`, and the
+        optimizer state in `optimizer_directory` (saved at any world size; None: a fresh optimizer)."""
         model = load_critic(directory) if role == "critic" else load_actor(directory)
         model = model.to(self.device)
         if role == "actor" and not _whole_on_every_rank(layout):
             self._generator = copy.deepcopy(model).eval()
         trained = self._wrap(model, layout)
-        if step > 0:
-            saved = torch.load(optim_path(Path(directory)), weights_only=True)
-            if saved.get("optimizer") is None:
-                raise StateUnavailable(f"{directory} was saved without its optimizer state")
-            if layout.strategy == "deepspeed":
-                _load_deepspeed_optimizer(trained, saved["optimizer"])
-            else:
-                load_full_optimizer_state(trained.model, trained.optimizer, saved["optimizer"])
-            trained.scheduler.load_state_dict(saved["scheduler"])
+        if optimizer_directory is not None:
+            load = load_deepspeed_optimizer if layout.strategy == "deepspeed" else load_torch_optimizer
+            try:
+                load(Path(optimizer_directory), trained.model, trained.optimizer, trained.scheduler)
+            except OptimizerStateError as error:
+                raise StateUnavailable(str(error)) from error
         self._trained[role] = trained
         if role == "actor":
             self._sync_generator()
@@ -230,109 +232,19 @@ class ModelWorker:
             self._sync_generator()
         return result if self.rank == 0 else None
 
-    def save(self, role: str, directory: str, optimizer_file: str) -> None:
-        """Rank 0 writes the whole model (an HF directory) and the optimizer state keyed by
-        parameter name, gathered from every rank (a collective)."""
+    def save(self, role: str, directory: str, optimizer_directory: str) -> None:
+        """Rank 0 writes the whole model (an HF directory, gathered from every rank); every rank
+        writes its part of the optimizer state (collectives: every rank calls this)."""
         trained = self._trained[role]
         weights = self._full_weights(role)
-        if trained.layout.strategy == "deepspeed":
-            optimizer = _deepspeed_optimizer_state(trained)
-        else:
-            optimizer = full_optimizer_state(trained.model, trained.optimizer)
-        if self.rank != 0:
-            return
-        whole = trained.whole_copy()
-        whole.load_state_dict(weights)
-        whole.save_pretrained(directory)
-        torch.save({"optimizer": optimizer, "scheduler": trained.scheduler.state_dict()}, optimizer_file)
+        save = save_deepspeed_optimizer if trained.layout.strategy == "deepspeed" else save_torch_optimizer
+        save(Path(optimizer_directory), trained.model, trained.optimizer, trained.scheduler)
+        if self.rank == 0:
+            whole = trained.whole_copy()
+            whole.load_state_dict(weights)
+            whole.save_pretrained(directory)
 
 
 def _whole_on_every_rank(layout: RoleLayout) -> bool:
     """ZeRO-1/2 shard optimizer state and gradients only: every rank holds the whole weights."""
     return layout.strategy == "deepspeed" and layout.zero_stage < 3
-
-
-def _deepspeed_optimizer_state(trained: _Trained) -> dict:
-    """A ZeRO optimizer's AdamW state, whole and keyed by parameter name (a collective)."""
-    from deepspeed.utils import safe_get_full_optimizer_state
-
-    module = trained.module
-    state, names = {}, []
-    step = _deepspeed_step(trained)
-    for name, param in module.named_parameters():
-        if not param.requires_grad:
-            continue
-        names.append(name)
-        moments = {key: safe_get_full_optimizer_state(param, key) for key in ("exp_avg", "exp_avg_sq")}
-        if all(v is not None for v in moments.values()):
-            state[name] = {
-                "step": torch.tensor(float(step)),
-                **{k: v.detach().cpu() for k, v in moments.items()},
-            }
-    groups = [
-        {**{k: v for k, v in g.items() if k != "params"}, "params": names}
-        for g in trained.optimizer.param_groups[:1]
-    ]
-    return {"state": state, "param_groups": groups}
-
-
-def _deepspeed_step(trained: _Trained) -> int:
-    for value in trained.optimizer.state.values():
-        if "step" in value:
-            return int(value["step"])
-    return 0
-
-
-def _load_deepspeed_optimizer(trained: _Trained, saved: dict) -> None:
-    """Restore a name-keyed AdamW state into a ZeRO optimizer. Its state only exists after a first
-    step, so one step with zero gradients and lr 0 creates it (no parameter moves), then the saved
-    moments and step count replace it."""
-    from deepspeed.utils import safe_set_full_optimizer_state
-
-    if not saved["state"]:
-        return
-    engine, optimizer = trained.model, trained.optimizer
-    lrs = [g["lr"] for g in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-    _zero_step(engine)
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr
-    module = engine.module
-    for name, param in module.named_parameters():
-        if name in saved["state"]:
-            for key in ("exp_avg", "exp_avg_sq"):
-                value = saved["state"][name][key].to(torch.float32)
-                if hasattr(param, "ds_id"):
-                    _set_zero3_state(param, value, key)
-                else:
-                    safe_set_full_optimizer_state(param, value, key)
-    step = next(iter(saved["state"].values()))["step"]
-    for value in optimizer.state.values():
-        if "step" in value:
-            value["step"] = step.clone() if torch.is_tensor(value["step"]) else int(step)
-
-
-def _set_zero3_state(param, value: torch.Tensor, key: str) -> None:
-    """This rank's partition of a ZeRO-3 parameter's optimizer state `key` from its whole value.
-    (DeepSpeed's safe_set_full_optimizer_state fails on a parameter smaller than the world size,
-    whose last partitions are padding.)"""
-    optimizer = param._z3_optimizer
-    partition, _ = optimizer._get_fp32_opt_state_partition(
-        param, release_swap_buffers=False, optim_state_key=key
-    )
-    rank = optimizer._get_param_partition_rank(param)
-    size = partition.numel()
-    padded = torch.zeros(size * (rank + 1), dtype=partition.dtype)
-    flat = value.flatten()[: padded.numel()]
-    padded[: flat.numel()] = flat
-    partition.data.copy_(padded[size * rank :].to(partition.device))
-
-
-def _zero_step(engine) -> None:
-    """One DeepSpeed optimizer step on zero gradients (every rank at once)."""
-    ids = torch.zeros((1, 1), dtype=torch.long, device=engine.device)
-    loss = engine(input_ids=ids).logits.sum() * 0.0
-    engine.set_gradient_accumulation_boundary(True)
-    engine.backward(loss, scale_wrt_gas=False)
-    engine.step()

@@ -3,8 +3,8 @@ keeps its models in `world` worker processes (Ray actors, `worker.ModelWorker`),
 joined in one torch.distributed process group. Stages stay Prefect tasks in the driver: each asks
 this host for rollouts, values, an update or a checkpoint, and the host sends every rank its share.
 
-Ray is started for the run on loopback without a dashboard, or joined at `RAY_ADDRESS` /
-trainer.ray_address for a cluster; a worker that dies fails the stage within seconds with the rank
+Ray is started for the run on loopback without a dashboard, or joined at `RAY_ADDRESS` for a
+cluster; a worker that dies fails the stage within seconds with the rank
 named, and the group is torn down (no worker outlives the run).
 """
 
@@ -30,7 +30,12 @@ from ppoflow.tasks.models.host import saved_tokenizer_dir
 from ppoflow.tasks.models.reaper import names_ray
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
-from ppoflow.tasks.storage.checkpoints import StateUnavailable, verified_dir, write_checkpoint
+from ppoflow.tasks.storage.checkpoints import (
+    StateUnavailable,
+    verified_dir,
+    verified_optimizer_dir,
+    write_checkpoint,
+)
 from ppoflow.tasks.storage.states import ModelState, UpdateInputs
 
 if TYPE_CHECKING:
@@ -64,6 +69,7 @@ class WorkerGroup:
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             if address:
+                _check_reachable(address)
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
                 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, loopback-only instance
@@ -116,8 +122,9 @@ class WorkerGroup:
             except Exception as error:  # the other ranks would wait for it in a collective
                 self.close()
                 rank = rank_of[ready[0]]
+                pid = self.pids[rank] if getattr(self, "pids", None) else None
                 raise WorkerFailed(
-                    f"worker rank {rank} of {len(refs)} failed during {what}: {_first_line(error)}"
+                    f"worker rank {rank} of {len(refs)} failed during {what}: {_first_line(error, pid)}"
                 ) from None
         return ray.get(refs)
 
@@ -194,23 +201,25 @@ class WorkerGroupHost:
         return self._tokenizers[directory]
 
     def _ensure(self, run: Run, state: ModelState, what: str) -> None:
-        """Make the workers hold `state`: already held, else its intact checkpoint, else replayed."""
+        """Make the workers hold `state`: already held, else its intact checkpoint (with its optimizer
+        state, since the workers train what they hold), else replayed."""
         role = state.role
         if self._live.get(role) == state.lineage:
             return
         self._live.pop(role, None)
         try:
             directory = verified_dir(run, state)
+            optimizer = str(verified_optimizer_dir(run, state)) if state.step > 0 else None
         except StateUnavailable:
             inputs = state.origin
             if inputs is None:
                 raise
             self._ensure(run, inputs.parent, what)
-            say(f"rebuilding the {role} of step {state.step}: replaying its update (not saved)")
+            say(f"rebuilding the {role} of step {state.step}: replaying its update (not on disk)")
             self._train(run, role, inputs, what)
         else:
             self.group.call(
-                "load", role, str(directory), state.step, self._layouts[role], what=f"{what} (loading)"
+                "load", role, str(directory), optimizer, self._layouts[role], what=f"{what} (loading)"
             )
         self._live[role] = state.lineage
 
@@ -290,12 +299,12 @@ class WorkerGroupHost:
         )
         return results[0]
 
-    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str]:
-        """Rank 0 writes the whole model and optimizer state (gathered from all ranks), this
-        process the tokenizer, into the checkpoint being staged."""
+    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str, str]:
+        """Rank 0 writes the whole model (gathered), every rank its part of the optimizer state,
+        this process the tokenizer, into the checkpoint being staged."""
 
-        def fill(directory, optimizer_file) -> None:
-            self.group.call("save", role, str(directory), str(optimizer_file), what=f"{role} checkpoint")
+        def fill(directory, optimizer_directory) -> None:
+            self.group.call("save", role, str(directory), str(optimizer_directory), what=f"{role} checkpoint")
             tokenizer.save_pretrained(directory)
 
         return write_checkpoint(run, role, step, fill, clock=run.io)
@@ -363,10 +372,30 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def _first_line(error: BaseException) -> str:
+def _first_line(error: BaseException, pid: int | None) -> str:
+    """One line for a rank's failure: the exception it raised, or that its process died."""
+    from ray.exceptions import RayActorError
+
+    if isinstance(error, RayActorError):
+        process = f"its process (pid {pid})" if pid else "its process"
+        return f"{process} died (killed, crashed or out of memory); Ray's logs: /tmp/ray/session_latest/logs"
     cause = getattr(error, "cause", None) or error
     lines = [line for line in str(cause).strip().splitlines() if line.strip()]
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}".strip()
+
+
+def _check_reachable(address: str) -> None:
+    """Joining a cluster that is not there makes Ray retry for minutes: check the address first."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # "auto" or "local": Ray looks for the cluster itself
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as error:
+        raise WorkerFailed(
+            f"no Ray cluster answers at RAY_ADDRESS={address} ({error.strerror or error}): start one "
+            "there with `ray start --head`, or unset RAY_ADDRESS to run on this machine"
+        ) from None
 
 
 def _free_port() -> int:

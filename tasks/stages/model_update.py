@@ -10,7 +10,7 @@ from ppoflow.tasks.models.replay import update_steps
 from ppoflow.tasks.observe.console import progress_bar
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import current_cache_key, digest_of
-from ppoflow.tasks.storage.checkpoints import prune_checkpoints
+from ppoflow.tasks.storage.checkpoints import prune_checkpoints, prune_optimizer_states
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, UpdateInputs, timing_values
 from ppoflow.tasks.storage.tables import stage_path, write_table
@@ -55,12 +55,15 @@ def train_state(
         parent = inputs.parent
         state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
         if save:
-            checkpoint, digest = run.models.save(run, role, inputs.step, tokenizer)
+            checkpoint, digest, optimizer_digest = run.models.save(run, role, inputs.step, tokenizer)
             prune_checkpoints(run, role, keep_checkpoints)
+            prune_optimizer_states(run, role, inputs.step)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
             saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})
-            state = ModelState(role, state.lineage, inputs.step, checkpoint, digest, origin=saved_inputs)
+            state = ModelState(
+                role, state.lineage, inputs.step, checkpoint, digest, saved_inputs, optimizer_digest
+            )
     except BaseException:
         run.models.drop(role)
         raise

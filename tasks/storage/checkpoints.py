@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import file_digest, leads_outside, remove_from_run, timed_io
@@ -43,17 +44,20 @@ def model_dir(run: Run, state: ModelState) -> Path:
     return run.path / state.checkpoint
 
 
-def optim_path(directory: Path) -> Path:
-    """checkpoints/iter=k/<role>.optim.pt beside the model directory."""
-    return directory.parent / f"{directory.name}.optim.pt"
+def optimizer_dir(directory: Path) -> Path:
+    """checkpoints/iter=k/<role>.optim/ beside the model directory: the optimizer state, one
+    safetensors file per rank that saved it, and state.json."""
+    return directory.parent / f"{directory.name}.optim"
 
 
 def checkpoint_digest(directory: Path) -> str:
-    """sha256 over a checkpoint: every file of its directory (weights, config, tokenizer) and its
-    optimizer state."""
-    h = hashlib.sha256(directory_digest(directory).encode())
-    h.update(file_digest(optim_path(directory)).encode())
-    return "sha256:" + h.hexdigest()
+    """sha256 over a checkpoint's model directory: every file (weights, config, tokenizer)."""
+    return "sha256:" + hashlib.sha256(directory_digest(directory).encode()).hexdigest()
+
+
+def optimizer_digest(directory: Path) -> str:
+    """sha256 over the optimizer state saved beside the model directory `directory`."""
+    return "sha256:" + directory_digest(optimizer_dir(directory))
 
 
 def directory_digest(directory: Path) -> str:
@@ -68,10 +72,11 @@ def directory_digest(directory: Path) -> str:
 
 def state_files_intact(run: Run, state: ModelState) -> bool:
     """Whether the files a state names still hold what was recorded: a base model's directory its
-    lineage, a saved update's checkpoint (in the run, not through a link) its digest. An update
-    checkpoint that is gone is allowed when a newer checkpoint of the role exists (pruned by
-    max_*_ckpt_to_keep; replay rebuilds it if ever needed); the newest one must be there, since the
-    run names it as its output."""
+    lineage, a saved update's checkpoint (in the run, not through a link) its digest, and its
+    optimizer state its own. An update checkpoint that is gone is allowed when a newer checkpoint of
+    the role exists (pruned by max_*_ckpt_to_keep; replay rebuilds it if ever needed), and so is its
+    optimizer state (only the newest checkpoint of a role keeps one); the newest must be whole,
+    since the run names it as its output and a resume trains it."""
     if state.checkpoint is None:
         return True
     directory = run.path / state.checkpoint
@@ -84,7 +89,11 @@ def state_files_intact(run: Run, state: ModelState) -> bool:
             return _newer_checkpoint_exists(run, state)
         if leads_outside(run.path / "checkpoints", directory):
             return False
-        return checkpoint_digest(directory) == state.checkpoint_digest
+        if checkpoint_digest(directory) != state.checkpoint_digest:
+            return False
+        if not optimizer_dir(directory).exists():
+            return _newer_checkpoint_exists(run, state)
+        return optimizer_digest(directory) == state.optimizer_digest
     except OSError:
         return False
 
@@ -98,7 +107,7 @@ def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
 
 
 def verified_dir(run: Run, state: ModelState) -> Path:
-    """The state's checkpoint directory, after checking its files against the recorded digest."""
+    """The state's model directory, after checking its files against the recorded digest."""
     directory = model_dir(run, state)
     if not (directory / "config.json").is_file():
         raise StateUnavailable(f"checkpoint {directory} of the {state.role} at step {state.step} is missing")
@@ -112,89 +121,85 @@ def verified_dir(run: Run, state: ModelState) -> Path:
     return directory
 
 
+def verified_optimizer_dir(run: Run, state: ModelState) -> Path:
+    """The optimizer state saved with `state` (to continue training it), checked like its weights."""
+    model = verified_dir(run, state)
+    directory = optimizer_dir(model)
+    if not directory.is_dir():
+        raise StateUnavailable(
+            f"the optimizer state of the {state.role} at step {state.step} was not kept "
+            "(only the newest checkpoint of a role keeps it)"
+        )
+    try:
+        actual = optimizer_digest(model)
+    except OSError as error:
+        raise StateUnavailable(f"optimizer state {directory} is incomplete: {error}") from error
+    if actual != state.optimizer_digest:
+        raise StateUnavailable(f"optimizer state {directory} was altered or truncated (digest mismatch)")
+    return directory
+
+
 @timed_io
-def write_checkpoint(run: Run, role: str, step: int, fill: Callable[[Path, Path], None]) -> tuple[str, str]:
-    """Write checkpoints/iter=NNNNNN/<role>/ and <role>.optim.pt with `fill(model directory,
-    optimizer file)`; returns (directory relative to the run, checkpoint digest). Files are staged
-    and renamed into place; a crash in between leaves a checkpoint whose digest does not match,
-    which is never used."""
+def write_checkpoint(
+    run: Run, role: str, step: int, fill: Callable[[Path, Path], None]
+) -> tuple[str, str, str]:
+    """Write checkpoints/iter=NNNNNN/<role>/ and <role>.optim/ with `fill(model directory,
+    optimizer directory)`; returns (model directory relative to the run, its digest, the optimizer
+    state's digest). Both are staged and renamed into place; a crash in between leaves files whose
+    digests do not match, which are never used."""
     relative = f"checkpoints/iter={step:06d}/{role}"
     final = run.path / relative
     final.parent.mkdir(parents=True, exist_ok=True)
+    root = run.path / "checkpoints"
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
-        remove_from_run(run.path / "checkpoints", leftover)
+        remove_from_run(root, leftover)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
-    optim_tmp = final.parent / f".{role}.optim.pt.tmp"
+    optim_staging = Path(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
     try:
-        fill(staging, optim_tmp)
+        fill(staging, optim_staging)
         inject_fault("checkpoint", step)
-        remove_from_run(run.path / "checkpoints", final)
+        remove_from_run(root, final)
+        remove_from_run(root, optimizer_dir(final))
         os.replace(staging, final)
-        os.replace(optim_tmp, optim_path(final))
+        os.replace(optim_staging, optimizer_dir(final))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
-        optim_tmp.unlink(missing_ok=True)
+        shutil.rmtree(optim_staging, ignore_errors=True)
         raise
-    return relative, checkpoint_digest(final)
+    return relative, checkpoint_digest(final), optimizer_digest(final)
 
 
 def save_checkpoint(
     run: Run, role: str, step: int, value: Trainable, tokenizer, *, clock=None
-) -> tuple[str, str]:
+) -> tuple[str, str, str]:
     """A model trained in this process: an HF directory with its tokenizer, and its optimizer state
-    keyed by parameter name (loadable at any world size)."""
+    (loadable at any world size)."""
 
-    def fill(directory: Path, optimizer_file: Path) -> None:
+    def fill(directory: Path, optimizer_directory: Path) -> None:
         value.model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
-        state = {
-            "optimizer": named_optimizer_state(value.model, value.optimizer),
-            "scheduler": value.scheduler.state_dict(),
-        }
-        torch.save(state, optimizer_file)
+        save_torch_optimizer(optimizer_directory, value.model, value.optimizer, value.scheduler)
 
     return write_checkpoint(run, role, step, fill, clock=clock)
 
 
-def named_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """`optimizer.state_dict()` with each parameter named as in the model instead of numbered: the
-    layout of torch.distributed's full optimizer state dict, which any world size can load."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    saved = optimizer.state_dict()
-    return {
-        "state": {order[i]: value for i, value in saved["state"].items()},
-        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in saved["param_groups"]],
-    }
+def load_optimizer_state(run: Run, state: ModelState, model: torch.nn.Module, optimizer, scheduler) -> None:
+    """Restore the optimizer and LR schedule saved with `state` into this process's optimizer."""
+    directory = verified_optimizer_dir(run, state)
+    try:
+        load_torch_optimizer(directory, model, optimizer, scheduler)
+    except OptimizerStateError as error:
+        raise StateUnavailable(str(error)) from error
 
 
-def numbered_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, named: dict) -> dict:
-    """The inverse of `named_optimizer_state`, for `optimizer.load_state_dict`; a state whose names
-    do not match the model's parameters is an error naming the first that differs."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-    index = {name: i for i, name in enumerate(order)}
-    saved_names = [n for g in named["param_groups"] for n in g["params"]]
-    if sorted(saved_names) != sorted(order):
-        differing = sorted(set(saved_names) ^ set(order))
-        raise StateUnavailable(
-            f"the saved optimizer state does not match the model's parameters ({differing[0]})"
-        )
-    return {
-        "state": {index[name]: value for name, value in named["state"].items()},
-        "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in named["param_groups"]],
-    }
-
-
-def load_optimizer_state(directory: Path, model: torch.nn.Module, optimizer, scheduler) -> None:
-    """Restore the optimizer and LR schedule saved beside `directory` (by parameter name; a file
-    written by an earlier ppoflow numbers them instead)."""
-    saved = torch.load(optim_path(directory), weights_only=True)
-    state = saved["optimizer"]
-    if any(isinstance(name, str) for g in state["param_groups"] for name in g["params"]):
-        state = numbered_optimizer_state(model, optimizer, state)
-    optimizer.load_state_dict(state)
-    scheduler.load_state_dict(saved["scheduler"])
+def prune_optimizer_states(run: Run, role: str, newest: int) -> None:
+    """Delete the optimizer state of every checkpoint of `role` older than step `newest`: a resume
+    trains only the newest (an older state that is ever trained again is rebuilt by replay)."""
+    root = run.path / "checkpoints"
+    for directory in root.glob(f"iter=*/{role}.optim"):
+        step = directory.parent.name.removeprefix("iter=")
+        if step.isdigit() and int(step) < newest and not leads_outside(root, directory):
+            remove_from_run(root, directory)
 
 
 def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
@@ -206,4 +211,4 @@ def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
     for directory in saved[:-keep]:
         if not leads_outside(root, directory):  # a planted link's target is not the run's
             remove_from_run(root, directory)
-            remove_from_run(root, optim_path(directory))
+            remove_from_run(root, optimizer_dir(directory))

@@ -131,6 +131,7 @@ FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "checkpoint": (str, type(None)),
         "checkpoint_digest": (str, type(None)),
         "origin": (UpdateInputs, type(None)),
+        "optimizer_digest": (str, type(None)),
     },
     UpdateInputs: {
         "parent": (ModelState,),

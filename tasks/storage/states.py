@@ -19,8 +19,9 @@ ROLES = ("actor", "critic")
 class ModelState:
     """One version of a trained model. `lineage` hashes the parent state's lineage and what it was
     updated on (DESIGN.md "Identity"); `checkpoint` is its directory relative to the run (absolute for
-    a base model used in place) and `checkpoint_digest` the digest of its weights and optimizer files,
-    when saved; `origin` is the update that produced it, so a state that was not saved (or whose
+    a base model used in place), `checkpoint_digest` the digest of that directory (weights, config,
+    tokenizer) and `optimizer_digest` the digest of the optimizer state saved beside it, when saved;
+    `origin` is the update that produced it, so a state that was not saved (or whose
     files were lost) can be rebuilt by replaying that update from its parent."""
 
     role: str
@@ -29,6 +30,7 @@ class ModelState:
     checkpoint: str | None
     checkpoint_digest: str | None = None
     origin: UpdateInputs | None = None
+    optimizer_digest: str | None = None
 
     def __post_init__(self) -> None:
         # A state read back from a run directory names paths to write (checkpoints/iter=k/<role>):

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppoflow.engine.data import batch_rows
+from ppoflow.tasks.storage.checkpoints import optimizer_dir
 from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
 
@@ -24,6 +25,7 @@ def _saved(run: Run, state: ModelState | None) -> dict | None:
         "lineage": state.lineage,
         "step": state.step,
         "digest": state.checkpoint_digest,
+        "optimizer_digest": state.optimizer_digest,
         "checkpoint": str(run.path / state.checkpoint),
     }
 
@@ -83,7 +85,20 @@ def resume_state(checkpoint_dir: str | Path, initial: TrainState) -> tuple[int, 
                 f"trainer.resume_from_path={checkpoint_dir}: the {role} checkpoint it names, "
                 f"{info['checkpoint']}, is gone (pruned by max_{role}_ckpt_to_keep?)"
             )
-        return ModelState(role, info["lineage"], info["step"], info["checkpoint"], info["digest"])
+        if info["step"] > 0 and not optimizer_dir(Path(info["checkpoint"])).is_dir():
+            raise FileNotFoundError(
+                f"trainer.resume_from_path={checkpoint_dir}: the {role} optimizer state is not there "
+                "(a run keeps it with the newest checkpoint of each role only); resume from that "
+                "run's last checkpoints/iter=NNNNNN folder"
+            )
+        return ModelState(
+            role,
+            info["lineage"],
+            info["step"],
+            info["checkpoint"],
+            info["digest"],
+            optimizer_digest=info.get("optimizer_digest"),
+        )
 
     state = TrainState(
         actor=restored("actor", initial.actor),

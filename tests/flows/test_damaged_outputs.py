@@ -71,7 +71,7 @@ def test_damaged_checkpoints_and_base_model_are_rebuilt_before_the_run_succeeds(
     copy = _copy(run_dir, tmp_path)
     final = copy / "checkpoints/iter=000002/actor/model.safetensors"
     tokenizer = copy / "checkpoints/iter=000002/critic/tokenizer.json"
-    optimizer = copy / "checkpoints/iter=000001/actor.optim.pt"
+    optimizer = copy / "checkpoints/iter=000002/actor.optim/model-00001-of-00001.safetensors"
     base = copy / "model/base/model.safetensors"
     expected = {path: file_digest(path) for path in (final, tokenizer, optimizer, base)}
     final.write_bytes(final.read_bytes()[:1000])
@@ -93,7 +93,7 @@ def test_a_deleted_final_checkpoint_is_saved_again(small_run, tmp_path):
     final = copy / "checkpoints/iter=000002"
     expected = file_digest(final / "critic/model.safetensors")
     shutil.rmtree(final / "critic")
-    (final / "critic.optim.pt").unlink()
+    shutil.rmtree(final / "critic.optim")
     train(copy)
     assert file_digest(final / "critic/model.safetensors") == expected
 
@@ -108,12 +108,14 @@ def test_a_deleted_manifest_is_written_again_and_killed_writes_leave_nothing(sma
         copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp",
         copy / ".catalog.duckdb.5f3a9c0d1e2b.tmp.wal",
         copy / "iter=000002/rollouts/.part-00000.parquet.a1b2c3d4e5f6.tmp",
-        copy / "checkpoints/iter=000002/.actor.optim.pt.tmp",
     ]
     for path in leftovers:
         path.write_bytes(b"partial")
     staging = copy / "checkpoints/iter=000002/.actor.k2j3h4"
     staging.mkdir()
+    optimizer_staging = copy / "checkpoints/iter=000002/.actor.optim.x1y2z3"
+    optimizer_staging.mkdir()
+    (optimizer_staging / "shard-00001-model-00001-of-00001.safetensors").write_bytes(b"partial")
     train(copy)
     rewritten = json.loads(manifest.read_text())
     assert rewritten["stages"].keys() == expected["stages"].keys()
@@ -122,7 +124,7 @@ def test_a_deleted_manifest_is_written_again_and_killed_writes_leave_nothing(sma
             assert rewritten["stages"][stage]["refs"] == entry["refs"], stage
     [metrics] = rewritten["stages"]["metrics"]["refs"]
     assert file_digest(copy / metrics["path"]) == metrics["digest"]
-    assert not any(path.exists() for path in [*leftovers, staging])
+    assert not any(path.exists() for path in [*leftovers, staging, optimizer_staging])
     assert (copy / "catalog.duckdb").is_file()
 
 
@@ -147,11 +149,12 @@ def test_pruning_deletes_nothing_a_link_in_the_run_points_at(small_run, tmp_path
     victim = tmp_path / "victim"
     (victim / "actor").mkdir(parents=True)
     (victim / "actor/keep.txt").write_text("precious")
-    (victim / "actor.optim.pt").write_text("precious")
+    (victim / "actor.optim").mkdir()
+    (victim / "actor.optim/state.json").write_text("precious")
     (copy / "checkpoints/iter=000000").symlink_to(victim)
     train(copy, "trainer.total_training_steps=3", "trainer.max_actor_ckpt_to_keep=1")
     assert (victim / "actor/keep.txt").read_text() == "precious"
-    assert (victim / "actor.optim.pt").read_text() == "precious"
+    assert (victim / "actor.optim/state.json").read_text() == "precious"
     kept = sorted(p.parent.parent.name for p in (copy / "checkpoints").glob("iter=*/actor/config.json"))
     assert kept == ["iter=000003"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -78,6 +79,16 @@ def _weights_gap(a: Path, b: Path, step: int, role: str) -> float:
     return max((first[k] - second[k]).abs().max().item() for k in first)
 
 
+def _optimizer_parts(run_dir: Path, step: int, role: str) -> list[set[str]]:
+    """The tensor names in each rank's file of a checkpoint's optimizer state."""
+    parts = sorted((run_dir / f"checkpoints/iter={step:06d}/{role}.optim").glob("*.safetensors"))
+    names = []
+    for part in parts:
+        with safe_open(part, "pt") as f:
+            names.append(set(f.keys()))
+    return names
+
+
 @pytest.fixture(scope="module")
 def one_process(prefect_server, tiny_model_dir, tmp_path_factory):
     """The embedded default (PPO with a critic) in this process: the reference of the FSDP2 runs."""
@@ -100,6 +111,9 @@ def test_fsdp2_on_two_ranks_equals_one_process(one_process, fsdp2):
         f"SELECT count(*), max(grad_norm) FROM read_parquet('{fsdp2}/iter=*/actor_update/*.parquet')"
     ).fetchall()[0]
     assert actor[0] == 2 * 8 * 4 and actor[1] > 1.0  # 8 mini-batches × 4 epochs; the clip at 1.0 binds
+    parts = _optimizer_parts(fsdp2, 2, "actor")  # each rank wrote its shard of every moment
+    assert len(parts) == 2 and parts[0] == parts[1] == _optimizer_parts(one_process, 2, "actor")[0]
+    assert not (fsdp2 / "checkpoints/iter=000001/actor.optim").exists()  # only the newest keeps one
 
 
 def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(prefect_server, tiny_model_dir, tmp_path):
@@ -134,6 +148,12 @@ def test_deepspeed_zero3_actor_and_zero2_critic(prefect_server, tiny_model_dir, 
     assert _weights_gap(one, sharded, 1, "critic") <= 1e-5
     assert _weights_gap(one, sharded, 2, "actor") <= 1e-3
     assert _table(sharded, "rewards") == _table(one, "rewards")
+    for role in ("actor", "critic"):  # each rank wrote the moments of its own half of the parameters
+        first, second = _optimizer_parts(sharded, 2, role)
+        assert first and second and not first & second
+        assert first | second == _optimizer_parts(one, 2, role)[0]
+    _train(sharded, *SMALL_PPO, "trainer.total_training_steps=3")  # continued in one process
+    assert _table(sharded, "rewards", 3)
 
 
 def test_resume_on_another_world_size(prefect_server, tiny_model_dir, tmp_path):

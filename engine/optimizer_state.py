@@ -1,0 +1,352 @@
+"""An AdamW state on disk that any world size reads back.
+
+Each rank writes the moments it holds (its shard of every parameter's `exp_avg` and `exp_avg_sq`,
+named `<parameter>.<moment>`) into its own safetensors file, in torch.distributed.checkpoint's
+Hugging Face layout: the offsets of each piece are in the file's metadata, so a state saved by two
+ranks loads into one or three, FSDP2 or DeepSpeed. `state.json` holds what is not a tensor: the step
+count, the parameter group's hyperparameters and the LR schedule. Nothing is unpickled: the files
+are tensors and JSON, and a value of the wrong kind is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+STATE_FILE = "state.json"
+FORMAT = 1
+LOAD_BATCH_BYTES = 256 * 2**20
+"""DeepSpeed loads whole moments a batch of parameters at a time (bounded memory on every rank)."""
+
+
+class OptimizerStateError(ValueError):
+    """A saved optimizer state that cannot be read into this optimizer."""
+
+
+# --- the files ---------------------------------------------------------------------------------
+
+
+def save_moments(directory: Path, moments: dict[str, torch.Tensor], *, distributed: bool) -> None:
+    """Write `moments` (this rank's pieces; DTensors keep their offsets) into `directory`; with
+    `distributed`, every rank of the process group calls it and writes its own file."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    writer = HuggingFaceStorageWriter(str(directory), save_distributed=distributed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(moments, storage_writer=writer, no_dist=not distributed)
+    if not distributed or dist.get_rank() == 0:  # every rank's file is written when save returns
+        for path in sorted(Path(directory).glob("*.safetensors")):
+            _sort_header(path)
+
+
+def _sort_header(path: Path) -> None:
+    """Rewrite a safetensors header with its keys sorted (same length, so the data does not move):
+    the writer orders them differently in every process, and equal states must be equal files."""
+    with open(path, "r+b") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+        canonical = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        if len(canonical) > length:
+            return
+        f.seek(8)
+        f.write(canonical.ljust(length, b" "))
+
+
+def saved_names(directory: Path) -> set[str]:
+    """The tensor names a saved state holds (from the files' headers)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    if not any(Path(directory).glob("*.safetensors")):
+        return set()
+    try:
+        return set(HuggingFaceStorageReader(str(directory)).read_metadata().state_dict_metadata)
+    except Exception as error:  # a damaged header
+        raise OptimizerStateError(f"optimizer state in {directory} cannot be read: {error}") from error
+
+
+def load_moments(directory: Path, targets: dict[str, torch.Tensor]) -> None:
+    """Fill each target (a whole tensor, or this rank's DTensor shard) from the saved pieces."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    if not targets:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(targets, storage_reader=HuggingFaceStorageReader(str(directory)), no_dist=True)
+    except Exception as error:  # a damaged file or a shape that does not fit
+        raise OptimizerStateError(f"optimizer state in {directory} cannot be read: {error}") from error
+
+
+def write_state_file(directory: Path, *, step: int, group: dict, scheduler: dict, world: int) -> None:
+    """state.json: the optimizer step count, the hyperparameters of its parameter group, the LR
+    schedule's state and the world size it was saved at."""
+    hyperparameters = {k: list(v) if isinstance(v, tuple) else v for k, v in group.items() if k != "params"}
+    schedule = {k: v for k, v in scheduler.items() if k != "lr_lambdas"}
+    record = {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world,
+        "group": hyperparameters,
+        "scheduler": schedule,
+    }
+    (Path(directory) / STATE_FILE).write_text(json.dumps(record, indent=1))
+
+
+def read_state_file(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:
+    """state.json, checked against a fresh optimizer and schedule: the same keys, each value of the
+    same kind (a number is a number, betas two numbers)."""
+    path = Path(directory) / STATE_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise OptimizerStateError(f"{path} cannot be read: {error}") from error
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise OptimizerStateError(f"{path} is not a ppoflow optimizer state (format {FORMAT})")
+    step = record.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise OptimizerStateError(f"{path}: step must be a count, got {step!r}")
+    fresh_group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
+    fresh_schedule = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    return {
+        "step": step,
+        "group": _checked(record.get("group"), fresh_group, f"{path}: group"),
+        "scheduler": _checked(record.get("scheduler"), fresh_schedule, f"{path}: scheduler"),
+    }
+
+
+def _checked(saved, fresh: dict, where: str) -> dict:
+    if not isinstance(saved, dict):
+        raise OptimizerStateError(f"{where} must be an object")
+    unknown = sorted(set(saved) - set(fresh))
+    if unknown:
+        raise OptimizerStateError(f"{where} has unknown key {unknown[0]!r}")
+    out = {}
+    for key, value in saved.items():
+        expected = fresh[key]
+        if isinstance(expected, (tuple, list)):
+            if (
+                not isinstance(value, list)
+                or len(value) != len(expected)
+                or not all(_is_number(v) for v in value)
+            ):
+                raise OptimizerStateError(f"{where}.{key} must be {len(expected)} numbers, got {value!r}")
+            out[key] = type(expected)(value)
+        elif isinstance(expected, bool) or expected is None:
+            if value is not None and not isinstance(value, bool):
+                raise OptimizerStateError(f"{where}.{key} must be true, false or null, got {value!r}")
+            out[key] = value
+        elif _is_number(expected):
+            if not _is_number(value):
+                raise OptimizerStateError(f"{where}.{key} must be a number, got {value!r}")
+            out[key] = type(expected)(value)
+        else:
+            raise OptimizerStateError(f"{where}.{key} is not restorable")
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# --- one process or FSDP2 (torch's optimizer state dict, sharded as the parameters are) ----------
+
+
+def save_torch_optimizer(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler
+) -> None:
+    """The AdamW state of a plain or FSDP2 model; a collective when the model is sharded."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    distributed = dist.is_initialized() and dist.get_world_size() > 1
+    step = _step_count(optimizer.state.values())
+    if step > 0:  # (asking for the state dict of an optimizer that never stepped would create one)
+        saved = get_optimizer_state_dict(model, optimizer)
+        moments = {f"{n}.{k}": v for n, s in saved["state"].items() for k, v in s.items() if k in MOMENTS}
+        save_moments(directory, moments, distributed=distributed)
+    if not distributed or dist.get_rank() == 0:
+        write_state_file(
+            directory,
+            step=step,
+            group=optimizer.param_groups[0],
+            scheduler=scheduler.state_dict(),
+            world=dist.get_world_size() if distributed else 1,
+        )
+
+
+def load_torch_optimizer(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler
+) -> None:
+    """Restore a state saved at any world size into a plain or FSDP2 model's optimizer (each rank
+    reads the pieces of its own shard)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    record = read_state_file(directory, optimizer, scheduler)
+    present = saved_names(directory)
+    if record["step"] > 0 and present:
+        state = get_optimizer_state_dict(model, optimizer)  # creates the state (a step at lr 0)
+        targets = {
+            f"{name}.{k}": v
+            for name, s in state["state"].items()
+            for k, v in s.items()
+            if k in MOMENTS and f"{name}.{k}" in present
+        }
+        _check_names(directory, present, targets)
+        load_moments(directory, targets)
+        for name, s in state["state"].items():
+            s["step"] = torch.tensor(float(record["step"]))
+            for k in MOMENTS:
+                if f"{name}.{k}" in targets:
+                    s[k] = targets[f"{name}.{k}"]
+        set_optimizer_state_dict(model, optimizer, state)
+    _restore_hyperparameters(optimizer, scheduler, record)
+
+
+def _step_count(states) -> int:
+    for state in states:
+        if "step" in state:
+            return int(state["step"])
+    return 0
+
+
+def _check_names(directory: Path, present: set[str], targets: dict) -> None:
+    """Every saved moment must belong to a parameter of this model."""
+    strangers = sorted(present - set(targets))
+    if strangers:
+        raise OptimizerStateError(
+            f"optimizer state in {directory} does not match the model: no parameter for {strangers[0]!r}"
+        )
+
+
+def _restore_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, record: dict) -> None:
+    for group in optimizer.param_groups:
+        group.update(record["group"])
+    scheduler.load_state_dict({**scheduler.state_dict(), **record["scheduler"]})
+
+
+# --- DeepSpeed ZeRO (moments gathered per parameter, written by the rank that owns it) -----------
+
+
+def save_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Optimizer, scheduler) -> None:
+    """Every rank gathers one parameter's moments at a time (DeepSpeed's safe_get_full_optimizer_state,
+    a collective) and keeps those of the parameters it owns (`owners`), so each rank writes about an
+    equal part and none holds the whole state."""
+    from deepspeed.utils import safe_get_full_optimizer_state
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    step = _step_count(optimizer.state.values())
+    if step > 0:
+        params = _trainable(engine.module)
+        owner = owners([getattr(p, "ds_numel", p.numel()) for _, p in params], world)
+        moments = {}
+        for (name, param), keeper in zip(params, owner, strict=True):
+            for key in MOMENTS:
+                value = safe_get_full_optimizer_state(param, key)
+                if value is not None and keeper == rank:
+                    moments[f"{name}.{key}"] = value.detach().cpu()
+        save_moments(directory, moments, distributed=True)
+    if rank == 0:
+        write_state_file(
+            directory,
+            step=step,
+            group=optimizer.param_groups[0],
+            scheduler=scheduler.state_dict(),
+            world=world,
+        )
+
+
+def owners(sizes: list[int], world: int) -> list[int]:
+    """The rank that writes each parameter: in order, the one with the fewest elements so far."""
+    loads, ranks = [0] * world, []
+    for size in sizes:
+        rank = loads.index(min(loads))
+        ranks.append(rank)
+        loads[rank] += size
+    return ranks
+
+
+def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Optimizer, scheduler) -> None:
+    """Restore a state saved at any world size into a ZeRO optimizer. Its state exists only after a
+    first step, so one step with zero gradients at lr 0 creates it (no parameter moves); then each
+    rank reads the whole moments of a batch of parameters and keeps its partition."""
+    from deepspeed.utils import safe_set_full_optimizer_state
+
+    record = read_state_file(directory, optimizer, scheduler)
+    present = saved_names(directory)
+    if record["step"] > 0 and present:
+        _zero_step(engine, optimizer)
+        params = dict(_trainable(engine.module))
+        _check_names(directory, present, {f"{n}.{k}": None for n in params for k in MOMENTS})
+        for batch in _batches(params, present):
+            load_moments(directory, batch)
+            for key, value in batch.items():
+                name, moment = key.rsplit(".", 1)
+                param = params[name]
+                if hasattr(param, "ds_id"):
+                    _set_zero3_state(param, value, moment)
+                else:
+                    safe_set_full_optimizer_state(param, value, moment)
+        for state in optimizer.state.values():
+            if "step" in state:
+                step = record["step"]
+                state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
+    _restore_hyperparameters(optimizer, scheduler, record)
+
+
+def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+
+
+def _batches(params: dict[str, torch.nn.Parameter], present: set[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """Whole-size, empty targets for the saved moments, LOAD_BATCH_BYTES at a time."""
+    batch, size = {}, 0
+    for name, param in params.items():
+        shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3 keeps only a partition
+        for key in MOMENTS:
+            if f"{name}.{key}" in present:
+                batch[f"{name}.{key}"] = torch.zeros(shape, dtype=torch.float32)
+                size += 4 * batch[f"{name}.{key}"].numel()
+        if size >= LOAD_BATCH_BYTES:
+            yield batch
+            batch, size = {}, 0
+    if batch:
+        yield batch
+
+
+def _set_zero3_state(param, value: torch.Tensor, key: str) -> None:
+    """This rank's partition of a ZeRO-3 parameter's optimizer state `key` from its whole value.
+    (DeepSpeed's safe_set_full_optimizer_state fails on a parameter smaller than the world size,
+    whose last partitions are padding.)"""
+    optimizer = param._z3_optimizer
+    partition, _ = optimizer._get_fp32_opt_state_partition(
+        param, release_swap_buffers=False, optim_state_key=key
+    )
+    rank = optimizer._get_param_partition_rank(param)
+    size = partition.numel()
+    padded = torch.zeros(size * (rank + 1), dtype=partition.dtype)
+    flat = value.flatten()[: padded.numel()]
+    padded[: flat.numel()] = flat
+    partition.data.copy_(padded[size * rank :].to(partition.device))
+
+
+def _zero_step(engine, optimizer: torch.optim.Optimizer) -> None:
+    """One DeepSpeed optimizer step on zero gradients at lr 0 (every rank at once)."""
+    lrs = [g["lr"] for g in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+    ids = torch.zeros((1, 1), dtype=torch.long, device=engine.device)
+    loss = engine(input_ids=ids).logits.sum() * 0.0
+    engine.set_gradient_accumulation_boundary(True)
+    engine.backward(loss, scale_wrt_gas=False)
+    engine.step()
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
