@@ -191,8 +191,8 @@ def load_torch_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     record = read_state_file(directory, optimizer, scheduler)
-    present = saved_names(directory)
-    if record["step"] > 0 and present:
+    present = _saved_moments(directory, record)
+    if record["step"] > 0:
         state = get_optimizer_state_dict(model, optimizer)  # creates the state (a step at lr 0)
         targets = {
             f"{name}.{k}": v
@@ -281,8 +281,8 @@ def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Opt
     from deepspeed.utils import safe_set_full_optimizer_state
 
     record = read_state_file(directory, optimizer, scheduler)
-    present = saved_names(directory)
-    if record["step"] > 0 and present:
+    present = _saved_moments(directory, record)
+    if record["step"] > 0:
         _zero_step(engine, optimizer)
         params = dict(_trainable(engine.module))
         _check_names(directory, present, {f"{n}.{k}": None for n in params for k in MOMENTS})
@@ -300,6 +300,14 @@ def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Opt
                 step = record["step"]
                 state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
     _restore_hyperparameters(optimizer, scheduler, record)
+
+
+def _saved_moments(directory: Path, record: dict) -> set[str]:
+    """The moment names saved in `directory`; a state that has stepped must have some."""
+    present = saved_names(directory)
+    if record["step"] > 0 and not present:
+        raise OptimizerStateError(f"optimizer state in {directory} has a step count but no moments")
+    return present
 
 
 def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

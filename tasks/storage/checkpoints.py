@@ -112,12 +112,7 @@ def verified_dir(run: Run, state: ModelState) -> Path:
     if not (directory / "config.json").is_file():
         raise StateUnavailable(f"checkpoint {directory} of the {state.role} at step {state.step} is missing")
     if state.checkpoint_digest is not None:
-        try:
-            actual = checkpoint_digest(directory)
-        except OSError as error:
-            raise StateUnavailable(f"checkpoint {directory} is incomplete: {error}") from error
-        if actual != state.checkpoint_digest:
-            raise StateUnavailable(f"checkpoint {directory} was altered or truncated (digest mismatch)")
+        _check_digest("checkpoint", directory, lambda: checkpoint_digest(directory), state.checkpoint_digest)
     return directory
 
 
@@ -130,13 +125,17 @@ def verified_optimizer_dir(run: Run, state: ModelState) -> Path:
             f"the optimizer state of the {state.role} at step {state.step} was not kept "
             "(only the newest checkpoint of a role keeps it)"
         )
-    try:
-        actual = optimizer_digest(model)
-    except OSError as error:
-        raise StateUnavailable(f"optimizer state {directory} is incomplete: {error}") from error
-    if actual != state.optimizer_digest:
-        raise StateUnavailable(f"optimizer state {directory} was altered or truncated (digest mismatch)")
+    _check_digest("optimizer state", directory, lambda: optimizer_digest(model), state.optimizer_digest)
     return directory
+
+
+def _check_digest(name: str, directory: Path, digest: Callable[[], str], recorded: str | None) -> None:
+    try:
+        actual = digest()
+    except OSError as error:
+        raise StateUnavailable(f"{name} {directory} is incomplete: {error}") from error
+    if actual != recorded:
+        raise StateUnavailable(f"{name} {directory} was altered or truncated (digest mismatch)")
 
 
 @timed_io

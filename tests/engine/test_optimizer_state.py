@@ -116,3 +116,11 @@ def test_zero_ranks_split_the_parameters_by_size():
     assert owners([100, 10, 10, 10, 10, 70], 2) == [0, 1, 1, 1, 1, 1]
     assert owners([5, 5, 5], 3) == [0, 1, 2]
     assert owners([], 2) == []
+
+
+def test_a_state_that_stepped_but_lost_its_moments_is_refused(tmp_path):
+    model, _, _ = _trained(tmp_path)
+    for tensors in tmp_path.glob("*.safetensors"):
+        tensors.unlink()
+    with pytest.raises(OptimizerStateError, match="step count but no moments"):
+        _restored(tmp_path, model)
