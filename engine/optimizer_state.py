@@ -11,12 +11,14 @@ are tensors and JSON, and a value of the wrong kind is an error.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 STATE_FILE = "state.json"
@@ -39,12 +41,21 @@ def save_moments(directory: Path, moments: dict[str, torch.Tensor], *, distribut
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     writer = HuggingFaceStorageWriter(str(directory), save_distributed=distributed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.save(moments, storage_writer=writer, no_dist=not distributed)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.save(moments, storage_writer=writer, no_dist=not distributed)
+    except CheckpointException as error:  # a BaseException: unwrap what a rank raised (a full disk)
+        raise _first_failure(error) from None
     if not distributed or dist.get_rank() == 0:  # every rank's file is written when save returns
         for path in sorted(Path(directory).glob("*.safetensors")):
             _sort_header(path)
+
+
+def _first_failure(error: CheckpointException) -> BaseException:
+    for failure, _ in error.failures.values():
+        return failure
+    return OSError(str(error))
 
 
 def _sort_header(path: Path) -> None:
@@ -69,22 +80,64 @@ def saved_names(directory: Path) -> set[str]:
     try:
         return set(HuggingFaceStorageReader(str(directory)).read_metadata().state_dict_metadata)
     except Exception as error:  # a damaged header
-        raise OptimizerStateError(f"optimizer state in {directory} cannot be read: {error}") from error
+        raise OptimizerStateError(
+            f"optimizer state in {directory} cannot be read: {_one_line(error)}"
+        ) from None
 
 
 def load_moments(directory: Path, targets: dict[str, torch.Tensor]) -> None:
-    """Fill each target (a whole tensor, or this rank's DTensor shard) from the saved pieces."""
+    """Fill each target (a whole tensor, or this rank's DTensor shard) from the saved pieces, which
+    must tile each moment exactly (no piece outside it, none overlapping, none missing); a moment
+    read back must be finite (and exp_avg_sq non-negative)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     if not targets:
         return
+    reader = HuggingFaceStorageReader(str(directory))
     try:
+        _check_tiling(reader.read_metadata(), {name: tuple(t.shape) for name, t in targets.items()})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            dcp.load(targets, storage_reader=HuggingFaceStorageReader(str(directory)), no_dist=True)
-    except Exception as error:  # a damaged file or a shape that does not fit
-        raise OptimizerStateError(f"optimizer state in {directory} cannot be read: {error}") from error
+            dcp.load(targets, storage_reader=reader, no_dist=True)
+    except (Exception, CheckpointException) as error:  # a damaged file or a piece that does not fit
+        raise OptimizerStateError(
+            f"optimizer state in {directory} cannot be read: {_one_line(error)}"
+        ) from None
+    for name, tensor in targets.items():
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if not torch.isfinite(local).all() or (name.endswith("exp_avg_sq") and (local < 0).any()):
+            raise OptimizerStateError(
+                f"optimizer state in {directory}: {name} holds values no AdamW state has"
+            )
+
+
+def _check_tiling(metadata, shapes: dict[str, tuple[int, ...]]) -> None:
+    for name, shape in shapes.items():
+        saved = metadata.state_dict_metadata.get(name)
+        if saved is None:
+            raise OptimizerStateError(f"{name} is not saved")
+        if tuple(saved.size) != shape:
+            raise OptimizerStateError(
+                f"{name} is saved with shape {tuple(saved.size)}, the model's is {shape}"
+            )
+        boxes = [(tuple(c.offsets), tuple(c.sizes)) for c in saved.chunks]
+        for offsets, sizes in boxes:
+            if any(o < 0 or o + n > d for o, n, d in zip(offsets, sizes, shape, strict=True)):
+                raise OptimizerStateError(f"a piece of {name} lies outside it (offsets {list(offsets)})")
+        for i, (a, a_sizes) in enumerate(boxes):
+            for b, b_sizes in boxes[i + 1 :]:
+                if all(x < y + m and y < x + n for x, n, y, m in zip(a, a_sizes, b, b_sizes, strict=True)):
+                    raise OptimizerStateError(f"two pieces of {name} overlap")
+        if sum(math.prod(sizes) for _, sizes in boxes) != math.prod(shape):
+            raise OptimizerStateError(f"the pieces of {name} do not cover it")
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, CheckpointException):
+        error = _first_failure(error)
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
 
 
 def write_state_file(directory: Path, *, step: int, group: dict, scheduler: dict, world: int) -> None:
@@ -102,9 +155,10 @@ def write_state_file(directory: Path, *, step: int, group: dict, scheduler: dict
     (Path(directory) / STATE_FILE).write_text(json.dumps(record, indent=1))
 
 
-def read_state_file(directory: Path, optimizer: torch.optim.Optimizer, scheduler) -> dict:
-    """state.json, checked against a fresh optimizer and schedule: the same keys, each value of the
-    same kind (a number is a number, betas two numbers)."""
+def read_state_file(directory: Path) -> dict:
+    """From state.json, what a resume restores besides the moments: the optimizer's step count and
+    the LR schedule's position. Hyperparameters (lr, betas, weight decay, the schedule's shape) are
+    the current config's, so a resumed run trains with the settings it names."""
     path = Path(directory) / STATE_FILE
     try:
         record = json.loads(path.read_text())
@@ -112,50 +166,19 @@ def read_state_file(directory: Path, optimizer: torch.optim.Optimizer, scheduler
         raise OptimizerStateError(f"{path} cannot be read: {error}") from error
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise OptimizerStateError(f"{path} is not a ppoflow optimizer state (format {FORMAT})")
-    step = record.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise OptimizerStateError(f"{path}: step must be a count, got {step!r}")
-    fresh_group = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-    fresh_schedule = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    schedule = record.get("scheduler")
+    if not isinstance(schedule, dict):
+        raise OptimizerStateError(f"{path}: scheduler must be an object")
     return {
-        "step": step,
-        "group": _checked(record.get("group"), fresh_group, f"{path}: group"),
-        "scheduler": _checked(record.get("scheduler"), fresh_schedule, f"{path}: scheduler"),
+        "step": _count(record.get("step"), f"{path}: step"),
+        "schedule_steps": _count(schedule.get("last_epoch"), f"{path}: scheduler.last_epoch"),
     }
 
 
-def _checked(saved, fresh: dict, where: str) -> dict:
-    if not isinstance(saved, dict):
-        raise OptimizerStateError(f"{where} must be an object")
-    unknown = sorted(set(saved) - set(fresh))
-    if unknown:
-        raise OptimizerStateError(f"{where} has unknown key {unknown[0]!r}")
-    out = {}
-    for key, value in saved.items():
-        expected = fresh[key]
-        if isinstance(expected, (tuple, list)):
-            if (
-                not isinstance(value, list)
-                or len(value) != len(expected)
-                or not all(_is_number(v) for v in value)
-            ):
-                raise OptimizerStateError(f"{where}.{key} must be {len(expected)} numbers, got {value!r}")
-            out[key] = type(expected)(value)
-        elif isinstance(expected, bool) or expected is None:
-            if value is not None and not isinstance(value, bool):
-                raise OptimizerStateError(f"{where}.{key} must be true, false or null, got {value!r}")
-            out[key] = value
-        elif _is_number(expected):
-            if not _is_number(value):
-                raise OptimizerStateError(f"{where}.{key} must be a number, got {value!r}")
-            out[key] = type(expected)(value)
-        else:
-            raise OptimizerStateError(f"{where}.{key} is not restorable")
-    return out
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _count(value, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**53:
+        raise OptimizerStateError(f"{where} must be a count, got {str(value)[:40]}")
+    return value
 
 
 # --- one process or FSDP2 (torch's optimizer state dict, sharded as the parameters are) ----------
@@ -190,7 +213,7 @@ def load_torch_optimizer(
     reads the pieces of its own shard)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    record = read_state_file(directory, optimizer, scheduler)
+    record = read_state_file(directory)
     present = _saved_moments(directory, record)
     if record["step"] > 0:
         state = get_optimizer_state_dict(model, optimizer)  # creates the state (a step at lr 0)
@@ -208,7 +231,7 @@ def load_torch_optimizer(
                 if f"{name}.{k}" in targets:
                     s[k] = targets[f"{name}.{k}"]
         set_optimizer_state_dict(model, optimizer, state)
-    _restore_hyperparameters(optimizer, scheduler, record)
+    _restore_schedule(optimizer, scheduler, record)
 
 
 def _step_count(states) -> int:
@@ -227,10 +250,17 @@ def _check_names(directory: Path, present: set[str], targets: dict) -> None:
         )
 
 
-def _restore_hyperparameters(optimizer: torch.optim.Optimizer, scheduler, record: dict) -> None:
-    for group in optimizer.param_groups:
-        group.update(record["group"])
-    scheduler.load_state_dict({**scheduler.state_dict(), **record["scheduler"]})
+def _restore_schedule(optimizer: torch.optim.Optimizer, scheduler, record: dict) -> None:
+    """Put the LR schedule where it was after `schedule_steps` steps: each group's lr is its base lr
+    (from the config) times the schedule's factor there, as LambdaLR computes it on each step."""
+    steps = record["schedule_steps"]
+    scheduler.last_epoch, scheduler._step_count = steps, steps + 1
+    lrs = [
+        base * factor(steps) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    ]
+    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 # --- DeepSpeed ZeRO (moments gathered per parameter, written by the rank that owns it) -----------
@@ -280,7 +310,7 @@ def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Opt
     rank reads the whole moments of a batch of parameters and keeps its partition."""
     from deepspeed.utils import safe_set_full_optimizer_state
 
-    record = read_state_file(directory, optimizer, scheduler)
+    record = read_state_file(directory)
     present = _saved_moments(directory, record)
     if record["step"] > 0:
         _zero_step(engine, optimizer)
@@ -299,7 +329,7 @@ def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Opt
             if "step" in state:
                 step = record["step"]
                 state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
-    _restore_hyperparameters(optimizer, scheduler, record)
+    _restore_schedule(optimizer, scheduler, record)
 
 
 def _saved_moments(directory: Path, record: dict) -> set[str]:

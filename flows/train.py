@@ -68,7 +68,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
     critic_base = _critic_base(run, cfg, base) if cfg.use_critic else None  # checked before any ingest
     data = _datasets(run, cfg, base)
-    first, state = _starting_state(cfg, base, critic_base)
+    first, state = _starting_state(run, cfg, base, critic_base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     settings = run_settings(cfg, total)
     if isinstance(run.models, WorkerGroupHost):
@@ -147,7 +147,7 @@ def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
 
 
 def _starting_state(
-    cfg: PPOFlowConfig, base: ModelState, critic_base: ModelState | None
+    run: Run, cfg: PPOFlowConfig, base: ModelState, critic_base: ModelState | None
 ) -> tuple[int, TrainState]:
     """(first step, models and β): the base models, or a saved checkpoint with resume_mode=resume_path."""
     state = TrainState(
@@ -157,5 +157,7 @@ def _starting_state(
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )
     if cfg.trainer.resume_mode == "resume_path":
-        return resume_state(cfg.trainer.resume_from_path, state)
+        return resume_state(
+            cfg.trainer.resume_from_path, state, run_dir=run.path, train=not cfg.trainer.val_only
+        )
     return 1, state

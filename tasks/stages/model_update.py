@@ -57,7 +57,7 @@ def train_state(
         if save:
             checkpoint, digest, optimizer_digest = run.models.save(run, role, inputs.step, tokenizer)
             prune_checkpoints(run, role, keep_checkpoints)
-            prune_optimizer_states(run, role, inputs.step)
+            prune_optimizer_states(run, role)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
             saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})

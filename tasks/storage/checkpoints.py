@@ -56,8 +56,19 @@ def checkpoint_digest(directory: Path) -> str:
 
 
 def optimizer_digest(directory: Path) -> str:
-    """sha256 over the optimizer state saved beside the model directory `directory`."""
-    return "sha256:" + directory_digest(optimizer_dir(directory))
+    """sha256 over the optimizer state saved beside the model directory `directory`: every entry,
+    dot-files included, since the reader takes every `*.safetensors` there. Each must be a regular
+    file ppoflow wrote (a planted pipe would block the reader, a link read outside the run)."""
+    folder = optimizer_dir(directory)
+    if folder.is_symlink():
+        raise OSError(f"{folder} is a link, not the folder ppoflow wrote")
+    h = hashlib.sha256()
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink() or not entry.is_file():
+            raise OSError(f"{entry} is not a regular file")
+        h.update(entry.name.encode())
+        h.update(file_digest(entry).encode())
+    return "sha256:" + h.hexdigest()
 
 
 def directory_digest(directory: Path) -> str:
@@ -123,7 +134,7 @@ def verified_optimizer_dir(run: Run, state: ModelState) -> Path:
     if not directory.is_dir():
         raise StateUnavailable(
             f"the optimizer state of the {state.role} at step {state.step} was not kept "
-            "(only the newest checkpoint of a role keeps it)"
+            f"(only the newest {OPTIMIZER_STATES_KEPT} checkpoints of a role keep it)"
         )
     _check_digest("optimizer state", directory, lambda: optimizer_digest(model), state.optimizer_digest)
     return directory
@@ -152,8 +163,8 @@ def write_checkpoint(
     root = run.path / "checkpoints"
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
         remove_from_run(root, leftover)
-    staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
-    optim_staging = Path(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
+    staging = _folder_for_others(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
+    optim_staging = _folder_for_others(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
     try:
         fill(staging, optim_staging)
         inject_fault("checkpoint", step)
@@ -166,6 +177,14 @@ def write_checkpoint(
         shutil.rmtree(optim_staging, ignore_errors=True)
         raise
     return relative, checkpoint_digest(final), optimizer_digest(final)
+
+
+def _folder_for_others(path: str) -> Path:
+    """A staging folder readable as the umask allows (mkdtemp makes it private to its owner)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    return Path(path)
 
 
 def save_checkpoint(
@@ -191,13 +210,22 @@ def load_optimizer_state(run: Run, state: ModelState, model: torch.nn.Module, op
         raise StateUnavailable(str(error)) from error
 
 
-def prune_optimizer_states(run: Run, role: str, newest: int) -> None:
-    """Delete the optimizer state of every checkpoint of `role` older than step `newest`: a resume
-    trains only the newest (an older state that is ever trained again is rebuilt by replay)."""
+OPTIMIZER_STATES_KEPT = 2
+"""Checkpoints of a role that keep their optimizer state: the newest, which a resume trains, and the
+one before it, from which a damaged newest is trained again."""
+
+
+def prune_optimizer_states(run: Run, role: str) -> None:
+    """Delete the optimizer state of every checkpoint of `role` but the newest OPTIMIZER_STATES_KEPT
+    (an older state that is ever trained again is rebuilt by replay)."""
     root = run.path / "checkpoints"
-    for directory in root.glob(f"iter=*/{role}.optim"):
-        step = directory.parent.name.removeprefix("iter=")
-        if step.isdigit() and int(step) < newest and not leads_outside(root, directory):
+    saved = sorted(
+        (int(d.parent.name.removeprefix("iter=")), d)
+        for d in root.glob(f"iter=*/{role}.optim")
+        if d.parent.name.removeprefix("iter=").isdigit()
+    )
+    for _, directory in saved[:-OPTIMIZER_STATES_KEPT]:
+        if not leads_outside(root, directory):
             remove_from_run(root, directory)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppoflow.engine.data import batch_rows
-from ppoflow.tasks.storage.checkpoints import optimizer_dir
+from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, optimizer_dir
 from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
 
@@ -65,45 +65,90 @@ def data_position(n_rows: int, step: int, *, train_batch_size: int, shuffle: boo
     }
 
 
-def resume_state(checkpoint_dir: str | Path, initial: TrainState) -> tuple[int, TrainState]:
-    """(next step, state) to continue from a saved `checkpoints/iter=k` folder of any run."""
+ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+"""config.json keys a checkpoint to resume from must share with the configured model."""
+
+
+def resume_state(
+    checkpoint_dir: str | Path, initial: TrainState, *, run_dir: Path, train: bool = True
+) -> tuple[int, TrainState]:
+    """(next step, state) to continue from a saved `checkpoints/iter=k` folder of any run (moved or
+    renamed runs too). With `train`, each model's optimizer state must be there."""
     folder = Path(checkpoint_dir).resolve()
     path = folder / STATE_FILE
+    where = f"trainer.resume_from_path={checkpoint_dir}"
     if not path.is_file():
         raise FileNotFoundError(
-            f"trainer.resume_from_path={checkpoint_dir}: no {STATE_FILE} there; point it at a "
-            "checkpoints/iter=NNNNNN folder of a ppoflow run"
+            f"{where}: no {STATE_FILE} there; point it at a checkpoints/iter=NNNNNN folder of a ppoflow run"
         )
-    saved = read_json(path)
-
-    def restored(role: str, current: ModelState | None) -> ModelState | None:
-        info = saved.get(role)
-        if current is None or info is None:
-            return current
-        if not Path(info["checkpoint"]).is_dir():
-            raise FileNotFoundError(
-                f"trainer.resume_from_path={checkpoint_dir}: the {role} checkpoint it names, "
-                f"{info['checkpoint']}, is gone (pruned by max_{role}_ckpt_to_keep?)"
-            )
-        if info["step"] > 0 and not optimizer_dir(Path(info["checkpoint"])).is_dir():
-            raise FileNotFoundError(
-                f"trainer.resume_from_path={checkpoint_dir}: the {role} optimizer state is not there "
-                "(a run keeps it with the newest checkpoint of each role only); resume from that "
-                "run's last checkpoints/iter=NNNNNN folder"
-            )
-        return ModelState(
-            role,
-            info["lineage"],
-            info["step"],
-            info["checkpoint"],
-            info["digest"],
-            optimizer_digest=info.get("optimizer_digest"),
+    try:
+        saved = read_json(path)
+        state = TrainState(
+            actor=_restored(where, folder, saved, "actor", initial.actor, train, run_dir),
+            critic=_restored(where, folder, saved, "critic", initial.critic, train, run_dir),
+            reference=initial.reference,
+            kl_coef=float(saved["kl_coef"]),
         )
+        return int(saved["global_step"]) + 1, state
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        if isinstance(error, FileNotFoundError | ResumeRefused):
+            raise
+        raise ValueError(
+            f"{where}: {path} is not a ppoflow trainer state ({type(error).__name__}: {error})"
+        ) from None
 
-    state = TrainState(
-        actor=restored("actor", initial.actor),
-        critic=restored("critic", initial.critic),
-        reference=initial.reference,
-        kl_coef=saved["kl_coef"],
+
+class ResumeRefused(ValueError):
+    """A checkpoint folder that cannot be resumed from as configured."""
+
+
+def _restored(
+    where: str, folder: Path, saved: dict, role: str, current: ModelState | None, train: bool, run_dir: Path
+) -> ModelState | None:
+    info = saved.get(role)
+    if current is None or info is None:
+        return current
+    checkpoint = Path(info["checkpoint"])
+    if not checkpoint.is_dir():  # the run was moved or renamed: the folder beside this file
+        moved = folder.parent / checkpoint.parent.name / role
+        if not moved.is_dir():
+            raise FileNotFoundError(
+                f"{where}: the {role} checkpoint it names, {checkpoint}, is not there "
+                f"(nor at {moved}; pruned by max_{role}_ckpt_to_keep?)"
+            )
+        checkpoint = moved
+    if train and int(info["step"]) > 0 and not optimizer_dir(checkpoint).is_dir():
+        raise ResumeRefused(
+            f"{where}: the {role} optimizer state is not there (a run keeps it with the newest "
+            f"{OPTIMIZER_STATES_KEPT} checkpoints of each role only); resume from a later "
+            "checkpoints/iter=NNNNNN folder of that run"
+        )
+    _check_same_architecture(
+        where, role, checkpoint, run_dir / current.checkpoint if current.checkpoint else None
     )
-    return saved["global_step"] + 1, state
+    return ModelState(
+        role,
+        str(info["lineage"]),
+        int(info["step"]),
+        str(checkpoint),
+        info["digest"],
+        optimizer_digest=info.get("optimizer_digest"),
+    )
+
+
+def _check_same_architecture(where: str, role: str, checkpoint: Path, configured: Path | None) -> None:
+    """The checkpoint must be of the configured model (the reference policy and the tokenizer are)."""
+    if configured is None:
+        return
+    try:
+        theirs = json.loads((checkpoint / "config.json").read_text())
+        ours = json.loads((configured / "config.json").read_text())
+    except (OSError, ValueError):
+        return  # the checkpoint's own digest check names a damaged file
+    differing = [k for k in ARCHITECTURE_KEYS if theirs.get(k) != ours.get(k)]
+    if differing:
+        key = differing[0]
+        raise ResumeRefused(
+            f"{where}: that {role} is another model than actor_rollout_ref.model.path "
+            f"({key} {theirs.get(key)} there, {ours.get(key)} configured)"
+        )

@@ -81,10 +81,10 @@ def test_the_files_are_tensors_keyed_by_parameter_and_json(tmp_path):
     "change, message",
     [
         (lambda r: r.update(step=-1), "step must be a count"),
-        (lambda r: r["group"].update(lr="0.1"), "group.lr must be a number"),
-        (lambda r: r["group"].update(betas=[0.9]), "group.betas must be 2 numbers"),
-        (lambda r: r["group"].update(params=[1]), "unknown key 'params'"),
-        (lambda r: r["scheduler"].update(lr_lambdas=[{"__class__": 1}]), "unknown key 'lr_lambdas'"),
+        (lambda r: r.update(step=10**400), "step must be a count"),
+        (lambda r: r.update(step=3.5), "step must be a count"),
+        (lambda r: r["scheduler"].update(last_epoch="3"), "scheduler.last_epoch must be a count"),
+        (lambda r: r.update(scheduler=[3]), "scheduler must be an object"),
         (lambda r: r.update(format=99), "not a ppoflow optimizer state"),
     ],
 )
@@ -96,6 +96,54 @@ def test_a_planted_state_file_is_refused_and_names_it(tmp_path, change, message)
     with pytest.raises(OptimizerStateError, match=message) as error:
         _restored(tmp_path, model)
     assert "state.json" in str(error.value)
+
+
+def test_hyperparameters_are_the_configs_and_the_schedule_resumes_where_it_was(tmp_path):
+    """A resumed run trains with the lr its config names (a NaN or changed lr in state.json is not
+    read), at the schedule's saved position: here the second of two warm-up steps, factor 1/2."""
+    model, _, _ = _trained(tmp_path)
+    record = json.loads((tmp_path / "state.json").read_text())
+    record["group"]["lr"] = float("nan")
+    record["scheduler"]["last_epoch"] = 1
+    (tmp_path / "state.json").write_text(json.dumps(record))
+    copy = _model()
+    optimizer, scheduler = build_optimizer(copy, optim_settings(lr=0.01, warmup_steps=2))
+    load_torch_optimizer(tmp_path, copy, optimizer, scheduler)
+    assert optimizer.param_groups[0]["lr"] == 0.01 * 0.5
+    assert scheduler.last_epoch == 1 and scheduler.get_last_lr() == [0.005]
+
+
+def test_pieces_that_do_not_tile_a_moment_are_refused(tmp_path):
+    """A planted file whose header puts a piece over another (or outside the tensor) would
+    silently overwrite moments: the layout is checked before anything is read."""
+    from safetensors.torch import save_file
+
+    model, _, _ = _trained(tmp_path)
+    sharding = json.dumps({"0.weight.exp_avg": {"saved_offsets": [3, 0]}})
+    planted = {"0.weight.exp_avg": torch.full((2, 5), 1e6)}
+    save_file(
+        planted, tmp_path / "planted.safetensors", {"DCP_SHARDING_INFO": sharding, "DCP_VERSION": "1.0"}
+    )
+    with pytest.raises(OptimizerStateError, match="two pieces of 0.weight.exp_avg overlap"):
+        _restored(tmp_path, model)
+    sharding = json.dumps({"0.weight.exp_avg": {"saved_offsets": [6, 0]}})
+    save_file(
+        planted, tmp_path / "planted.safetensors", {"DCP_SHARDING_INFO": sharding, "DCP_VERSION": "1.0"}
+    )
+    with pytest.raises(OptimizerStateError, match="shape"):  # the saved size grows to 8 rows
+        _restored(tmp_path, model)
+
+
+def test_a_moment_that_no_adamw_state_holds_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    model, _, _ = _trained(tmp_path)
+    [tensors] = tmp_path.glob("*.safetensors")
+    saved = load_file(tensors)
+    saved["2.bias.exp_avg_sq"] = -saved["2.bias.exp_avg_sq"] - 1
+    save_file(saved, tensors)
+    with pytest.raises(OptimizerStateError, match="2.bias.exp_avg_sq holds values no AdamW state has"):
+        _restored(tmp_path, model)
 
 
 def test_moments_of_another_model_or_a_damaged_file_are_refused(tmp_path):

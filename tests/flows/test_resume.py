@@ -153,21 +153,28 @@ def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(r
         assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
 
 
-def test_only_the_newest_checkpoint_keeps_optimizer_state_and_an_older_one_is_refused_for_resume(
+def test_the_two_newest_checkpoints_keep_optimizer_state_and_an_older_one_is_refused_for_resume(
     reference, tmp_path
 ):
     kept = sorted(p.relative_to(reference).as_posix() for p in reference.glob("checkpoints/iter=*/*.optim"))
-    assert kept == ["checkpoints/iter=000003/actor.optim", "checkpoints/iter=000003/critic.optim"]
+    assert kept == [f"checkpoints/iter=00000{k}/{role}.optim" for k in (2, 3) for role in ("actor", "critic")]
     assert len(list(reference.glob("checkpoints/iter=*/actor/model.safetensors"))) == 3  # weights all kept
     refused = ppoflow_train(
-        tmp_path,
+        tmp_path / "refused",
         "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={reference / 'checkpoints/iter=000002'}",
+        f"trainer.resume_from_path={reference / 'checkpoints/iter=000001'}",
     )
     assert refused.returncode != 0
     [line] = [line for line in refused.stderr.splitlines() if "optimizer state is not there" in line]
-    assert "iter=000002" in line and "newest checkpoint" in line
-    assert not (tmp_path / "iter=000003").exists()
+    assert "iter=000001" in line and "newest 2 checkpoints" in line
+    assert not (tmp_path / "refused/iter=000002").exists()
+    validated = ppoflow_train(  # validating it needs only the weights
+        tmp_path / "validated",
+        "trainer.val_only=true",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={reference / 'checkpoints/iter=000001'}",
+    )
+    assert validated.returncode == 0, validated.stderr[-3000:]
 
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(

@@ -273,3 +273,17 @@ def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
     tables.remove_stale_temp_files(run)
     assert not (run / "iter=000001/rollouts/.part-00000.parquet.0a1b2c.tmp").exists()
     assert (outside / ".notes.abc.tmp").read_text() == "someone else's"
+
+
+def test_a_checkpoint_of_another_model_is_refused_for_resume(tmp_path):
+    import json
+
+    from ppoflow.tasks.storage.trainer_state import ResumeRefused, _check_same_architecture
+
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for folder, layers in ((ours, 3), (theirs, 2)):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": layers}))
+    with pytest.raises(ResumeRefused, match="another model .*num_hidden_layers 2 there, 3 configured"):
+        _check_same_architecture("trainer.resume_from_path=x", "actor", theirs, ours)
+    _check_same_architecture("trainer.resume_from_path=x", "actor", ours, ours)
