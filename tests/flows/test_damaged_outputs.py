@@ -167,24 +167,3 @@ def test_a_results_store_that_is_not_a_folder_stops_the_run_before_it_starts(sma
     with pytest.raises(NotADirectoryError, match="stage results are kept in a folder"):
         train(copy)
     assert try_lock(copy)  # and the run is not left locked
-
-
-def test_a_pipe_or_link_planted_in_the_optimizer_state_is_not_read(small_run, tmp_path, capsys):
-    """A reader blocked on a named pipe would hang the run; a link would read outside it. Either
-    makes the newest state incomplete, so its update runs again and saves the same weights; the
-    run then trains on."""
-    run_dir, _, _ = small_run
-    copy = _copy(run_dir, tmp_path)
-    optimizer = copy / "checkpoints/iter=000002/actor.optim"
-    os.mkfifo(optimizer / "planted.safetensors")
-    (optimizer / "state.json").rename(tmp_path / "state.json")
-    (optimizer / "state.json").symlink_to(tmp_path / "state.json")
-    weights = copy / "checkpoints/iter=000002/actor/model.safetensors"
-    expected = file_digest(weights)
-    train(copy, "trainer.total_training_steps=3")
-    [second] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step   2/3")]
-    assert not second.endswith("cached")  # trained again from the state before it
-    assert file_digest(weights) == expected
-    assert "planted.safetensors" not in {p.name for p in optimizer.iterdir()}
-    assert not (optimizer / "state.json").is_symlink()
-    assert (copy / "checkpoints/iter=000003/actor.optim/state.json").is_file()

@@ -136,20 +136,18 @@ def test_states_between_saves_are_replayed_not_regenerated(prefect_server, tiny_
 
 @pytest.mark.slow
 def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(reference, tmp_path):
-    source = ppoflow_train(tmp_path / "source", "trainer.total_training_steps=2")
-    assert source.returncode == 0, source.stderr[-3000:]
     resumed = ppoflow_train(
-        tmp_path / "resumed",
+        tmp_path,
         "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={tmp_path / 'source/checkpoints/iter=000002'}",
+        f"trainer.resume_from_path={reference / 'checkpoints/iter=000002'}",
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert query(tmp_path / "resumed", "SELECT DISTINCT iter FROM actor_update")[1] == [(3,)]
+    assert query(tmp_path, "SELECT DISTINCT iter FROM actor_update")[1] == [(3,)]
     beta = 'SELECT "actor/reward_kl_penalty_coeff" FROM metrics WHERE iter = 3'
-    assert query(tmp_path / "resumed", beta)[1] == query(reference, beta)[1]
+    assert query(tmp_path, beta)[1] == query(reference, beta)[1]
     assert query(reference, beta)[1] != [(0.05,)]  # the adaptive controller had moved β
     for role in ("actor", "critic"):
-        ours, theirs = final_weights(tmp_path / "resumed", role), final_weights(reference, role)
+        ours, theirs = final_weights(tmp_path, role), final_weights(reference, role)
         assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
 
 
@@ -160,21 +158,14 @@ def test_the_two_newest_checkpoints_keep_optimizer_state_and_an_older_one_is_ref
     assert kept == [f"checkpoints/iter=00000{k}/{role}.optim" for k in (2, 3) for role in ("actor", "critic")]
     assert len(list(reference.glob("checkpoints/iter=*/actor/model.safetensors"))) == 3  # weights all kept
     refused = ppoflow_train(
-        tmp_path / "refused",
+        tmp_path,
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={reference / 'checkpoints/iter=000001'}",
     )
     assert refused.returncode != 0
     [line] = [line for line in refused.stderr.splitlines() if "optimizer state is not there" in line]
     assert "iter=000001" in line and "newest 2 checkpoints" in line
-    assert not (tmp_path / "refused/iter=000002").exists()
-    validated = ppoflow_train(  # validating it needs only the weights
-        tmp_path / "validated",
-        "trainer.val_only=true",
-        "trainer.resume_mode=resume_path",
-        f"trainer.resume_from_path={reference / 'checkpoints/iter=000001'}",
-    )
-    assert validated.returncode == 0, validated.stderr[-3000:]
+    assert not (tmp_path / "iter=000002").exists()
 
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(

@@ -287,3 +287,51 @@ def test_a_checkpoint_of_another_model_is_refused_for_resume(tmp_path):
     with pytest.raises(ResumeRefused, match="another model .*num_hidden_layers 2 there, 3 configured"):
         _check_same_architecture("trainer.resume_from_path=x", "actor", theirs, ours)
     _check_same_architecture("trainer.resume_from_path=x", "actor", ours, ours)
+
+
+def test_an_optimizer_folder_with_a_pipe_a_link_or_a_dot_file_is_not_what_was_saved(tmp_path):
+    """A reader would block on a planted pipe (beyond SIGTERM) or read through a link, and it takes
+    every *.safetensors, dot-files too: the digest covers every entry and refuses the first two."""
+    from ppoflow.tasks.storage.checkpoints import optimizer_digest
+
+    model = tmp_path / "actor"
+    optimizer = tmp_path / "actor.optim"
+    optimizer.mkdir()
+    (optimizer / "state.json").write_text("{}")
+    recorded = optimizer_digest(model)
+    (optimizer / ".c.safetensors").write_bytes(b"planted")
+    assert optimizer_digest(model) != recorded
+    (optimizer / ".c.safetensors").unlink()
+    os.mkfifo(optimizer / "x.safetensors")
+    with pytest.raises(OSError, match="x.safetensors is not a regular file"):
+        optimizer_digest(model)
+    (optimizer / "x.safetensors").unlink()
+    (optimizer / "y.safetensors").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError, match="not a regular file"):
+        optimizer_digest(model)
+
+
+def test_resume_from_a_folder_without_optimizer_state_is_refused_unless_only_validating(tmp_path):
+    import json
+
+    from ppoflow.tasks.storage.states import ModelState, TrainState
+    from ppoflow.tasks.storage.trainer_state import ResumeRefused, resume_state
+
+    folder = tmp_path / "checkpoints/iter=000001"
+    (folder / "actor").mkdir(parents=True)
+    (folder / "actor/config.json").write_text("{}")
+    record = {"global_step": 1, "kl_coef": 0.1, "critic": None}
+    record["actor"] = {"lineage": "l", "step": 1, "digest": "d", "checkpoint": str(folder / "actor")}
+    (folder / "trainer_state.json").write_text(json.dumps(record))
+    initial = TrainState(ModelState("actor", "base", 0, None), None, None, 0.05)
+    with pytest.raises(ResumeRefused, match="actor optimizer state is not there"):
+        resume_state(folder, initial, run_dir=tmp_path)
+    step, state = resume_state(folder, initial, run_dir=tmp_path, train=False)
+    assert step == 2 and state.actor.checkpoint == str(folder / "actor") and state.kl_coef == 0.1
+    moved = tmp_path / "moved"
+    (tmp_path / "checkpoints").rename(moved)  # found beside trainer_state.json after a move
+    _, state = resume_state(moved / "iter=000001", initial, run_dir=tmp_path, train=False)
+    assert state.actor.checkpoint == str(moved / "iter=000001/actor")
+    (moved / "iter=000001/trainer_state.json").write_text("[1]")
+    with pytest.raises(ValueError, match="trainer_state.json is not a ppoflow trainer state"):
+        resume_state(moved / "iter=000001", initial, run_dir=tmp_path)
