@@ -62,20 +62,20 @@ def optimizer_digest(directory: Path) -> str:
     folder = optimizer_dir(directory)
     if folder.is_symlink():
         raise OSError(f"{folder} is a link, not the folder ppoflow wrote")
-    h = hashlib.sha256()
-    for entry in sorted(folder.iterdir()):
-        if entry.is_symlink() or not entry.is_file():
-            raise OSError(f"{entry} is not a regular file")
-        h.update(entry.name.encode())
-        h.update(file_digest(entry).encode())
-    return "sha256:" + h.hexdigest()
+    return "sha256:" + directory_digest(folder, every_entry=True)
 
 
-def directory_digest(directory: Path) -> str:
+def directory_digest(directory: Path, *, every_entry: bool = False) -> str:
     """sha256 over a model directory's files (config, tokenizer, weights; names and content
-    digests; dot-files excluded): a base model's lineage."""
+    digests; dot-files excluded): a base model's lineage. With `every_entry`, dot-files count too
+    and anything that is not a regular file is an OSError."""
     h = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).iterdir() if p.is_file() and not p.name.startswith(".")):
+    for path in sorted(Path(directory).iterdir()):
+        regular = path.is_file() and not path.is_symlink()
+        if every_entry and not regular:
+            raise OSError(f"{path} is not a regular file")
+        if not every_entry and (not path.is_file() or path.name.startswith(".")):
+            continue
         h.update(path.name.encode())
         h.update(file_digest(path).encode())
     return h.hexdigest()
