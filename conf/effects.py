@@ -104,8 +104,13 @@ NO_EFFECT: tuple[NoEffect, ...] = (
                 "load_format",
             )
         ),
-        "vLLM settings; this run generates with transformers (rollout.name=hf)",
+        "vLLM settings; this run generates with transformers (rollout.name=hf, in the actor's dtype)",
         _hf_rollout,
+    ),
+    NoEffect(
+        ("actor_rollout_ref.rollout.micro_batch_size",),
+        "vLLM schedules its own batches (rollout.max_num_seqs, rollout.max_num_batched_tokens)",
+        lambda cfg: cfg.actor_rollout_ref.rollout.name == "vllm",
     ),
     NoEffect(
         (
@@ -221,12 +226,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "algorithm.use_pf_ppo",
         lambda value, cfg: value and cfg.world_size > 1,
         "PF-PPO's resampled batch is not split over several ranks yet: train it with world_size 1",
-    ),
-    Unsupported(
-        "actor_rollout_ref.rollout.name",
-        lambda value, cfg: value != "hf",
-        "ppoflow's vLLM rollout is not available yet: generation runs with transformers "
-        "(set actor_rollout_ref.rollout.name=hf)",
     ),
     Unsupported(
         "actor_rollout_ref.model.lora_rank",

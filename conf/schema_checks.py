@@ -93,9 +93,43 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     for global_key, dynamic_key in pairs:
         _resolve_micro(cfg, global_key, dynamic_key)
     _fill_derived(cfg)  # a per-GPU size converted from a deprecated one is followed too
+    _check_vllm(cfg)
     _check_update(cfg, "actor_rollout_ref.actor")
     if cfg.use_critic:
         _check_update(cfg, "critic")
+
+
+def _check_vllm(cfg: "PPOFlowConfig") -> None:
+    """vLLM generates on a GPU, one engine per rank; verl's rule on the scheduler's token budget."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm":
+        return
+    if cfg.trainer.device != "cuda":
+        raise ConfigError(
+            "actor_rollout_ref.rollout.name=vllm generates on a GPU: set trainer.device=cuda "
+            "(or generate with actor_rollout_ref.rollout.name=hf on this device)",
+            keys=("actor_rollout_ref.rollout.name", "trainer.device"),
+        )
+    if rollout.tensor_model_parallel_size != 1:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: "
+            "ppoflow runs one vLLM engine per rank, each on its own GPU; set it to 1 and add GPUs as "
+            "data-parallel ranks (trainer.n_gpus_per_node)",
+            keys=("actor_rollout_ref.rollout.tensor_model_parallel_size",),
+        )
+    longest = rollout.prompt_length + rollout.response_length
+    if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < longest:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens={rollout.max_num_batched_tokens} is below "
+            f"prompt_length + response_length = {longest}: without chunked prefill a whole prompt is "
+            f"scheduled at once; raise it to at least {longest} or set enable_chunked_prefill=true",
+            keys=(
+                "actor_rollout_ref.rollout.max_num_batched_tokens",
+                "actor_rollout_ref.rollout.enable_chunked_prefill",
+                "data.max_prompt_length",
+                "data.max_response_length",
+            ),
+        )
 
 
 def _check_same_n(cfg: "PPOFlowConfig") -> None:

@@ -8,6 +8,7 @@ from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
+from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
@@ -39,6 +40,7 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 
 def train(cfg: PPOFlowConfig) -> dict:
+    require_machine(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)  # before the run directory
     set_torch_threads(cfg.trainer.num_threads)
     run = open_run(
         cfg.run_dir,

@@ -143,6 +143,11 @@ def _train(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
+    from ppoflow.tasks.models.machine import machine_problem
+
+    if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
+        print(f"ppoflow: {problem}", file=sys.stderr)
+        return 2
     from ppoflow.train_command import run_training
 
     return run_training(args.config, args.overrides, cfg.run_dir, args.verbose)

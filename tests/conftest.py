@@ -42,3 +42,14 @@ def prefect_server(tmp_path_factory):
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` need a CUDA device (and those of the vLLM engine, vLLM): on a machine
+    without one they are reported as skipped, with the reason."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine: bash benchmarks/gsm8k_gpu.sh)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -18,11 +18,14 @@ import torch
 
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
+from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.ppo import Rollouts
-from ppoflow.engine.rollout import RolloutOutput, SamplingParams
+from ppoflow.engine.rollout import RolloutEngine, RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
-from ppoflow.tasks.models.generation import RolloutRequest, generate_share, rollout_share
+from ppoflow.engine.vllm_rollout import VLLMOptions
+from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
+from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.replay import apply_update
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
@@ -51,13 +54,13 @@ class ModelHost:
     """The models of one run, on `device` ("cpu" or "cuda"; batches follow the model)."""
 
     def __init__(self, device: str = "cpu"):
-        if device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("trainer.device=cuda but torch sees no CUDA device; use trainer.device=cpu")
+        require_machine(device, "hf")
         self.device = device
         self._live: dict[str, tuple[str, Trainable]] = {}  # role → (lineage, its trainable)
         self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy
         self._tokenizers: dict[str, object] = {}  # checkpoint directory → tokenizer
         self._trained: dict[str, Trainable] = {}  # role → trained by `train`, not yet kept
+        self._engines = RolloutEngines()
 
     def rollouts(
         self,
@@ -69,10 +72,13 @@ class ModelHost:
         progress=None,
     ) -> Rollouts:
         """rollout.n responses per prompt of a step's batch, with old and reference log-probs."""
+        model, tokenizer = self.model(run, actor), self.tokenizer(run, actor)
+        engine = self._engine(run, actor, request.engine, request.generation_batch_size, request.vllm)
         return rollout_share(
-            self.model(run, actor),
+            engine,
+            model,
             self.reference(run, reference) if reference is not None else None,
-            self.tokenizer(run, actor),
+            tokenizer,
             prompt_ids,
             request,
             on_batch=progress,
@@ -87,21 +93,30 @@ class ModelHost:
         sampling: SamplingParams,
         seeds: list[int],
         *,
-        engine: str,
+        engine: RolloutEngineName,
         batch_size: int,
+        vllm: VLLMOptions | None = None,
         progress=None,
     ) -> RolloutOutput:
         """One response per prompt (validation), response i sampled from `seeds[i]`."""
-        return generate_share(
+        if not prompt_ids:
+            return RolloutOutput()
+        generator = self._engine(run, actor, engine, batch_size, vllm)
+        return generator.generate(
+            prompt_ids, sampling, seeds=seeds, on_batch=progress, on_tokens=getattr(progress, "tokens", None)
+        )
+
+    def _engine(
+        self, run: Run, actor: ModelState, name: RolloutEngineName, batch_size: int, vllm: VLLMOptions | None
+    ) -> RolloutEngine:
+        return self._engines.engine(
+            name,
             self.model(run, actor),
             self.tokenizer(run, actor),
-            prompt_ids,
-            sampling,
-            seeds,
-            engine=engine,
             batch_size=batch_size,
-            on_batch=progress,
-            on_tokens=getattr(progress, "tokens", None),
+            vllm=vllm,
+            model_dir=str(saved_tokenizer_dir(run, actor)),
+            version=actor.lineage,
         )
 
     def values(self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
@@ -122,7 +137,8 @@ class ModelHost:
         return save_checkpoint(run, role, step, self._trained[role], tokenizer, clock=run.io)
 
     def close(self) -> None:
-        """Nothing to release: the models go with the process."""
+        """Shut down a vLLM engine (the models go with the process)."""
+        self._engines.close()
 
     def trainable(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
         """The model, optimizer and LR schedule of `state`, to train: in memory, else from its intact

@@ -15,7 +15,7 @@ import torch
 
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
-from ppoflow.engine.names import Strategy
+from ppoflow.engine.names import RolloutEngineName, Strategy
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.optimizer_state import (
     OptimizerStateError,
@@ -35,8 +35,9 @@ from ppoflow.engine.parallel import (
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
+from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.generation import RolloutRequest, generate_share, rollout_share
+from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.states import UpdateInputs
@@ -90,6 +91,8 @@ class ModelWorker:
         join_process_group(rank, world, master_addr, master_port, device)
         self._trained: dict[str, _Trained] = {}
         self._generator: torch.nn.Module | None = None  # a whole copy of the actor, for generation
+        self._generator_version = 0  # counts the actor states the copy has held
+        self._engines = RolloutEngines()
         self._reference: dict[str, torch.nn.Module] = {}
         self._tokenizers: dict[str, object] = {}
 
@@ -156,6 +159,18 @@ class ModelWorker:
             self._generator = trained.module
         else:
             self._generator.load_state_dict(self._full_weights("actor"))
+        self._generator_version += 1
+
+    def _engine(self, tokenizer_dir: str, name: RolloutEngineName, batch_size: int, vllm: VLLMOptions | None):
+        return self._engines.engine(
+            name,
+            self._generator,
+            self.tokenizer(tokenizer_dir),
+            batch_size=batch_size,
+            vllm=vllm,
+            model_dir=tokenizer_dir,
+            version=self._generator_version,
+        )
 
     def tokenizer(self, directory: str):
         if directory not in self._tokenizers:
@@ -177,7 +192,10 @@ class ModelWorker:
     ) -> Rollouts:
         """This rank's share of a step's rollouts: prompts from `first_prompt` on of the batch."""
         ref_model = self.reference(*reference) if reference is not None else None
+        # every rank, also one without prompts: starting a vLLM engine in a group is a collective
+        engine = self._engine(tokenizer_dir, request.engine, request.generation_batch_size, request.vllm)
         return rollout_share(
+            engine,
             self._generator,
             ref_model,
             self.tokenizer(tokenizer_dir),
@@ -192,18 +210,14 @@ class ModelWorker:
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
         seeds: list[int],
-        engine: str,
+        engine: RolloutEngineName,
         batch_size: int,
+        vllm: VLLMOptions | None = None,
     ) -> RolloutOutput:
-        return generate_share(
-            self._generator,
-            self.tokenizer(tokenizer_dir),
-            prompt_ids,
-            sampling,
-            seeds,
-            engine=engine,
-            batch_size=batch_size,
-        )
+        generator = self._engine(tokenizer_dir, engine, batch_size, vllm)  # every rank (a collective)
+        if not prompt_ids:
+            return RolloutOutput()
+        return generator.generate(prompt_ids, sampling, seeds=seeds)
 
     def values(self, batch: SequenceBatch, micro_batch_size: int) -> torch.Tensor:
         """V(s_t) of this rank's rows (every rank has as many, so the sharded forward passes pair up)."""

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from ppoflow.engine.forward import SequenceBatch
+from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
+from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
 from ppoflow.tasks.models.reaper import names_ray
@@ -253,15 +255,16 @@ class WorkerGroupHost:
         sampling: SamplingParams,
         seeds: list[int],
         *,
-        engine: str,
+        engine: RolloutEngineName,
         batch_size: int,
+        vllm: VLLMOptions | None = None,
         progress=None,
     ) -> RolloutOutput:
         self._ensure(run, actor, "validation")
         tokenizer_dir = str(saved_tokenizer_dir(run, actor))
         starts = _share_starts(len(prompt_ids), self.plan.world_size)
         per_rank = [
-            (tokenizer_dir, prompt_ids[a:b], sampling, seeds[a:b], engine, batch_size)
+            (tokenizer_dir, prompt_ids[a:b], sampling, seeds[a:b], engine, batch_size, vllm)
             for a, b in zip(starts, starts[1:], strict=False)
         ]
         out = RolloutOutput()

@@ -22,6 +22,7 @@ from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.stages.reward_functions import custom_function_section
 
@@ -57,6 +58,8 @@ class RolloutSettings:
     """rollout.seed, else trainer.seed."""
     generation_batch_size: int
     """rollout.micro_batch_size: responses generated together on one device."""
+    vllm: VLLMOptions | None = None
+    """The vLLM engine's options (rollout.name=vllm; None for hf)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class ValidationSettings:
     """rollout.micro_batch_size."""
     log_generations: int = field(metadata={"cache_key": False})
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
+    vllm: VLLMOptions | None = None
+    """The vLLM engine's options (rollout.name=vllm; None for hf)."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
         generation_batch_size=arr.rollout.micro_batch_size,
+        vllm=vllm_options(cfg),
     )
     pf = algorithm.pf_ppo
     return RunSettings(
@@ -174,6 +180,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
             generation_batch_size=arr.rollout.micro_batch_size,
             log_generations=cfg.trainer.log_val_generations,
+            vllm=rollout.vllm,
         ),
         advantages=AdvantageStageSettings(
             estimator=AdvantageSettings(
@@ -247,6 +254,26 @@ def role_layouts(cfg: PPOFlowConfig, settings: RunSettings) -> dict[str, RoleLay
     if settings.critic is not None:
         layouts["critic"] = layout(cfg.critic, settings.critic)
     return layouts
+
+
+def vllm_options(cfg: PPOFlowConfig) -> VLLMOptions | None:
+    """actor_rollout_ref.rollout.* as the vLLM engine's options; None when rollout.name is not vllm."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.name != "vllm":
+        return None
+    return VLLMOptions(
+        dtype=rollout.dtype,
+        max_model_len=rollout.prompt_length + rollout.response_length,
+        load_format=rollout.load_format,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
+        max_num_batched_tokens=rollout.max_num_batched_tokens,
+        max_num_seqs=rollout.max_num_seqs,
+        enforce_eager=rollout.enforce_eager,
+        free_cache_engine=rollout.free_cache_engine,
+        enable_chunked_prefill=rollout.enable_chunked_prefill,
+        engine_seed=cfg.trainer.seed if rollout.seed is None else rollout.seed,
+    )
 
 
 def sampling_params(source, response_length: int) -> SamplingParams:

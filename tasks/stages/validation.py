@@ -47,6 +47,7 @@ def validation(
             seeds,
             engine=settings.engine,
             batch_size=settings.generation_batch_size,
+            vllm=settings.vllm,
             progress=progress,
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)

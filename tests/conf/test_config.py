@@ -156,13 +156,47 @@ def test_verl_quickstart_overrides_load_unchanged(tmp_path, model_dir, base):
     assert cfg.trainer.total_epochs == 15
 
 
-def test_the_vllm_engine_is_refused_at_load_in_one_line(tmp_path, model_dir):
-    """Not after ingest, as it was: before anything runs, saying what to use."""
+def test_the_vllm_engine_generates_on_a_gpu_said_at_load_in_one_line(tmp_path, model_dir):
+    """Not after ingest, as it once was: before anything runs, saying what to set."""
     with pytest.raises(ConfigError) as raised:
         load_config(None, [*quickstart(tmp_path, model_dir), "actor_rollout_ref.rollout.name=vllm"])
     assert str(raised.value).count("\n") == 0
-    assert str(raised.value).startswith("actor_rollout_ref.rollout.name='vllm' (command-line override #")
-    assert "set actor_rollout_ref.rollout.name=hf" in str(raised.value)
+    assert str(raised.value).startswith(
+        "actor_rollout_ref.rollout.name=vllm generates on a GPU: set trainer.device=cuda"
+    )
+    assert "command-line override #" in str(raised.value)
+    cfg = load_config(
+        None, [*quickstart(tmp_path, model_dir), "actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+    )
+    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == 0.4
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "one vLLM engine per rank, each on its own GPU",
+        ),
+        (
+            "actor_rollout_ref.rollout.enable_chunked_prefill=false",
+            "max_num_batched_tokens=1000 is below prompt_length \\+ response_length = 1024",
+        ),
+    ],
+)
+def test_vllm_settings_it_cannot_honour_are_refused(tmp_path, model_dir, override, message):
+    vllm = ["actor_rollout_ref.rollout.name=vllm", "trainer.device=cuda"]
+    with pytest.raises(ConfigError, match=message):
+        load_config(
+            None,
+            [
+                *quickstart(tmp_path, model_dir),
+                *vllm,
+                "actor_rollout_ref.rollout.max_num_batched_tokens=1000",
+                "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+                override,
+            ],
+        )
 
 
 def test_override_values_are_parsed_as_yaml():
