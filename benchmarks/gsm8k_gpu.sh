@@ -64,13 +64,17 @@ train() {  # name, steps, then overrides
   local rc=$?
   echo "== $name: exit $rc, $((SECONDS - start)) s wall for $steps steps (start-up included)"
   report "$run"
+  return $rc
 }
 
+status=0
 echo "== vllm: PPO with critic, rollout.name=vllm"
 train vllm "$vllm_steps" actor_rollout_ref.rollout.name=vllm actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-  trainer.val_before_train=true trainer.test_freq=5
+  trainer.val_before_train=true trainer.test_freq=5 || status=1
 echo "== hf: the same run generating with transformers (comparison, no validation)"
 train hf "$hf_steps" actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.micro_batch_size=256 \
-  trainer.test_freq=-1
+  trainer.test_freq=-1 || status=1
 echo "== tests marked gpu"
-timeout 240 $py -m pytest -q -m gpu -p no:cacheprovider tests
+timeout 360 $py -m pytest -q -m gpu -p no:cacheprovider tests || status=1
+echo "== gsm8k_gpu: $([ $status = 0 ] && echo "all passed" || echo "FAILED (see above)")"
+exit $status

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from ppoflow.engine.names import VLLM_LOAD_FORMATS, VLLM_MAX_TEMPERATURE
+
 from .schema_common import ConfigError
 
 if TYPE_CHECKING:
@@ -116,6 +118,32 @@ def _check_vllm(cfg: "PPOFlowConfig") -> None:
             "ppoflow runs one vLLM engine per rank, each on its own GPU; set it to 1 and add GPUs as "
             "data-parallel ranks (trainer.n_gpus_per_node)",
             keys=("actor_rollout_ref.rollout.tensor_model_parallel_size",),
+        )
+    for key, temperature in (
+        ("actor_rollout_ref.rollout.temperature", rollout.temperature),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature", rollout.val_kwargs.temperature),
+    ):
+        if temperature > VLLM_MAX_TEMPERATURE:
+            raise ConfigError(
+                f"{key}={temperature}: vLLM samples with temperatures up to {VLLM_MAX_TEMPERATURE}",
+                keys=(key, "actor_rollout_ref.rollout.name"),
+            )
+    if rollout.load_format not in VLLM_LOAD_FORMATS:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.load_format={rollout.load_format!r}: use one of "
+            f"{', '.join(VLLM_LOAD_FORMATS)} (the actor's weights are synced in before the first generation "
+            "either way)",
+            keys=("actor_rollout_ref.rollout.load_format",),
+        )
+    if rollout.max_num_batched_tokens < rollout.max_num_seqs:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.max_num_batched_tokens={rollout.max_num_batched_tokens} is below "
+            f"max_num_seqs={rollout.max_num_seqs}: vLLM schedules at least one token per sequence in flight; "
+            "raise the first or lower the second",
+            keys=(
+                "actor_rollout_ref.rollout.max_num_batched_tokens",
+                "actor_rollout_ref.rollout.max_num_seqs",
+            ),
         )
     longest = rollout.prompt_length + rollout.response_length
     if not rollout.enable_chunked_prefill and rollout.max_num_batched_tokens < longest:

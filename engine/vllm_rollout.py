@@ -14,7 +14,9 @@ How it runs (vLLM 0.33):
 - Prompts go in as token ids and responses come back as token ids (`skip_tokenizer_init`): ppoflow
   tokenizes once, for every engine the same way, and the tokenizer never has to load inside vLLM.
 - Each response is its own request with its own seed (`sample_seed`), as in the transformers
-  engine, so a response does not depend on the batch it was generated in.
+  engine: which random stream a response samples from does not depend on its batch. vLLM's kernels
+  are not batch-invariant, though, so the numbers (and rarely a sampled token) can move with the
+  batch vLLM schedules; the transformers engine is bit-reproducible, vLLM only up to that.
 - `rollout_log_probs[t]` is vLLM's log-prob of the sampled token after temperature (and after top-k
   / top-p when those are set: vLLM's "processed" log-probs), what `training/rollout_probs_diff_*`
   compares with the trainer's recomputed `old_log_probs`.
@@ -24,9 +26,11 @@ How it runs (vLLM 0.33):
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -42,13 +46,16 @@ DUMMY_LOAD_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
 
 @dataclass(frozen=True)
 class VLLMOptions:
-    """How the engine is built (actor_rollout_ref.rollout.*). Only `dtype` changes what is
-    generated; the rest are memory and scheduling settings (not part of a stage's cache key)."""
+    """How the engine is built (actor_rollout_ref.rollout.*). Only `dtype` is part of a stage's cache
+    key: the rest are memory and scheduling settings, which ask for nothing different (vLLM is not
+    batch-invariant, so they can move its numerics; they stay out of the key so that, say, a lower
+    gpu_memory_utilization after running out of memory keeps every finished stage)."""
 
     dtype: str
     """rollout.dtype: the engine's weight dtype (the actor's weights are cast to it at each sync)."""
-    max_model_len: int
-    """rollout.prompt_length + rollout.response_length: the longest sequence the engine serves."""
+    max_model_len: int = field(metadata={"cache_key": False})
+    """rollout.prompt_length + rollout.response_length: the longest sequence the engine serves (the
+    stages' keys hold both lengths already)."""
     load_format: str = field(default="dummy", metadata={"cache_key": False})
     gpu_memory_utilization: float = field(default=0.5, metadata={"cache_key": False})
     tensor_model_parallel_size: int = field(default=1, metadata={"cache_key": False})
@@ -86,7 +93,7 @@ def engine_arguments(
         "enforce_eager": options.enforce_eager,
         "enable_chunked_prefill": options.enable_chunked_prefill,
         "enable_sleep_mode": options.free_cache_engine,
-        "enable_prefix_caching": False,  # weights change every iteration; cached prefixes would be stale
+        "enable_prefix_caching": True,  # the n responses of a prompt share its prefill; reset at each sync
         "logprobs_mode": "processed_logprobs",
         "max_logprobs": 0,  # only the sampled token's log-prob is returned
         "disable_log_stats": True,
@@ -128,26 +135,47 @@ def response_of(token_ids: Sequence[int], position_logprobs: Sequence[Any] | Non
     return ids, log_probs, finish_reason
 
 
+def _check_model_length(model_dir: Path, max_model_len: int) -> None:
+    """vLLM refuses to serve sequences longer than the model's positions; say which keys decide it."""
+    positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+    if positions is not None and max_model_len > positions:
+        raise ValueError(
+            f"rollout.prompt_length + rollout.response_length = {max_model_len} is longer than the model's "
+            f"{positions} positions (max_position_embeddings in {model_dir / 'config.json'}): vLLM cannot "
+            "serve it; lower data.max_prompt_length or data.max_response_length"
+        )
+
+
 class VLLMRolloutEngine:
     """A vLLM engine in this process, serving the actor whose weights `load_weights` last gave it.
 
     Created with the actor's model directory (for its config: architecture, vocabulary, shapes); it
     generates only after `load_weights`, since its own start-up weights are not the actor's."""
 
-    def __init__(self, model_dir: str | os.PathLike, options: VLLMOptions, *, eos_token_ids: Sequence[int]):
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        options: VLLMOptions,
+        *,
+        eos_token_ids: Sequence[int],
+        in_process_group: bool = False,
+    ):
+        """`in_process_group`: this process is a rank of a worker group (its process group is the
+        run's, and outlives the engine)."""
         if options.tensor_model_parallel_size != 1:
             raise ValueError(
                 "actor_rollout_ref.rollout.tensor_model_parallel_size must be 1: ppoflow's vLLM engine "
                 "runs in each rank's process on its own GPU (scale generation with trainer.n_gpus_per_node)"
             )
+        _check_model_length(Path(model_dir), options.max_model_len)
         # the engine core runs in this process, so weights are synced by reference on the device
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from vllm import LLM
 
         self.options = options
         self.eos_token_ids = sorted(set(eos_token_ids))
-        grouped = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.llm = LLM(**engine_arguments(options, str(model_dir), in_process_group=grouped))
+        self.in_process_group = in_process_group
+        self.llm = LLM(**engine_arguments(options, str(model_dir), in_process_group=in_process_group))
         self.weights_version: object = None
         """Which actor state the engine's weights are (None: not the actor's yet)."""
         self._asleep = False
@@ -157,7 +185,8 @@ class VLLMRolloutEngine:
         into the running engine, in place; `version` names the actor state they are."""
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
-        weights = [(name, tensor.detach()) for name, tensor in named_tensors]
+        dtype = getattr(torch, self.options.dtype)  # cast here: vLLM warns for every narrowed tensor
+        weights = ((name, tensor.detach().to(dtype)) for name, tensor in named_tensors)  # one at a time
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self.weights_version = version
         if self._asleep:
@@ -209,9 +238,10 @@ class VLLMRolloutEngine:
             self.weights_version = None
 
     def close(self) -> None:
-        """Shut the engine down and free its GPU memory."""
+        """Shut the engine down and free its GPU memory. In a worker group the engine stays until the
+        rank's process ends: vLLM's shutdown would destroy the group's process group with it."""
         llm, self.llm = self.llm, None
-        if llm is not None:
+        if llm is not None and not self.in_process_group:
             llm.llm_engine.engine_core.shutdown()
             del llm
             if torch.cuda.is_available():

@@ -24,8 +24,8 @@ class RolloutRequest:
     sampling: SamplingParams
     seed: int
     """The step's sampling seed; response j of prompt i samples from sample_seed(seed, i, j)."""
-    generation_batch_size: int
-    """rollout.micro_batch_size: responses generated together on one device."""
+    generation_batch_size: int | None
+    """rollout.micro_batch_size: responses generated together on one device (None with vLLM)."""
     log_prob_micro_batch_size: int
     ref_log_prob_micro_batch_size: int
     vllm: VLLMOptions | None = None
@@ -39,8 +39,10 @@ class RolloutEngines:
     (minutes on a large model) and kept: before each generation it is given the actor's weights when
     they are not the state it already holds (`version`), in place, without a restart."""
 
-    def __init__(self):
+    def __init__(self, *, in_process_group: bool = False):
+        """`in_process_group`: this process is a rank of a worker group."""
         self._vllm: VLLMRolloutEngine | None = None
+        self._in_process_group = in_process_group
 
     def engine(
         self,
@@ -48,7 +50,7 @@ class RolloutEngines:
         actor: torch.nn.Module,
         tokenizer,
         *,
-        batch_size: int,
+        batch_size: int | None,
         vllm: VLLMOptions | None,
         model_dir: str,
         version: object,
@@ -67,7 +69,12 @@ class RolloutEngines:
         if self._vllm is not None and self._vllm.options != vllm:
             self.close()
         if self._vllm is None:
-            self._vllm = VLLMRolloutEngine(model_dir, vllm, eos_token_ids=_eos_ids(tokenizer, actor))
+            self._vllm = VLLMRolloutEngine(
+                model_dir,
+                vllm,
+                eos_token_ids=_eos_ids(tokenizer, actor),
+                in_process_group=self._in_process_group,
+            )
         if self._vllm.weights_version != version:
             self._vllm.load_weights(actor.state_dict().items(), version)
         return self._vllm

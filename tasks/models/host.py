@@ -94,7 +94,7 @@ class ModelHost:
         seeds: list[int],
         *,
         engine: RolloutEngineName,
-        batch_size: int,
+        batch_size: int | None,
         vllm: VLLMOptions | None = None,
         progress=None,
     ) -> RolloutOutput:
@@ -107,7 +107,12 @@ class ModelHost:
         )
 
     def _engine(
-        self, run: Run, actor: ModelState, name: RolloutEngineName, batch_size: int, vllm: VLLMOptions | None
+        self,
+        run: Run,
+        actor: ModelState,
+        name: RolloutEngineName,
+        batch_size: int | None,
+        vllm: VLLMOptions | None,
     ) -> RolloutEngine:
         return self._engines.engine(
             name,

@@ -92,7 +92,7 @@ class ModelWorker:
         self._trained: dict[str, _Trained] = {}
         self._generator: torch.nn.Module | None = None  # a whole copy of the actor, for generation
         self._generator_version = 0  # counts the actor states the copy has held
-        self._engines = RolloutEngines()
+        self._engines = RolloutEngines(in_process_group=True)
         self._reference: dict[str, torch.nn.Module] = {}
         self._tokenizers: dict[str, object] = {}
 
@@ -161,7 +161,9 @@ class ModelWorker:
             self._generator.load_state_dict(self._full_weights("actor"))
         self._generator_version += 1
 
-    def _engine(self, tokenizer_dir: str, name: RolloutEngineName, batch_size: int, vllm: VLLMOptions | None):
+    def _engine(
+        self, tokenizer_dir: str, name: RolloutEngineName, batch_size: int | None, vllm: VLLMOptions | None
+    ):
         return self._engines.engine(
             name,
             self._generator,
@@ -211,7 +213,7 @@ class ModelWorker:
         sampling: SamplingParams,
         seeds: list[int],
         engine: RolloutEngineName,
-        batch_size: int,
+        batch_size: int | None,
         vllm: VLLMOptions | None = None,
     ) -> RolloutOutput:
         generator = self._engine(tokenizer_dir, engine, batch_size, vllm)  # every rank (a collective)

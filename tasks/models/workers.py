@@ -256,7 +256,7 @@ class WorkerGroupHost:
         seeds: list[int],
         *,
         engine: RolloutEngineName,
-        batch_size: int,
+        batch_size: int | None,
         vllm: VLLMOptions | None = None,
         progress=None,
     ) -> RolloutOutput:

@@ -56,8 +56,9 @@ class RolloutSettings:
     """ref.log_prob_micro_batch_size_per_gpu."""
     seed: int
     """rollout.seed, else trainer.seed."""
-    generation_batch_size: int
-    """rollout.micro_batch_size: responses generated together on one device."""
+    generation_batch_size: int | None
+    """rollout.micro_batch_size: responses generated together on one device (None with vLLM, which
+    schedules its own batches: it is then no part of the cache key)."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm; None for hf)."""
 
@@ -73,8 +74,8 @@ class ValidationSettings:
     truncation: Truncation
     sampling: SamplingParams
     """val_kwargs' temperature, top_p, top_k, do_sample."""
-    generation_batch_size: int
-    """rollout.micro_batch_size."""
+    generation_batch_size: int | None
+    """rollout.micro_batch_size (None with vLLM)."""
     log_generations: int = field(metadata={"cache_key": False})
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
     vllm: VLLMOptions | None = None
@@ -160,7 +161,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
         ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
-        generation_batch_size=arr.rollout.micro_batch_size,
+        generation_batch_size=_generation_batch_size(cfg),
         vllm=vllm_options(cfg),
     )
     pf = algorithm.pf_ppo
@@ -178,7 +179,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             prompt_length=arr.rollout.prompt_length,
             truncation=cfg.data.truncation,
             sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
-            generation_batch_size=arr.rollout.micro_batch_size,
+            generation_batch_size=_generation_batch_size(cfg),
             log_generations=cfg.trainer.log_val_generations,
             vllm=rollout.vllm,
         ),
@@ -254,6 +255,11 @@ def role_layouts(cfg: PPOFlowConfig, settings: RunSettings) -> dict[str, RoleLay
     if settings.critic is not None:
         layouts["critic"] = layout(cfg.critic, settings.critic)
     return layouts
+
+
+def _generation_batch_size(cfg: PPOFlowConfig) -> int | None:
+    rollout = cfg.actor_rollout_ref.rollout
+    return rollout.micro_batch_size if rollout.name == "hf" else None
 
 
 def vllm_options(cfg: PPOFlowConfig) -> VLLMOptions | None:

@@ -182,6 +182,19 @@ def test_the_vllm_engine_generates_on_a_gpu_said_at_load_in_one_line(tmp_path, m
             "actor_rollout_ref.rollout.enable_chunked_prefill=false",
             "max_num_batched_tokens=1000 is below prompt_length \\+ response_length = 1024",
         ),
+        (
+            "actor_rollout_ref.rollout.temperature=2.5",
+            "rollout.temperature=2.5: vLLM samples with temperatures up to 2",
+        ),
+        ("actor_rollout_ref.rollout.val_kwargs.temperature=3", "val_kwargs.temperature=3.0: vLLM samples"),
+        (
+            "actor_rollout_ref.rollout.load_format=megatron",
+            "load_format='megatron': use one of dummy_dtensor, ",
+        ),
+        (
+            "actor_rollout_ref.rollout.max_num_seqs=1024",
+            "max_num_batched_tokens=1000 is below max_num_seqs=1024",
+        ),
     ],
 )
 def test_vllm_settings_it_cannot_honour_are_refused(tmp_path, model_dir, override, message):
@@ -193,6 +206,7 @@ def test_vllm_settings_it_cannot_honour_are_refused(tmp_path, model_dir, overrid
                 *quickstart(tmp_path, model_dir),
                 *vllm,
                 "actor_rollout_ref.rollout.max_num_batched_tokens=1000",
+                "actor_rollout_ref.rollout.max_num_seqs=256",
                 "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
                 override,
             ],

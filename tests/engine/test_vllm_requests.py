@@ -69,7 +69,7 @@ def test_engine_arguments_follow_the_rollout_keys():
         1,
     )
     assert args["skip_tokenizer_init"] and args["logprobs_mode"] == "processed_logprobs"
-    assert not args["enable_prefix_caching"] and "distributed_executor_backend" not in args
+    assert args["enable_prefix_caching"] and "distributed_executor_backend" not in args
     grouped = engine_arguments(options, "/models/actor", in_process_group=True)
     assert grouped["distributed_executor_backend"] == "external_launcher"  # a worker group's rank
     assert (
@@ -103,13 +103,23 @@ def test_an_incomplete_completion_is_an_error_not_a_short_row(logprobs, reason, 
 
 
 def test_only_the_dtype_is_part_of_a_stage_cache_key():
-    """Memory and scheduling settings change no sampled token: changing them (say, after running out
-    of GPU memory) keeps every finished stage cached; the dtype does change the numbers."""
+    """Memory and scheduling settings ask for nothing different: changing them (say, after running
+    out of GPU memory) keeps every finished stage cached; the dtype changes the numbers."""
     from ppoflow.tasks.storage.cache_keys import identity
 
     assert (
         identity(VLLMOptions("bfloat16", 576, gpu_memory_utilization=0.3, max_num_seqs=8))
-        == identity(VLLMOptions("bfloat16", 576))
-        == {"dtype": "bfloat16", "max_model_len": 576}
+        == identity(VLLMOptions("bfloat16", 1024))
+        == {"dtype": "bfloat16"}
     )
     assert identity(VLLMOptions("float32", 576)) != identity(VLLMOptions("bfloat16", 576))
+
+
+def test_a_sequence_longer_than_the_model_positions_is_refused_before_vllm_starts(tiny_model_dir):
+    """The tiny model has 64 positions; vLLM would refuse in a long traceback."""
+    from ppoflow.engine.vllm_rollout import VLLMRolloutEngine
+
+    with pytest.raises(
+        ValueError, match=r"= 80 is longer than the model's 64 positions .*lower data.max_prompt_length"
+    ):
+        VLLMRolloutEngine(tiny_model_dir, VLLMOptions("float32", 80), eos_token_ids=[1])

@@ -28,7 +28,7 @@ def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
         [
             f"data.train_files={tmp_path / 'train.jsonl'}",
             f"data.val_files={tmp_path / 'val.jsonl'}",
-            "data.max_response_length=48",
+            "data.max_response_length=16",
             f"trainer.default_local_dir={run_dir}",
         ],
     )

@@ -92,29 +92,47 @@ def reference(prefect_server, tiny_model_dir, tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "stage",
-    ["rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "checkpoint"],
+STEP_2_FAULTS = (
+    "rollouts",
+    "rewards",
+    "advantages",
+    "critic_update",
+    "checkpoint",
+    "actor_update",
+    "validation",
 )
-def test_sigkill_in_a_stage_then_the_same_command_finishes_exactly_as_uninterrupted(
-    reference, tmp_path, stage
-):
-    killed = ppoflow_train(tmp_path, fault=f"{stage}@2")
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    finished_before = artifacts(tmp_path)
-    assert not any(name.startswith("iter=000003") for name in finished_before)
-    resumed = ppoflow_train(tmp_path)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    after = artifacts(tmp_path)
-    # The killed stage itself never finished: its own outputs may be written again, nothing else.
-    killed_stage = "critic_update" if stage == "checkpoint" else stage  # the critic saves first
-    rerun = [
-        name
-        for name, inode in finished_before.items()
-        if after.get(name) != inode and not name.startswith(f"iter=000002/{killed_stage}/")
-    ]
-    assert rerun == [], f"finished stages ran again: {rerun}"
+"""The fault points of step 2, in the order a step reaches them (the critic's checkpoint is saved in
+its update stage, after the update)."""
+
+
+def _stage_of(fault: str) -> str:
+    return "critic_update" if fault == "checkpoint" else fault  # the critic saves first
+
+
+@pytest.mark.slow
+def test_sigkill_in_each_stage_then_the_same_command_finishes_exactly_as_uninterrupted(reference, tmp_path):
+    """The same command, SIGKILLed in each stage of step 2 in turn: every run resumes the one killed
+    before it, runs again only the stage that was killed, and is killed in the next; the last one
+    finishes, bit for bit the uninterrupted run."""
+    killed_before = None
+    for fault in (*STEP_2_FAULTS, None):
+        before = artifacts(tmp_path)
+        done = ppoflow_train(tmp_path, fault=None if fault is None else f"{fault}@2")
+        if fault is None:
+            assert done.returncode == 0, done.stderr[-3000:]
+        else:
+            assert done.returncode == -9, (fault, done.stderr[-3000:])
+            assert not any(name.startswith("iter=000003") for name in artifacts(tmp_path)), fault
+        after = artifacts(tmp_path)
+        # The stage killed last time never finished: its own outputs may be written again, nothing else.
+        rerun = [
+            name
+            for name, inode in before.items()
+            if after.get(name) != inode
+            and (killed_before is None or not name.startswith(f"iter=000002/{_stage_of(killed_before)}/"))
+        ]
+        assert rerun == [], f"after the kill in {killed_before}, finished stages ran again: {rerun}"
+        killed_before = fault
     assert not list(tmp_path.glob("checkpoints/*/.*")), "staging files left behind"
     assert_same_run(tmp_path, reference)
 
