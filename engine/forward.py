@@ -8,6 +8,7 @@ the state *before* token t (ALGORITHMS.md). Work is split into micro-batches so 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -58,10 +59,26 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: float) -> torch.Tensor:
     """(N, T, V) float logits / temperature at the positions that predict each response token
-    (on the model's device; `batch` may be anywhere)."""
+    (on the model's device; `batch` may be anywhere).
+
+    The output head runs only on the last T + 1 positions (transformers' `logits_to_keep`): the
+    prompt's positions need no (P, V) logits, which for a long prompt and a large vocabulary are most
+    of a forward pass's memory."""
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
-    logits = model(**batch.to(model_device(model)).model_inputs(), use_cache=False).logits
-    return logits[:, prompt_len - 1 : prompt_len - 1 + response_len].float() / temperature
+    inputs = batch.to(model_device(model)).model_inputs()
+    if _keeps_logits(model):
+        logits = model(**inputs, use_cache=False, logits_to_keep=response_len + 1).logits[:, :response_len]
+    else:
+        logits = model(**inputs, use_cache=False).logits[:, prompt_len - 1 : prompt_len - 1 + response_len]
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a DeepSpeed
+    engine passes keywords on to the model it wraps)."""
+    inner = getattr(model, "module", model)
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def policy_forward(
