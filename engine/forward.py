@@ -8,6 +8,7 @@ the state *before* token t (ALGORITHMS.md). Work is split into micro-batches so 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -77,8 +78,12 @@ def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: f
 def _keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a DeepSpeed
     engine passes keywords on to the model it wraps)."""
-    inner = getattr(model, "module", model)
-    return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 def policy_forward(

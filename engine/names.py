@@ -24,9 +24,12 @@ KLControlType = Literal["fixed", "adaptive"]
 """algorithm.kl_ctrl.type: β stays, or follows the measured KL toward target_kl (engine/kl.py)."""
 RolloutEngineName = Literal["hf", "vllm"]
 """actor_rollout_ref.rollout.name: which engine generates."""
-VLLM_LOAD_FORMATS = ("dummy_dtensor", "dummy", "dummy_hf", "dummy_megatron", "auto", "safetensors", "pt")
-"""actor_rollout_ref.rollout.load_format values the vLLM engine starts with: verl's dummy formats
-(random weights, the actor's synced in before the first generation) or vLLM's own readers."""
+VLLM_DUMMY_LOAD_FORMATS = ("dummy_dtensor", "dummy", "dummy_hf", "dummy_megatron")
+"""verl's load formats that start the vLLM engine with random weights (vLLM's `dummy`); the actor's
+are synced in before the first generation."""
+VLLM_LOAD_FORMATS = (*VLLM_DUMMY_LOAD_FORMATS, "auto", "safetensors", "pt")
+"""actor_rollout_ref.rollout.load_format values the vLLM engine starts with: a dummy format or one of
+vLLM's own readers."""
 VLLM_MAX_TEMPERATURE = 2.0
 """vLLM samples with temperatures in [0, 2]."""
 

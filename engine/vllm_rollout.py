@@ -35,13 +35,8 @@ from typing import Any
 
 import torch
 
+from .names import VLLM_DUMMY_LOAD_FORMATS
 from .rollout import RolloutOutput, SamplingParams
-
-VLLM_VERSION = "0.33.0"
-"""The vLLM release this engine is written and pinned for (scripts/setup --gpu)."""
-
-DUMMY_LOAD_FORMATS = ("dummy", "dummy_dtensor", "dummy_hf", "dummy_megatron")
-"""verl's load formats that start the engine with random weights, the actor's synced in at once."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +53,6 @@ class VLLMOptions:
     stages' keys hold both lengths already)."""
     load_format: str = field(default="dummy", metadata={"cache_key": False})
     gpu_memory_utilization: float = field(default=0.5, metadata={"cache_key": False})
-    tensor_model_parallel_size: int = field(default=1, metadata={"cache_key": False})
     max_num_batched_tokens: int = field(default=8192, metadata={"cache_key": False})
     max_num_seqs: int = field(default=1024, metadata={"cache_key": False})
     enforce_eager: bool = field(default=True, metadata={"cache_key": False})
@@ -76,7 +70,7 @@ def engine_arguments(
     config; with a dummy load format its weights are not read). `in_process_group`: this process is a
     rank of a worker group's process group, which vLLM then joins as independent data-parallel
     engines (its external launcher, as verl's rollout workers do) instead of starting its own."""
-    load_format = "dummy" if options.load_format in DUMMY_LOAD_FORMATS else options.load_format
+    load_format = "dummy" if options.load_format in VLLM_DUMMY_LOAD_FORMATS else options.load_format
     launcher = {"distributed_executor_backend": "external_launcher"} if in_process_group else {}
     return {
         **launcher,
@@ -86,7 +80,7 @@ def engine_arguments(
         "load_format": load_format,
         "seed": options.engine_seed,
         "gpu_memory_utilization": options.gpu_memory_utilization,
-        "tensor_parallel_size": options.tensor_model_parallel_size,
+        "tensor_parallel_size": 1,  # one engine per rank (the config refuses other sizes)
         "max_model_len": options.max_model_len,
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "max_num_seqs": options.max_num_seqs,
@@ -162,11 +156,6 @@ class VLLMRolloutEngine:
     ):
         """`in_process_group`: this process is a rank of a worker group (its process group is the
         run's, and outlives the engine)."""
-        if options.tensor_model_parallel_size != 1:
-            raise ValueError(
-                "actor_rollout_ref.rollout.tensor_model_parallel_size must be 1: ppoflow's vLLM engine "
-                "runs in each rank's process on its own GPU (scale generation with trainer.n_gpus_per_node)"
-            )
         _check_model_length(Path(model_dir), options.max_model_len)
         # the engine core runs in this process, so weights are synced by reference on the device
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -25,7 +25,6 @@ from ppoflow.engine.rollout import RolloutEngine, RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
-from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.replay import apply_update
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
@@ -54,7 +53,6 @@ class ModelHost:
     """The models of one run, on `device` ("cpu" or "cuda"; batches follow the model)."""
 
     def __init__(self, device: str = "cpu"):
-        require_machine(device, "hf")
         self.device = device
         self._live: dict[str, tuple[str, Trainable]] = {}  # role → (lineage, its trainable)
         self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy

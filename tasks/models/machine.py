@@ -23,17 +23,14 @@ def machine_problem(device: str, rollout_engine: str) -> str | None:
         missing.append(f"vllm is not installed in this Python ({sys.executable})")
     if not missing:
         return None
-    wanted = (
-        "actor_rollout_ref.rollout.name=vllm with trainer.device=cuda"
-        if rollout_engine == "vllm"
-        else "trainer.device=cuda"
-    )
-    instead = "trainer.device=cpu"
     if rollout_engine == "vllm":
-        instead = f"actor_rollout_ref.rollout.name=hf {instead}"
+        wanted, needs = "actor_rollout_ref.rollout.name=vllm with trainer.device=cuda", "a CUDA GPU and vLLM"
+        instead = "actor_rollout_ref.rollout.name=hf trainer.device=cpu"
+    else:
+        wanted, needs, instead = "trainer.device=cuda", "a CUDA GPU", "trainer.device=cpu"
     return (
-        f"{wanted} needs a CUDA GPU{' and vLLM' if rollout_engine == 'vllm' else ''}, but "
-        f"{' and '.join(missing)}: on a GPU machine, set up with `{GPU_SETUP}`; here, train with {instead}"
+        f"{wanted} needs {needs}, but {' and '.join(missing)}: on a GPU machine, set up with "
+        f"`{GPU_SETUP}`; here, train with {instead}"
     )
 
 

@@ -272,7 +272,6 @@ def vllm_options(cfg: PPOFlowConfig) -> VLLMOptions | None:
         max_model_len=rollout.prompt_length + rollout.response_length,
         load_format=rollout.load_format,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
-        tensor_model_parallel_size=rollout.tensor_model_parallel_size,
         max_num_batched_tokens=rollout.max_num_batched_tokens,
         max_num_seqs=rollout.max_num_seqs,
         enforce_eager=rollout.enforce_eager,
