@@ -55,7 +55,7 @@ def measure(stage: str, variant: str, responses: int, response_tokens: int) -> d
     torch.set_num_threads(1)
     torch.manual_seed(0)
     if variant == "every-position":
-        forward._keeps_logits = lambda model: False  # the baseline: the head on every position
+        forward.keeps_logits = lambda model: False  # the baseline: the head on every position
     model_dir = converted_gguf(smollm2_gguf())
     model, tokenizer = load_actor(model_dir), load_tokenizer(model_dir)
     questions = [

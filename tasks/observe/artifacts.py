@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import re
+import time
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -34,6 +35,9 @@ from ppoflow.tasks.observe.report import HEADLINE_METRICS, summary_markdown
 
 logger = logging.getLogger(__name__)
 TABLE_UPDATES = 100
+PUBLISH_INTERVAL_S = 5.0
+"""The table and the progress bar are sent to the Prefect server at most this often (and at the
+end): a round trip per iteration would be a tenth of a short iteration."""
 
 
 def artifact_key(run_path: Path, what: str) -> str:
@@ -69,6 +73,7 @@ class PrefectArtifacts:
         self.run_path, self.total = run_path, max(total, 1)
         self.rows: list[dict[str, Any]] = []
         self.table_id: UUID | None = None
+        self.published_rows, self.published_at = 0, time.monotonic()
         self.progress_id = create_progress_artifact(
             0.0, key=artifact_key(run_path, "progress"), description=f"PPO iterations done of {total}"
         )
@@ -77,11 +82,26 @@ class PrefectArtifacts:
         row = {"step": step, "val": _rounded(validation_score(metrics))}
         row |= {name: _rounded(metrics.get(name)) for name in HEADLINE_METRICS}
         self.rows.append(row)
+        if step >= self.total or time.monotonic() - self.published_at >= PUBLISH_INTERVAL_S:
+            self._publish(step)
+
+    def _publish(self, step: int) -> None:
         # Each publication stores the whole table: past TABLE_UPDATES rows, publish every k-th step.
         every = math.ceil(self.total / TABLE_UPDATES)
         if len(self.rows) <= TABLE_UPDATES or step % every == 0 or step >= self.total:
             self._publish_table()
+            self.published_rows = len(self.rows)
         update_progress_artifact(self.progress_id, 100.0 * min(step, self.total) / self.total)
+        self.published_at = time.monotonic()
+
+    def _flush(self) -> None:
+        """Publish what the last interval held back."""
+        if len(self.rows) > self.published_rows:
+            self._publish_table()
+            self.published_rows = len(self.rows)
+            update_progress_artifact(
+                self.progress_id, 100.0 * min(self.rows[-1]["step"], self.total) / self.total
+            )
 
     def _publish_table(self) -> None:
         """Created once, then updated in place (Prefect has no update function for tables; its API
@@ -100,6 +120,7 @@ class PrefectArtifacts:
             client.update_artifact(self.table_id, ArtifactUpdate(data=json.dumps(self.rows)))
 
     def finish(self, summary: dict[str, Any]) -> None:
+        self._flush()
         try:
             text = summary_markdown(self.run_path)
         except Exception as error:  # a summary that cannot be made must not fail a finished run
@@ -117,4 +138,8 @@ class PrefectArtifacts:
             )
 
     def fail(self) -> None:
-        """Nothing to close: the table and progress show how far the run got."""
+        """The table and progress show how far the run got."""
+        try:
+            self._flush()
+        except Exception as error:  # the run's own failure is what must surface, not this one
+            logger.warning("ppoflow: the last metrics were not published to Prefect: %s", error)

@@ -16,7 +16,6 @@ from ppoflow.engine.metrics import (
     memory_metrics,
     reduce_update_steps,
 )
-from ppoflow.engine.ppo import pad_rows
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.rewards import reward_error_metrics
@@ -24,36 +23,42 @@ from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import metrics_table
 from ppoflow.tasks.storage.states import TIMING_PREFIX, StageResult, StageTimer, StepResults
 from ppoflow.tasks.storage.tables import read_table, stage_path, write_table
+from ppoflow.tasks.storage.tensors import length_mask, padded_column, token_tensor
 
 
 def _data_metrics(
-    run: Run, rollouts: pa.Table, reward: StageResult, advantage: StageResult, limits: dict
+    run: Run,
+    rollouts: pa.Table,
+    reward: StageResult,
+    advantage: StageResult,
+    limits: dict,
+    *,
+    recomputed: bool,
 ) -> dict[str, float]:
     adv = read_table(run.path, advantage.ref, clock=run.io)
-    lengths = rollouts["response_length"].to_pylist()
-    width = max(lengths, default=0)
-    mask = pad_rows([[1.0] * n for n in lengths], width)
+    width = pc.max(rollouts["response_length"]).as_py() or 0
+    mask = length_mask(rollouts["response_length"], width)
     rewards = read_table(run.path, reward.ref, clock=run.io)
-    scores = torch.tensor(rewards["score"].to_pylist(), dtype=torch.float64)
-    values = adv["values"].to_pylist()
+    scores = torch.tensor(rewards["score"].to_numpy(), dtype=torch.float64)
     metrics = compute_data_metrics(
         scores=scores,
-        token_level_rewards=pad_rows(adv["token_level_rewards"].to_pylist(), width),
-        advantages=pad_rows(adv["advantages"].to_pylist(), width),
-        returns=pad_rows(adv["returns"].to_pylist(), width),
+        token_level_rewards=padded_column(adv, "token_level_rewards", width),
+        advantages=padded_column(adv, "advantages", width),
+        returns=padded_column(adv, "returns", width),
         response_mask=mask,
-        prompt_lengths=torch.tensor(rollouts["prompt_length"].to_pylist()),
+        prompt_lengths=torch.tensor(rollouts["prompt_length"].to_numpy(), dtype=torch.long),
         max_prompt_length=limits["prompt_length"],
         max_response_length=limits["response_length"],
-        values=None if values[0] is None else pad_rows(values, width),
+        values=token_tensor(adv, "values", width),
     )
     metrics |= reward_error_metrics(rewards)
-    metrics |= compute_group_metrics(scores, torch.tensor(rollouts["group_id"].to_pylist()))
-    metrics |= compute_rollout_probs_diff(
-        pad_rows(rollouts["rollout_log_probs"].to_pylist(), width),
-        pad_rows(rollouts["old_log_probs"].to_pylist(), width),
-        mask,
-    )
+    metrics |= compute_group_metrics(scores, torch.tensor(rollouts["group_id"].to_numpy(), dtype=torch.long))
+    if recomputed:  # verl measures the mismatch where it recomputes old log-probs (not in bypass mode)
+        metrics |= compute_rollout_probs_diff(
+            padded_column(rollouts, "rollout_log_probs", width),
+            padded_column(rollouts, "old_log_probs", width),
+            mask,
+        )
     return metrics
 
 
@@ -100,7 +105,8 @@ def metrics(
     sum of the stages' seconds."""
     timer = StageTimer()
     rollouts = read_table(run.path, stages.rollouts.ref, clock=run.io)
-    values = _data_metrics(run, rollouts, stages.rewards, stages.advantages, limits)
+    recomputed = any(name == f"{TIMING_PREFIX}old_log_prob" for name, _ in stages.rollouts.values)
+    values = _data_metrics(run, rollouts, stages.rewards, stages.advantages, limits, recomputed=recomputed)
     values |= _update_metrics(run, stages.critic_update, "critic") | _update_metrics(
         run, stages.actor_update, "actor"
     )

@@ -61,6 +61,8 @@ class RolloutSettings:
     schedules its own batches: it is then no part of the cache key)."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm; None for hf)."""
+    recompute_old_log_probs: bool = True
+    """False with algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones."""
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
         generation_batch_size=_generation_batch_size(cfg),
         vllm=vllm_options(cfg),
+        recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
     )
     pf = algorithm.pf_ppo
     return RunSettings(

@@ -1,23 +1,52 @@
-"""Rebuilding engine tensors from the rollout and advantage tables (list columns → padded tensors)."""
+"""Rebuilding engine tensors from the rollout and advantage tables (list columns → padded tensors),
+straight from Arrow's flat values and offsets, without a Python list per row."""
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ppoflow.engine.forward import SequenceBatch
-from ppoflow.engine.ppo import build_sequence_batch, pad_rows
+from ppoflow.engine.rollout import pad_flat
+
+
+def _flat(column: pa.ChunkedArray, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A list column's values, concatenated, and each row's length (0 for a null row)."""
+    lists = column.combine_chunks()
+    lengths = pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False)
+    flat = lists.flatten().to_numpy(zero_copy_only=False)
+    # torch.tensor copies: Arrow's buffers are read-only
+    return torch.tensor(flat, dtype=dtype), torch.tensor(lengths, dtype=torch.long)
 
 
 def sequence_batch(rollouts: pa.Table, pad_token_id: int) -> SequenceBatch:
-    return build_sequence_batch(
-        rollouts["prompt_ids"].to_pylist(), rollouts["response_ids"].to_pylist(), pad_token_id=pad_token_id
+    """Prompts padded on the left, responses on the right, both with the pad token."""
+    prompt_ids, prompt_lengths = _flat(rollouts["prompt_ids"], torch.long)
+    response_ids, response_lengths = _flat(rollouts["response_ids"], torch.long)
+    prompts, prompt_mask = pad_flat(
+        prompt_ids, prompt_lengths, int(prompt_lengths.max()), pad_token_id, left=True
     )
+    responses, response_mask = pad_flat(
+        response_ids, response_lengths, int(response_lengths.max()) if len(rollouts) else 0, pad_token_id
+    )
+    return SequenceBatch(prompts, prompt_mask.long(), responses, response_mask.float())
+
+
+def padded_column(table: pa.Table, column: str, width: int) -> torch.Tensor:
+    """(N, width) float32 tensor of a list column, 0 past each row's end and in null rows."""
+    flat, lengths = _flat(table[column], torch.float32)
+    return pad_flat(flat, lengths, width, 0.0)[0]
 
 
 def token_tensor(table: pa.Table, column: str, width: int) -> torch.Tensor | None:
-    """(N, width) float tensor of a list column; None when the column is all null."""
-    values = table[column].to_pylist()
-    if all(v is None for v in values):
+    """`padded_column`, or None when the column is all null."""
+    if table[column].null_count == len(table):
         return None
-    return pad_rows([v or [] for v in values], width)
+    return padded_column(table, column, width)
+
+
+def length_mask(lengths: pa.ChunkedArray, width: int) -> torch.Tensor:
+    """(N, width) float mask, 1 on the first `length` positions of each row."""
+    counts = torch.tensor(lengths.to_numpy(), dtype=torch.long)
+    return (torch.arange(width) < counts[:, None]).float()

@@ -38,9 +38,9 @@ def _pass(model, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_head_on_response_positions_equals_head_on_every_position(tiny_model_dir, temperature):
     model = load_actor(tiny_model_dir)
-    assert forward._keeps_logits(model)
+    assert forward.keeps_logits(model)
     wrapped = WithoutLogitsToKeep(model)
-    assert not forward._keeps_logits(wrapped)
+    assert not forward.keeps_logits(wrapped)
     kept = _pass(model, temperature)
     every = _pass(wrapped, temperature)
     torch.testing.assert_close(kept[0], every[0], rtol=0, atol=1e-6)

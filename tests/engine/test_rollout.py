@@ -6,7 +6,15 @@ import torch
 from ppoflow.engine.forward import compute_log_probs
 from ppoflow.engine.models import load_actor, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch, pad_rows
-from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams, filter_logits, sample_seed
+from ppoflow.engine.rollout import (
+    HFRolloutEngine,
+    SamplingParams,
+    filter_logits,
+    left_pad,
+    pad_flat,
+    right_pad,
+    sample_seed,
+)
 from ppoflow.engine.tiny import all_addition_problems
 
 
@@ -128,3 +136,16 @@ def test_one_seed_per_response_is_required(setup):
     _, _, engine, prompts = setup
     with pytest.raises(ValueError, match="one seed per response"):
         engine.generate(prompts, SamplingParams(max_new_tokens=2), seeds=[1])
+
+
+def test_padding_places_each_row_at_its_side_and_refuses_a_row_longer_than_the_width():
+    ids, mask = left_pad([[5, 6], [7], [8, 9, 4]], pad_id=0)
+    assert ids.tolist() == [[0, 5, 6], [0, 0, 7], [8, 9, 4]]
+    assert mask.tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1]] and mask.dtype == torch.long
+    values, mask = right_pad([[0.5], [], [0.25, -1.0]], 0.0, width=3, dtype=torch.float32)
+    assert values.tolist() == [[0.5, 0, 0], [0, 0, 0], [0.25, -1.0, 0]]
+    assert mask.tolist() == [[1, 0, 0], [0, 0, 0], [1, 1, 0]] and mask.dtype == torch.float32
+    flat, lengths = torch.tensor([1, 2, 3]), torch.tensor([2, 1])
+    assert pad_flat(flat, lengths, 2, -1, left=True)[0].tolist() == [[1, 2], [-1, 3]]
+    with pytest.raises(ValueError, match="a row of 3 values does not fit in width 2"):
+        right_pad([[1, 2, 3]], 0, width=2)
