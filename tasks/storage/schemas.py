@@ -85,7 +85,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             nullable=True,
         ),
         doc_field("ground_truth", pa.string(), "Reference answer for the reward function."),
-        doc_field("extra_info", pa.string(), "Any other fields of the source row, as JSON text."),
+        doc_field(
+            "extra_info", pa.string(), "verl's extra_info of the source row, as JSON text (keys sorted)."
+        ),
     ),
     "rejects": _schema(
         "rejects",
