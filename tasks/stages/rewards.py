@@ -12,8 +12,14 @@ import json
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, gsm8k_components
-from ppoflow.engine.rewards import addition_components, combine_components, error_rate
+from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
+from ppoflow.engine.rewards import (
+    NO_ANSWER,
+    addition_answer,
+    addition_components,
+    combine_components,
+    error_rate,
+)
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.run import Run
@@ -37,6 +43,14 @@ def reward_components(
             raise ValueError(
                 f"no built-in reward for data_source '{data_source}'; set custom_reward_function.path"
             )
+
+
+def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) -> str:
+    """The answer a response gives under the built-in reward of `data_source` (`pred`, what maj@k
+    votes on), NO_ANSWER when it gives none."""
+    if data_source == GSM8K_DATA_SOURCE:
+        return extract_solution(response, gsm8k_method) or NO_ANSWER
+    return addition_answer(response)
 
 
 def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.Table:
@@ -71,6 +85,7 @@ def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.T
             "score": [o.score for o in outcomes],
             "components": [list(o.components.items()) for o in outcomes],
             "error": [o.error for o in outcomes],
+            "pred": [o.pred for o in outcomes],
         },
         schema=SCHEMAS["rewards"],
     )
@@ -113,7 +128,8 @@ def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMet
     """The fast path, in process: the data source's components, weighted."""
     try:
         components = reward_components(call.data_source, call.solution_str, call.ground_truth, gsm8k_method)
-        return Scored(combine_components(components, weights), components)
+        pred = reward_answer(call.data_source, call.solution_str, gsm8k_method)
+        return Scored(combine_components(components, weights), components, pred=pred)
     except Exception as exc:
         return Scored.failed(f"{type(exc).__name__}: {exc}")
 

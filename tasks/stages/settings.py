@@ -76,6 +76,9 @@ class ValidationSettings:
     """val_kwargs' temperature, top_p, top_k, do_sample."""
     generation_batch_size: int | None
     """rollout.micro_batch_size (None with vLLM)."""
+    seed: int | None
+    """rollout.seed, else trainer.seed, when validation samples (val_kwargs.do_sample and temperature
+    > 0); None when it decodes greedily, which draws nothing."""
     log_generations: int = field(metadata={"cache_key": False})
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
     vllm: VLLMOptions | None = None
@@ -164,6 +167,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         generation_batch_size=_generation_batch_size(cfg),
         vllm=vllm_options(cfg),
     )
+    validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
     return RunSettings(
         data=DataSettings(
@@ -178,8 +182,9 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             n=arr.rollout.val_kwargs.n,
             prompt_length=arr.rollout.prompt_length,
             truncation=cfg.data.truncation,
-            sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
+            sampling=validation_sampling,
             generation_batch_size=_generation_batch_size(cfg),
+            seed=rollout.seed if validation_sampling.do_sample else None,
             log_generations=cfg.trainer.log_val_generations,
             vllm=rollout.vllm,
         ),

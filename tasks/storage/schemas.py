@@ -55,6 +55,14 @@ def _scored() -> list[pa.Field]:
         doc_field("score", pa.float64(), "Total reward of the response (what the advantage estimator sees)."),
         doc_field("components", _COMPONENTS, "Each named reward component (e.g. correct, format)."),
         doc_field("error", pa.string(), "Why scoring failed; null when it worked.", nullable=True),
+        doc_field(
+            "pred",
+            pa.string(),
+            "The answer the response gives, what maj@k votes on (verl's reward_extra_info 'pred'): the "
+            "built-in rewards' extracted answer ('[INVALID]' when none), a custom function's 'pred' as "
+            "text; null when it returns none.",
+            nullable=True,
+        ),
     ]
 
 
