@@ -53,11 +53,14 @@ def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) ->
     return addition_answer(response)
 
 
-def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.Table:
+def score_rows(
+    rows: list[dict], prompts: dict[str, dict], reward: dict, baselines: list[float] | None = None
+) -> pa.Table:
     """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
     against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
     the custom reward function if one is configured, else by the data source's built-in reward
-    weighted by reward["weights"]. Failing rows follow reward["on_error"]."""
+    weighted by reward["weights"]. Failing rows follow reward["on_error"]. `baselines`: ReMax's
+    baseline score of each row (`remax_baselines`), else null."""
     calls = [
         RewardCall(
             row["data_source"],
@@ -86,6 +89,7 @@ def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.T
             "components": [list(o.components.items()) for o in outcomes],
             "error": [o.error for o in outcomes],
             "pred": [o.pred for o in outcomes],
+            "baseline_score": baselines or [None] * len(rows),
         },
         schema=SCHEMAS["rewards"],
     )
@@ -111,17 +115,36 @@ def rewards(run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, re
     timer = StageTimer()
     rows = (
         read_table(run.path, rollouts, clock=run.io)
-        .select(["prompt_id", "sample_idx", "data_source", "response_text"])
+        .select(["prompt_id", "sample_idx", "data_source", "response_text", "baseline_response_text"])
         .to_pylist()
     )
     references = read_table(run.path, prompts, clock=run.io).select(
         ["prompt_id", "ground_truth", "extra_info"]
     )
-    table = score_rows(rows, {r["prompt_id"]: r for r in references.to_pylist()}, reward)
+    by_id = {r["prompt_id"]: r for r in references.to_pylist()}
+    table = score_rows(rows, by_id, reward, remax_baselines(rows, by_id, reward))
     inject_fault("rewards", step)
     ref = write_table(table, run.path, stage_path(step, "rewards"), SCHEMAS["rewards"], clock=run.io)
     seconds = timer.seconds
     return StageResult("rewards", (ref,), current_cache_key(), seconds, timing_values({"reward": seconds}))
+
+
+def remax_baselines(rows: list[dict], prompts: dict[str, dict], reward: dict) -> list[float] | None:
+    """ReMax's reward baseline of each row: the score of its prompt's greedy response (the rollouts'
+    baseline_response_text, scored once per prompt as responses are); None when the rollouts have
+    no greedy responses (every estimator but remax). A baseline whose reward fails counts 0 under
+    reward.on_error=zero, as a failed response does."""
+    if not rows or rows[0]["baseline_response_text"] is None:
+        return None
+    greedy = {}
+    for row in rows:
+        greedy.setdefault(row["prompt_id"], row | {"response_text": row["baseline_response_text"]})
+    try:
+        scored = score_rows(list(greedy.values()), prompts, reward)
+    except RewardFunctionError as exc:
+        raise RewardFunctionError(f"scoring ReMax's greedy baseline responses: {exc}") from None
+    score = dict(zip(scored["prompt_id"].to_pylist(), scored["score"].to_pylist(), strict=True))
+    return [score[row["prompt_id"]] for row in rows]
 
 
 def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMethod) -> Scored:
