@@ -126,6 +126,12 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda cfg: cfg.actor_rollout_ref.rollout.name == "vllm",
     ),
     NoEffect(
+        ("actor_rollout_ref.rollout.val_kwargs.do_sample",),
+        "validation samples only with rollout.val_kwargs.temperature > 0; at 0 (the default) it decodes "
+        "greedily, as verl's rollout does, so the val_kwargs.n answers to a prompt are the same",
+        lambda cfg: cfg.actor_rollout_ref.rollout.val_kwargs.temperature == 0,
+    ),
+    NoEffect(
         (
             "actor_rollout_ref.actor.strategy",
             "critic.strategy",

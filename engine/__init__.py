@@ -58,7 +58,8 @@ Modules
     β controllers; losses: policy and value losses, explained variance; logits: log-probs and entropy
     from logits; forward: forward passes over (prompt, response) batches; update: the actor and critic
     update loops; optim: AdamW and the LR schedule; pf_ppo: PF-PPO resampling; rollout: sampling
-    engines; ppo: the stages as engine calls; metrics: verl's metrics; rewards, gsm8k: rule rewards;
+    engines; ppo: the stages as engine calls; metrics: verl's metrics; validation_metrics: verl's
+    validation metrics (mean@n, best@k, worst@k, maj@k); rewards, gsm8k: rule rewards;
     data: which prompts each step uses, prompt truncation; models: loading actor, reference, critic;
     tiny: the built-in tiny model and its addition task.
 """

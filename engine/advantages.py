@@ -106,17 +106,18 @@ def compute_reinforce_plus_plus_advantage(
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): G_t = r_t + γ·G_{t+1}, advantages = whiten(G).
 
-    token_level_rewards: (N, T). response_mask: (N, T) 0/1. The running return is reset to 0 after each
-    masked position (verl: `running_return *= mask[:, t]`), so rewards after EOS never reach the response.
+    token_level_rewards: (N, T). response_mask: (N, T) 0/1. The backward scan runs over valid tokens
+    only: a masked position (padding after EOS, or a span inside the response that the policy did not
+    generate) neither adds its reward nor discounts, and carries the running return through unchanged
+    (verl ≥ 0.9.0), so a reward after a masked span still reaches the tokens before it.
     Returns advantages (N, T): G whitened over valid tokens, and returns (N, T): G; both 0 where masked.
     """
     valid = response_mask != 0
     running = torch.zeros_like(token_level_rewards[:, 0])
     reversed_returns = []
     for t in reversed(range(token_level_rewards.shape[1])):
-        running = token_level_rewards[:, t] + gamma * running
+        running = torch.where(valid[:, t], token_level_rewards[:, t] + gamma * running, running)
         reversed_returns.append(running)
-        running = torch.where(valid[:, t], running, 0.0)
     returns = torch.stack(reversed_returns[::-1], dim=1)
     advantages = torch.where(valid, masked_whiten(returns, response_mask), 0.0)
     return advantages, torch.where(valid, returns, 0.0)

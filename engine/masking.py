@@ -81,7 +81,8 @@ def agg_denominator(mask: Tensor, mode: LossAggMode) -> float:
     """The count `agg_loss` divides by, for mask (N, T) 0/1, clamped to ≥ 1.
 
     token-mean: valid tokens. seq-mean-token-sum, seq-mean-token-mean: rows with ≥ 1 valid token.
-    seq-mean-token-sum-norm: N · T (every row, padded length; so extra padding columns change it).
+    seq-mean-token-sum-norm: rows with ≥ 1 valid token × T (the padded length, so extra padding
+    columns change it; verl ≥ 0.9.0 leaves fully masked rows out, as for seq-mean-token-sum).
     Under gradient accumulation compute it once on the whole mini-batch mask (summed over data-parallel
     ranks) and pass it to `agg_loss` for every micro-batch.
     """
@@ -92,7 +93,7 @@ def agg_denominator(mask: Tensor, mode: LossAggMode) -> float:
         case "seq-mean-token-sum" | "seq-mean-token-mean":
             count = valid.any(dim=-1).sum().item()
         case "seq-mean-token-sum-norm":
-            count = mask.shape[0] * mask.shape[-1]
+            count = valid.any(dim=-1).sum().item() * mask.shape[-1]
         case _:
             raise ValueError(f"unknown loss_agg_mode {mode!r}; valid choices: {', '.join(LOSS_AGG_MODES)}")
     return float(max(count, 1))

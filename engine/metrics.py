@@ -1,11 +1,12 @@
 """Per-iteration training metrics: tensors, lists and floats in, `dict[str, float]` out.
 
 Names and definitions follow verl's `verl/trainer/ppo/metric_utils.py` (`compute_data_metrics`,
-`compute_timing_metrics`, `compute_throughout_metrics`, `process_validation_metrics`), `reduce_metrics`,
+`compute_timing_metrics`, `compute_throughout_metrics`), `reduce_metrics`,
 `verl/utils/debug/metrics.py` (`training/rollout_probs_diff_*`) and the workers' `perf/*memory*`.
 Shapes: N responses, T padded response length; `response_mask` (N, T) is 0/1 and every per-token input
 is ignored where it is 0 (may hold anything). Token statistics are over the valid tokens of the whole
-batch; an empty selection gives max/min NaN. Statistics are computed in float64.
+batch; an empty selection gives max/min NaN. Statistics are computed in float64. Validation metrics
+are in validation_metrics.py.
 """
 
 import math
@@ -257,65 +258,3 @@ def reduce_update_steps(steps: list[dict[str, float]]) -> dict[str, float]:
             if "/" in key:
                 collected[key].append(float(value))
     return {key: sum(values) / len(values) for key, values in collected.items()}
-
-
-def _per_prompt(
-    data_sources: list[str], group_keys: list[str], values: list[float]
-) -> dict[str, list[list[float]]]:
-    """data source -> one list of values per prompt (group_key), in order of first appearance."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for source, key, value in zip(data_sources, group_keys, values, strict=True):
-        groups[(source, key)].append(float(value))
-    by_source: dict[str, list[list[float]]] = defaultdict(list)
-    for (source, _), prompt_values in groups.items():
-        by_source[source].append(prompt_values)
-    return by_source
-
-
-def _prompt_stats(prompts: list[list[float]], with_best: bool) -> dict[tuple[str, int], float]:
-    """(stat, n) -> mean over prompts with n samples of that prompt's stat.
-
-    stat "mean": the mean of the prompt's samples; "best" (prompts with n > 1, when with_best): their max.
-    """
-    per_stat: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for values in prompts:
-        n = len(values)
-        per_stat[("mean", n)].append(sum(values) / n)
-        if with_best and n > 1:
-            per_stat[("best", n)].append(max(values))
-    return {stat: sum(vals) / len(vals) for stat, vals in per_stat.items()}
-
-
-def _stat_name(stat: str, n: int) -> str:
-    """verl's metric name for a per-prompt stat: mean@n or best@n/mean."""
-    return f"mean@{n}" if stat == "mean" else f"{stat}@{n}/mean"
-
-
-def compute_validation_metrics(
-    data_sources: list[str], group_keys: list[str], scores: list[float], components: list[dict[str, float]]
-) -> dict[str, float]:
-    """verl's validation metrics (`process_validation_metrics` and the trainer's naming), one row per sample.
-
-    data_sources: (N,) dataset of each sample. group_keys: (N,) prompt of each sample; n = samples of that
-    prompt. scores: (N,) reward of each sample. components: (N,) the reward's named parts (the same keys
-    in every row). Stats are computed per prompt, then averaged over the prompts of a data source.
-    Returns val-core/{source}/reward/mean@{n}; when n > 1 also val-core/{source}/reward/best@{n}/mean
-    (mean over prompts of the max score; verl's maj@n needs extracted answers and is not computed); and
-    val-aux/{source}/{component}/mean@{n}. Where a source mixes prompt sizes, only stats at its largest
-    n are val-core, the others val-aux (as verl).
-    """
-    component_names = list(components[0]) if components else []
-    if len(components) != len(scores) or any(c.keys() != components[0].keys() for c in components):
-        raise ValueError("components must hold one dict per score, all with the same keys")
-    metrics: dict[str, float] = {}
-    for source, prompts in _per_prompt(data_sources, group_keys, scores).items():
-        n_max = max(len(values) for values in prompts)
-        for (stat, n), value in _prompt_stats(prompts, with_best=True).items():
-            section = "val-core" if n == n_max else "val-aux"
-            metrics[f"{section}/{source}/reward/{_stat_name(stat, n)}"] = value
-    for name in component_names:
-        parts = [row[name] for row in components]
-        for source, prompts in _per_prompt(data_sources, group_keys, parts).items():
-            for (stat, n), value in _prompt_stats(prompts, with_best=False).items():
-                metrics[f"val-aux/{source}/{name}/{_stat_name(stat, n)}"] = value
-    return metrics

@@ -11,6 +11,9 @@ import re
 from collections.abc import Mapping, Sequence
 
 _NUMBER = re.compile(r"\d{1,3}")
+NO_ANSWER = "[INVALID]"
+"""The answer (`pred`) of a response from which the built-in rewards extract none; one answer like
+any other in majority voting (verl's math_dapo reward says the same for a response without one)."""
 
 
 def addition_components(solution_str: str, ground_truth: str) -> dict[str, float]:
@@ -20,6 +23,13 @@ def addition_components(solution_str: str, ground_truth: str) -> dict[str, float
     well_formed = _NUMBER.fullmatch(answer) is not None
     correct = well_formed and int(answer) == int(ground_truth)
     return {"correctness": float(correct), "format": float(well_formed)}
+
+
+def addition_answer(solution_str: str) -> str:
+    """The built-in addition task's answer (`pred`, what maj@k votes on): the number a well-formed
+    response gives, without leading zeros, else NO_ANSWER."""
+    answer = solution_str.strip()
+    return str(int(answer)) if _NUMBER.fullmatch(answer) else NO_ANSWER
 
 
 def combine_components(components: Mapping[str, float], weights: Mapping[str, float]) -> float:
@@ -69,6 +79,13 @@ def score_of_result(result: object) -> tuple[float, dict[str, float]]:
         if not math.isfinite(value):
             raise InvalidRewardError(f"returned {value}" + ("" if name == "score" else f" for '{name}'"))
     return score, components
+
+
+def answer_of_result(result: object) -> str | None:
+    """A custom `compute_score` result's answer for majority voting: a dict's "pred" (verl's
+    reward_extra_info key), as text; None when it has none."""
+    pred = result.get("pred") if isinstance(result, Mapping) else None
+    return None if pred is None else str(pred)
 
 
 def error_rate(errors: Sequence[str | None]) -> float:

@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -201,9 +202,19 @@ def _fmt(metrics: dict[str, float], key: str, spec: str = ".3f") -> str:
     return "—" if value is None else format(value, spec)
 
 
+_REWARD_MEAN = re.compile(r"val-(?:core|aux)/(.+)/reward/mean@(\d+)")
+
+
 def validation_score(metrics: dict[str, float]) -> float | None:
-    """Mean of the val-core reward means over data sources (the headline validation score)."""
-    scores = [v for k, v in metrics.items() if k.startswith("val-core/") and "/reward/mean@" in k]
+    """The headline validation score: the mean over data sources of the reward's mean@n at each
+    source's largest n (val-core's, or val-aux's when the reward has an acc component, which verl
+    makes the core variable)."""
+    largest: dict[str, tuple[int, float]] = {}
+    for key, value in metrics.items():
+        found = _REWARD_MEAN.fullmatch(key)
+        if found and int(found[2]) >= largest.get(found[1], (0, 0.0))[0]:
+            largest[found[1]] = (int(found[2]), value)
+    scores = [value for _, value in largest.values()]
     return sum(scores) / len(scores) if scores else None
 
 

@@ -38,9 +38,8 @@ def advantages(
     verl's timers values and adv."""
     timer = StageTimer()
     table = read_table(run.path, rollouts, clock=run.io)
-    scores = torch.tensor(
-        read_table(run.path, rewards, clock=run.io)["score"].to_pylist(), dtype=torch.float32
-    )
+    scored = read_table(run.path, rewards, clock=run.io)
+    scores = torch.tensor(scored["score"].to_pylist(), dtype=torch.float32)
     batch = sequence_batch(table, run.models.tokenizer(run, actor).pad_token_id)
     width, mask = batch.response_ids.shape[1], batch.response_mask
     old = token_tensor(table, "old_log_probs", width)
@@ -60,6 +59,7 @@ def advantages(
         ref_log_probs=ref,
         values=values,
         group_id=torch.tensor(table["group_id"].to_pylist()),
+        reward_baselines=_reward_baselines(scored, estimator.adv_estimator),
     )
     kl = kl_penalty(old, ref, estimator.kl_penalty) * mask if ref is not None else None
     columns = {
@@ -83,6 +83,20 @@ def advantages(
     return StageResult(
         "advantages", (ref_out,), current_cache_key(), seconds, values_out + timing_values(phases)
     )
+
+
+def _reward_baselines(scored: pa.Table, estimator: str) -> torch.Tensor | None:
+    """ReMax's baseline of each row (rewards.baseline_score, the score of the prompt's greedy
+    response); None for the other estimators."""
+    if estimator != "remax":
+        return None
+    baselines = scored["baseline_score"].to_pylist()
+    if None in baselines:
+        raise ValueError(
+            "algorithm.adv_estimator=remax needs rewards.baseline_score (the reward of each prompt's "
+            "greedy response), but this step's rollouts were generated without greedy responses"
+        )
+    return torch.tensor(baselines, dtype=torch.float32)
 
 
 def _train_weights(scores: torch.Tensor, pf_ppo: PFPPOSettings | None, seed: int) -> list[int]:

@@ -14,6 +14,9 @@ from ppoflow.engine.gsm8k import verl_record
 
 VERL_FIELDS = {"prompt", "reward_model", "data_source"}
 JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+VERL_SPLITS = {"train": "train", "val": "test"}
+"""extra_info.split of a converted raw GSM8K row, by ingest split: verl's preprocessing writes the
+dataset's own split names, and the file verl validates on (data.val_files) is GSM8K's test split."""
 KEPT_FIELDS = ("data_source", "ability", "reward_model", "extra_info")
 """The fields besides the prompt whose values reach the prompts table."""
 MAX_DEPTH = 100
@@ -56,7 +59,7 @@ def prompt_row(
         "prompt_text": text,
         "prompt_messages": messages,
         "ground_truth": _ground_truth(record.get("reward_model")),
-        "extra_info": json.dumps(record.get("extra_info") or {}, default=str),
+        "extra_info": json.dumps(record.get("extra_info") or {}, default=str, sort_keys=True),
     }
 
 
@@ -142,14 +145,15 @@ def _is_raw_gsm8k(record: dict) -> bool:
 
 
 def _gsm8k_record(record: dict, split: str, position: int) -> dict:
-    """verl's preprocessing of a raw GSM8K row (extra_info.split is ingest's split, e.g. 'val').
-    The raw fields are checked first: the appended instruction would hide an empty question."""
+    """verl's preprocessing of a raw GSM8K row (extra_info.split: 'train', or 'test' for the val split,
+    as verl writes them). The raw fields are checked first: the appended instruction would hide an
+    empty question."""
     question = _raw_gsm8k_text(record, "question", "wrong prompt type")
     answer = _raw_gsm8k_text(record, "answer", "bad ground truth")
     if not question.strip():
         raise Rejected("empty prompt", "raw GSM8K row: empty question")
     try:
-        converted = verl_record(question, answer, split, position)
+        converted = verl_record(question, answer, VERL_SPLITS.get(split, split), position)
     except ValueError as exc:
         raise Rejected("missing ground truth", f"raw GSM8K row: {exc}") from None
     # verl's pattern also matches '#### ,' or '#### .', which no response can answer correctly.

@@ -22,7 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ppoflow.engine.rewards import InvalidRewardError, score_of_result
+from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_of_result
 from ppoflow.tasks.stages.processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
@@ -45,12 +45,14 @@ class RewardCall:
 
 @dataclass(frozen=True)
 class Scored:
-    """One row's reward, or why there is none (`error`; score 0.0 and no components then)."""
+    """One row's reward, or why there is none (`error`; score 0.0 and no components then), and the
+    answer the response gives (`pred`, for majority voting; None when unknown)."""
 
     score: float
     components: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     timed_out: bool = False
+    pred: str | None = None
 
     @classmethod
     def failed(cls, error: str, *, timed_out: bool = False) -> Scored:
@@ -224,4 +226,4 @@ def score_call(function, call: RewardCall, timeout_s: float | None = None) -> Sc
         score, components = score_of_result(result)
     except InvalidRewardError as exc:
         return Scored.failed(str(exc))
-    return Scored(score, components)
+    return Scored(score, components, pred=answer_of_result(result))

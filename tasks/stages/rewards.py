@@ -12,8 +12,14 @@ import json
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, gsm8k_components
-from ppoflow.engine.rewards import addition_components, combine_components, error_rate
+from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
+from ppoflow.engine.rewards import (
+    NO_ANSWER,
+    addition_answer,
+    addition_components,
+    combine_components,
+    error_rate,
+)
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.run import Run
@@ -39,11 +45,22 @@ def reward_components(
             )
 
 
-def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.Table:
+def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) -> str:
+    """The answer a response gives under the built-in reward of `data_source` (`pred`, what maj@k
+    votes on), NO_ANSWER when it gives none."""
+    if data_source == GSM8K_DATA_SOURCE:
+        return extract_solution(response, gsm8k_method) or NO_ANSWER
+    return addition_answer(response)
+
+
+def score_rows(
+    rows: list[dict], prompts: dict[str, dict], reward: dict, baselines: list[float] | None = None
+) -> pa.Table:
     """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
     against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
     the custom reward function if one is configured, else by the data source's built-in reward
-    weighted by reward["weights"]. Failing rows follow reward["on_error"]."""
+    weighted by reward["weights"]. Failing rows follow reward["on_error"]. `baselines`: ReMax's
+    baseline score of each row (`remax_baselines`), else null."""
     calls = [
         RewardCall(
             row["data_source"],
@@ -71,6 +88,8 @@ def score_rows(rows: list[dict], prompts: dict[str, dict], reward: dict) -> pa.T
             "score": [o.score for o in outcomes],
             "components": [list(o.components.items()) for o in outcomes],
             "error": [o.error for o in outcomes],
+            "pred": [o.pred for o in outcomes],
+            "baseline_score": baselines or [None] * len(rows),
         },
         schema=SCHEMAS["rewards"],
     )
@@ -96,24 +115,44 @@ def rewards(run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, re
     timer = StageTimer()
     rows = (
         read_table(run.path, rollouts, clock=run.io)
-        .select(["prompt_id", "sample_idx", "data_source", "response_text"])
+        .select(["prompt_id", "sample_idx", "data_source", "response_text", "baseline_response_text"])
         .to_pylist()
     )
     references = read_table(run.path, prompts, clock=run.io).select(
         ["prompt_id", "ground_truth", "extra_info"]
     )
-    table = score_rows(rows, {r["prompt_id"]: r for r in references.to_pylist()}, reward)
+    by_id = {r["prompt_id"]: r for r in references.to_pylist()}
+    table = score_rows(rows, by_id, reward, remax_baselines(rows, by_id, reward))
     inject_fault("rewards", step)
     ref = write_table(table, run.path, stage_path(step, "rewards"), SCHEMAS["rewards"], clock=run.io)
     seconds = timer.seconds
     return StageResult("rewards", (ref,), current_cache_key(), seconds, timing_values({"reward": seconds}))
 
 
+def remax_baselines(rows: list[dict], prompts: dict[str, dict], reward: dict) -> list[float] | None:
+    """ReMax's reward baseline of each row: the score of its prompt's greedy response (the rollouts'
+    baseline_response_text, scored once per prompt as responses are); None when the rollouts have
+    no greedy responses (every estimator but remax). A baseline whose reward fails counts 0 under
+    reward.on_error=zero, as a failed response does."""
+    if not rows or rows[0]["baseline_response_text"] is None:
+        return None
+    greedy = {}
+    for row in rows:
+        greedy.setdefault(row["prompt_id"], row | {"response_text": row["baseline_response_text"]})
+    try:
+        scored = score_rows(list(greedy.values()), prompts, reward)
+    except RewardFunctionError as exc:
+        raise RewardFunctionError(f"scoring ReMax's greedy baseline responses: {exc}") from None
+    score = dict(zip(scored["prompt_id"].to_pylist(), scored["score"].to_pylist(), strict=True))
+    return [score[row["prompt_id"]] for row in rows]
+
+
 def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMethod) -> Scored:
     """The fast path, in process: the data source's components, weighted."""
     try:
         components = reward_components(call.data_source, call.solution_str, call.ground_truth, gsm8k_method)
-        return Scored(combine_components(components, weights), components)
+        pred = reward_answer(call.data_source, call.solution_str, gsm8k_method)
+        return Scored(combine_components(components, weights), components, pred=pred)
     except Exception as exc:
         return Scored.failed(f"{type(exc).__name__}: {exc}")
 

@@ -6,6 +6,7 @@ import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.data import batch_rows, truncate_prompt
+from ppoflow.engine.rollout import SamplingParams
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.observe.console import progress_bar
@@ -87,6 +88,8 @@ def rollouts(
     with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:
         out = run.models.rollouts(run, actor, reference, [ids for _, ids in rendered], request, progress)
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
+    baseline_ids = _greedy_baseline(run, step, actor, [ids for _, ids in rendered], settings)
+    baseline_texts = tokenizer.batch_decode(baseline_ids, skip_special_tokens=True) if baseline_ids else []
     columns = {
         "prompt_id": [rows[i]["prompt_id"] for i in out.prompt_index],
         "sample_idx": out.sample_index,
@@ -104,6 +107,8 @@ def rollouts(
         "finish_reason": out.finish_reasons,
         "policy_version": [actor.step] * len(texts),
         "seed": [rollout_seed] * len(texts),
+        "baseline_response_ids": [baseline_ids[i] if baseline_ids else None for i in out.prompt_index],
+        "baseline_response_text": [baseline_texts[i] if baseline_ids else None for i in out.prompt_index],
     }
     inject_fault("rollouts", step)
     table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
@@ -112,3 +117,27 @@ def rollouts(
     seconds = timer.seconds  # read once: the timers add up to the stage's seconds
     phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
     return StageResult("rollouts", (ref,), current_cache_key(), seconds, timing_values(phases))
+
+
+def _greedy_baseline(
+    run: Run, step: int, actor: ModelState, prompt_ids: list[list[int]], settings: RolloutSettings
+) -> list[list[int]]:
+    """ReMax (settings.greedy_baseline): one greedy response per prompt, whose reward is the baseline
+    of the prompt's sampled responses (verl's do_sample=False generation); [] otherwise. Its time
+    counts in verl's gen timer, as in verl."""
+    if not settings.greedy_baseline:
+        return []
+    greedy = SamplingParams.greedy(settings.sampling.max_new_tokens)
+    with progress_bar(f"step {step} greedy baseline", total=len(prompt_ids)) as progress:
+        out = run.models.generate(
+            run,
+            actor,
+            prompt_ids,
+            greedy,
+            [0] * len(prompt_ids),  # greedy decoding draws nothing
+            engine=settings.engine,
+            batch_size=settings.generation_batch_size,
+            vllm=settings.vllm,
+            progress=progress,
+        )
+    return out.response_ids

@@ -59,6 +59,9 @@ class RolloutSettings:
     generation_batch_size: int | None
     """rollout.micro_batch_size: responses generated together on one device (None with vLLM, which
     schedules its own batches: it is then no part of the cache key)."""
+    greedy_baseline: bool
+    """algorithm.adv_estimator=remax: also generate one greedy response per prompt, whose reward is
+    ReMax's baseline (verl's second, do_sample=False generation)."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm; None for hf)."""
     recompute_old_log_probs: bool = True
@@ -78,6 +81,9 @@ class ValidationSettings:
     """val_kwargs' temperature, top_p, top_k, do_sample."""
     generation_batch_size: int | None
     """rollout.micro_batch_size (None with vLLM)."""
+    seed: int | None
+    """rollout.seed, else trainer.seed, when validation samples (val_kwargs.do_sample and temperature
+    > 0); None when it decodes greedily, which draws nothing."""
     log_generations: int = field(metadata={"cache_key": False})
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
     vllm: VLLMOptions | None = None
@@ -147,12 +153,6 @@ class RunSettings:
 
 def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
     """Every stage's settings for a run of `total_steps` training steps."""
-    if cfg.algorithm.adv_estimator == "remax":
-        raise ValueError(
-            "algorithm.adv_estimator=remax needs an extra greedy generation per prompt for its baseline, "
-            "which the pipeline does not run yet (engine.advantages.compute_remax_advantage exists); "
-            "use grpo, rloo, reinforce_plus_plus(_baseline) or gae"
-        )
     arr, algorithm = cfg.actor_rollout_ref, cfg.algorithm
     rollout = RolloutSettings(
         engine=arr.rollout.name,
@@ -164,9 +164,11 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
         generation_batch_size=_generation_batch_size(cfg),
+        greedy_baseline=algorithm.adv_estimator == "remax",
         vllm=vllm_options(cfg),
         recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
     )
+    validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
     return RunSettings(
         data=DataSettings(
@@ -181,8 +183,9 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             n=arr.rollout.val_kwargs.n,
             prompt_length=arr.rollout.prompt_length,
             truncation=cfg.data.truncation,
-            sampling=sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length),
+            sampling=validation_sampling,
             generation_batch_size=_generation_batch_size(cfg),
+            seed=rollout.seed if validation_sampling.do_sample else None,
             log_generations=cfg.trainer.log_val_generations,
             vllm=rollout.vllm,
         ),

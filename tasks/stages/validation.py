@@ -1,13 +1,14 @@
-"""The `validation` stage: greedy (rollout.val_kwargs) answers to every validation prompt, scored →
-iter=N/validation/part-00000.parquet and verl's `val-core/<data_source>/reward/mean@n` metrics."""
+"""The `validation` stage: val_kwargs.n answers (greedy by default) to every validation prompt, scored
+→ iter=N/validation/part-00000.parquet, one row per answer, and verl's validation metrics
+(`val-core/<data_source>/reward/mean@n`, with n > 1 best@k, worst@k, maj@k: engine/validation_metrics.py)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.metrics import compute_validation_metrics
 from ppoflow.engine.rollout import sample_seed
+from ppoflow.engine.validation_metrics import compute_validation_metrics
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar, show_generations
 from ppoflow.tasks.run import Run
@@ -18,6 +19,14 @@ from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
+
+
+def validation_seed(seed: int | None, step: int, prompt_index: int, sample_index: int) -> int:
+    """The random stream of validation answer j to prompt i at `step`: from the run's sampling seed when
+    validation samples (`ValidationSettings.seed`), so that a rerun or a resume draws the same answers."""
+    if seed is None:  # greedy: nothing is drawn
+        return sample_seed(step, prompt_index, sample_index)
+    return sample_seed(seed * 1_000_003 + step, -1 - prompt_index, sample_index)
 
 
 @task(name="validation", task_run_name="validation-step{step}", cache_key_fn=stage_cache_key)
@@ -37,7 +46,7 @@ def validation(
     rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
     n = settings.n
     prompt_ids = [ids for _, ids in rendered for _ in range(n)]
-    seeds = [sample_seed(step, i, j) for i in range(len(rendered)) for j in range(n)]
+    seeds = [validation_seed(settings.seed, step, i, j) for i in range(len(rendered)) for j in range(n)]
     with progress_bar(f"step {step} validate", total=len(prompt_ids)) as progress:
         out = run.models.generate(
             run,
@@ -75,6 +84,7 @@ def validation(
             "score": scored["score"],
             "components": scored["components"],
             "error": scored["error"],
+            "pred": scored["pred"],
         },
         schema=SCHEMAS["validation"],
     )
@@ -86,6 +96,7 @@ def validation(
         table["prompt_id"].to_pylist(),
         table["score"].to_pylist(),
         aligned_components(table),
+        table["pred"].to_pylist(),
     ) | reward_error_metrics(table, "val-aux/reward")
     seconds = timer.seconds
     values = tuple(sorted(metrics.items())) + timing_values({"testing": seconds})

@@ -48,13 +48,19 @@ METRIC_DOCS: dict[str, str] = {
     "reduce_metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, entropy, grad_norm, lr, kl_loss.",
     "critic/<column>": "Mean of that critic_update column over the step's optimizer steps: vf_loss, "
     "vf_clipfrac, vpred_mean, grad_norm, lr.",
-    "val-core/<data_source>/reward/mean@<n>": "Validation at this step: mean over the data source's "
-    "prompts of the mean score of their n responses (rollout.val_kwargs.n).",
-    "val-{core,aux}/<data_source>/reward/best@<n>/mean": "Validation: mean over prompts of the best of "
-    "their n scores (n > 1). val-aux when the source's prompts have fewer samples than its largest n.",
+    "val-{core,aux}/<data_source>/<variable>/mean@<n>": "Validation at this step: mean over the data "
+    "source's prompts of the mean of their n answers' variable (n = rollout.val_kwargs.n): reward (the "
+    "score), or a reward component (correctness, format, acc, …). val-core for the core variable (acc "
+    "when the reward has one, else reward) at the source's largest n, val-aux otherwise (verl).",
+    "val-aux/<data_source>/<variable>/std@<n>": "Validation (n > 1): mean over prompts of the standard "
+    "deviation (ddof 0) of their n answers' variable.",
+    "val-{core,aux}/<data_source>/<variable>/{best,worst,maj}@<k>/{mean,std}": "Validation (n > 1), verl's "
+    "bootstrap: per prompt, 1000 draws of k of its n answers with replacement (numpy, seed 42; k = 2, 4, "
+    "… below n, and n); the mean and std over draws of each draw's best (max), worst (min) or majority "
+    "value (of the answer, validation.pred, that most of the draw gives; only for prompts whose answers "
+    "all have a pred); then the mean over prompts. val-core: best and maj of the core variable at the "
+    "largest n.",
     "val-aux/reward/error_rate": "Share of the step's validation responses whose reward failed.",
-    "val-aux/<data_source>/<component>/mean@<n>": "Validation: as val-core's mean@n, of one reward "
-    "component (correctness, format, …), or of the reward at a smaller n than the source's largest.",
     "timing_s/step": "Sum of the step's stage seconds (verl's step timer); equals perf/time_per_step.",
     "timing_s/<timer>": "Wall seconds of one of verl's timers, as the stage that measured it recorded "
     "it in the iteration's manifest (the first run's when served from cache): gen (rollouts: generation, "

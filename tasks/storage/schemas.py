@@ -55,6 +55,14 @@ def _scored() -> list[pa.Field]:
         doc_field("score", pa.float64(), "Total reward of the response (what the advantage estimator sees)."),
         doc_field("components", _COMPONENTS, "Each named reward component (e.g. correct, format)."),
         doc_field("error", pa.string(), "Why scoring failed; null when it worked.", nullable=True),
+        doc_field(
+            "pred",
+            pa.string(),
+            "The answer the response gives, what maj@k votes on (verl's reward_extra_info 'pred'): the "
+            "built-in rewards' extracted answer ('[INVALID]' when none), a custom function's 'pred' as "
+            "text; null when it returns none.",
+            nullable=True,
+        ),
     ]
 
 
@@ -85,7 +93,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             nullable=True,
         ),
         doc_field("ground_truth", pa.string(), "Reference answer for the reward function."),
-        doc_field("extra_info", pa.string(), "Any other fields of the source row, as JSON text."),
+        doc_field(
+            "extra_info", pa.string(), "verl's extra_info of the source row, as JSON text (keys sorted)."
+        ),
     ),
     "rejects": _schema(
         "rejects",
@@ -124,12 +134,32 @@ SCHEMAS: dict[str, pa.Schema] = {
         doc_field("finish_reason", pa.string(), "'stop' (EOS or stop string) or 'length' (max length hit)."),
         doc_field("policy_version", pa.int32(), "Iteration of the actor state that generated the response."),
         doc_field("seed", pa.int64(), "Sampling seed of this response."),
+        doc_field(
+            "baseline_response_ids",
+            _I32,
+            "ReMax: token ids of the prompt's greedy response (its reward is the baseline); null for "
+            "other estimators.",
+            nullable=True,
+        ),
+        doc_field(
+            "baseline_response_text",
+            pa.string(),
+            "ReMax: the prompt's greedy response, decoded; null for other estimators.",
+            nullable=True,
+        ),
     ),
     "rewards": _schema(
         "rewards",
         *_key(),
         doc_field("data_source", pa.string(), "Dataset name; selects the reward function."),
         *_scored(),
+        doc_field(
+            "baseline_score",
+            pa.float64(),
+            "ReMax: the score of the prompt's greedy response (rollouts.baseline_response_text), the "
+            "baseline b subtracted from the return; null for other estimators.",
+            nullable=True,
+        ),
     ),
     "advantages": _schema(
         "advantages",
@@ -268,10 +298,13 @@ INVARIANTS: dict[str, list[str]] = {
         "WHERE len(prompt_ids) IS DISTINCT FROM prompt_length",
         _finish_reason("rollouts"),
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id HAVING count(DISTINCT group_id) > 1",
+        "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id "
+        "HAVING count(DISTINCT baseline_response_ids) > 1",
     ],
     "rewards": [
         _unique("rewards", "iter", "prompt_id", "sample_idx"),
         _finite_unless_error("rewards"),
+        "SELECT iter FROM rewards GROUP BY iter HAVING count(baseline_score) NOT IN (0, count(*))",
     ],
     "advantages": [
         _unique("advantages", "iter", "prompt_id", "sample_idx"),

@@ -154,6 +154,8 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
             "actor_rollout_ref.actor.use_kl_loss=true",
             "actor_rollout_ref.actor.kl_loss_coef=0.01",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
             *MICRO,
         ],
         check_paths=False,
@@ -176,6 +178,7 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
         (["actor_rollout_ref.rollout.load_format=auto"], "vLLM settings"),
         (["trainer.default_hdfs_dir=null", "trainer.default_hdfs_dir=hdfs://x"], "run directory only"),
         (["reward_model.micro_batch_size_per_gpu=8"], "there is no reward model"),
+        (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "decodes greedily"),
     ],
 )
 def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):

@@ -1,3 +1,4 @@
+import math
 import statistics
 
 import pytest
@@ -181,7 +182,7 @@ def test_grpo_matches_reference_loop(seed, norm_by_std):
     torch.testing.assert_close(advantages, expected[:, None] * mask)
 
 
-def test_reinforce_plus_plus_reward_to_go_resets_after_eos():
+def test_reinforce_plus_plus_reward_to_go_ignores_what_follows_eos():
     rewards = torch.tensor([[0.0, 1.0, 5.0, 7.0], [0.0, 0.0, 0.0, 2.0]])
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
     advantages, returns = compute_reinforce_plus_plus_advantage(rewards, mask, gamma=0.5)
@@ -191,6 +192,24 @@ def test_reinforce_plus_plus_reward_to_go_resets_after_eos():
     expected = torch.tensor(
         [[(0.5 - mu) / sigma, (1.0 - mu) / sigma, 0.0, 0.0], [(g - mu) / sigma for g in valid[2:]]]
     )
+    torch.testing.assert_close(advantages, expected)
+
+
+def test_reinforce_plus_plus_carries_the_return_through_a_masked_span():
+    """verl ≥ 0.9.0: a masked span inside a response (tool output in a multi-turn rollout) passes the
+    running return through; older verl reset it there, giving [0, 0, 0, 0, 1, 1]."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+    _, returns = compute_reinforce_plus_plus_advantage(rewards, mask, gamma=1.0)
+    torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]))
+    # the masked span neither adds its rewards (NaN included) nor discounts: γ = 0.5
+    rewards = torch.tensor([[0.0, 0.0, 9.0, math.nan, 0.0, 1.0]])
+    advantages, returns = compute_reinforce_plus_plus_advantage(rewards, mask, gamma=0.5)
+    torch.testing.assert_close(returns, torch.tensor([[0.125, 0.25, 0.0, 0.0, 0.5, 1.0]]))
+    valid = [0.125, 0.25, 0.5, 1.0]
+    mu, sigma = statistics.mean(valid), statistics.stdev(valid)
+    whitened = [(g - mu) / sigma for g in valid]
+    expected = torch.tensor([[whitened[0], whitened[1], 0.0, 0.0, whitened[2], whitened[3]]])
     torch.testing.assert_close(advantages, expected)
 
 

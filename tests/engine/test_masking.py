@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -111,6 +113,14 @@ def test_agg_skips_rows_without_valid_tokens_and_clamps_denominator():
     for mode in LOSS_AGG_MODES:
         assert agg_denominator(torch.zeros(2, 3), mode) >= 1.0
         assert agg_loss(loss, torch.zeros(3, 3), mode).item() == 0.0
+
+
+def test_seq_mean_token_sum_norm_leaves_fully_masked_rows_out():
+    """verl ≥ 0.9.0 divides by the non-empty rows × T: Σ L·M = 10 over 2 rows × 3 columns, not 3 × 3."""
+    loss = torch.cat([LOSS, torch.full((1, 3), math.nan)])
+    mask = torch.cat([MASK, torch.zeros(1, 3, dtype=MASK.dtype)])
+    assert agg_denominator(mask, "seq-mean-token-sum-norm") == 6.0
+    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10.0 / 6.0)
 
 
 def test_agg_loss_uses_given_denominator():

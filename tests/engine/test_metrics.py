@@ -9,7 +9,6 @@ from ppoflow.engine.metrics import (
     compute_rollout_probs_diff,
     compute_throughput_metrics,
     compute_timing_metrics,
-    compute_validation_metrics,
     memory_metrics,
     reduce_update_steps,
 )
@@ -218,57 +217,3 @@ def test_reduce_update_steps_means_metrics_and_keeps_nan():
     assert metrics["actor/pg_loss"] == 2.0
     assert metrics["critic/vf_loss"] == 5.0  # averaged over the rows that hold it
     assert math.isnan(metrics["actor/grad_norm"])
-
-
-def test_validation_one_sample_per_prompt():
-    metrics = compute_validation_metrics(
-        data_sources=["gsm8k", "gsm8k", "math"],
-        group_keys=["p1", "p2", "p3"],
-        scores=[1.0, 0.0, 0.5],
-        components=[{"format": 1.0}, {"format": 0.5}, {"format": 0.0}],
-    )
-    assert metrics == pytest.approx(
-        {
-            "val-core/gsm8k/reward/mean@1": 0.5,
-            "val-core/math/reward/mean@1": 0.5,
-            "val-aux/gsm8k/format/mean@1": 0.75,
-            "val-aux/math/format/mean@1": 0.0,
-        }
-    )
-
-
-def test_validation_two_samples_per_prompt_best_of_2():
-    metrics = compute_validation_metrics(
-        data_sources=["gsm8k"] * 4 + ["math"] * 2,
-        group_keys=["p1", "p1", "p2", "p2", "p3", "p3"],
-        scores=[1.0, 0.0, 0.0, 0.0, 1.0, 1.0],
-        components=[{"format": value} for value in [1.0, 1.0, 0.0, 1.0, 0.5, 0.5]],
-    )
-    assert metrics == pytest.approx(
-        {
-            "val-core/gsm8k/reward/mean@2": 0.25,
-            "val-core/gsm8k/reward/best@2/mean": 0.5,  # max of p1 is 1, of p2 is 0
-            "val-core/math/reward/mean@2": 1.0,
-            "val-core/math/reward/best@2/mean": 1.0,
-            "val-aux/gsm8k/format/mean@2": 0.75,
-            "val-aux/math/format/mean@2": 0.5,
-        }
-    )
-
-
-def test_validation_mixed_prompt_sizes_keep_core_at_largest_n():
-    metrics = compute_validation_metrics(
-        data_sources=["gsm8k"] * 3, group_keys=["p1", "p1", "p2"], scores=[1.0, 0.0, 1.0], components=[{}] * 3
-    )
-    assert metrics == pytest.approx(
-        {
-            "val-core/gsm8k/reward/mean@2": 0.5,
-            "val-core/gsm8k/reward/best@2/mean": 1.0,
-            "val-aux/gsm8k/reward/mean@1": 1.0,
-        }
-    )
-
-
-def test_validation_rejects_inconsistent_components():
-    with pytest.raises(ValueError, match="components"):
-        compute_validation_metrics(["a", "a"], ["p", "p"], [1.0, 0.0], [{"format": 1.0}, {"length": 1.0}])

@@ -5,8 +5,11 @@ import math
 import pytest
 
 from ppoflow.engine.rewards import (
+    NO_ANSWER,
     InvalidRewardError,
+    addition_answer,
     addition_components,
+    answer_of_result,
     combine_components,
     error_rate,
     score_of_result,
@@ -29,6 +32,26 @@ WEIGHTS = {"correctness": 0.9, "format": 0.1}
 def test_addition_reward_components_and_weighted_score(response, truth, components, score):
     assert addition_components(response, truth) == components
     assert math.isclose(combine_components(components, WEIGHTS), score)
+
+
+def test_addition_answer_is_what_maj_votes_on():
+    assert [addition_answer(r) for r in ("7", " 12 ", "07", "7 +", "", "1234")] == [
+        "7",
+        "12",
+        "7",
+        NO_ANSWER,
+        NO_ANSWER,
+        NO_ANSWER,
+    ]
+
+
+def test_a_custom_results_answer_is_its_pred_as_text():
+    assert [answer_of_result(r) for r in (0.5, {"score": 1}, {"score": 1, "pred": 12}, {"pred": "x"})] == [
+        None,
+        None,
+        "12",
+        "x",
+    ]
 
 
 def test_weight_for_a_component_the_function_does_not_return_is_an_error():

@@ -16,6 +16,7 @@ import yaml
 from ppoflow.tasks.storage.catalog import query
 from ppoflow.tasks.storage.schemas import SCHEMAS, metric_doc
 from ppoflow.tasks.storage.tables import read_manifest
+from tests.verl_validation import verl_validation_metrics
 
 NOT_FROM_ROWS = {
     "perf/max_memory_allocated_gb": "peak memory of the training process when the step ended",
@@ -104,26 +105,41 @@ def row_queries(config: dict) -> list[str]:
 
 
 def validation_metrics(run_dir) -> dict[str, dict[int, float]]:
-    """val-core / val-aux per data source: per-prompt mean (and best) of n samples, then the mean over
-    prompts; the stats at a source's largest n are val-core, the others val-aux."""
+    """val-core / val-aux per data source and variable (the reward, each component): with SQL, each
+    prompt's mean and std of its n answers, then the mean over prompts, core for the reward (acc when a
+    component has that name) at the source's largest n; the bootstrap statistics (best@k, worst@k,
+    maj@k; numpy's draws, which SQL cannot make) with tests/verl_validation.py over the rows."""
     per_prompt = (
-        "SELECT iter, data_source, prompt_id, name, count(*) n, avg(v) m, max(v) b FROM "
+        "SELECT iter, data_source, prompt_id, name, count(*) n, avg(v) m, stddev_pop(v) sd FROM "
         "(SELECT iter, data_source, prompt_id, 'reward' AS name, score v FROM validation UNION ALL "
         "SELECT iter, data_source, prompt_id, unnest(map_keys(components)), unnest(map_values(components)) "
         "FROM validation) GROUP BY ALL"
     )
     sql = (
-        "SELECT iter, data_source, name, n, avg(m), avg(b), max(n) OVER (PARTITION BY iter, data_source) "
+        "SELECT iter, data_source, name, n, avg(m), avg(sd), max(n) OVER (PARTITION BY iter, data_source), "
+        "bool_or(name = 'acc') OVER (PARTITION BY iter, data_source) "
         f"FROM ({per_prompt}) GROUP BY iter, data_source, name, n"
     )
     out: dict[str, dict[int, float]] = {}
-    for step, source, name, n, mean, best, n_max in query(run_dir, sql)[1]:
-        core = name == "reward" and n == n_max
-        out.setdefault(f"{'val-core' if core else 'val-aux'}/{source}/{name}/mean@{n}", {})[step] = mean
-        if name == "reward" and n > 1:
-            out.setdefault(f"{'val-core' if core else 'val-aux'}/{source}/reward/best@{n}/mean", {})[step] = (
-                best
-            )
+    for step, source, name, n, mean, std, n_max, has_acc in query(run_dir, sql)[1]:
+        section = "val-core" if name == ("acc" if has_acc else "reward") and n == n_max else "val-aux"
+        out.setdefault(f"{section}/{source}/{name}/mean@{n}", {})[step] = mean
+        if n > 1:
+            out.setdefault(f"val-aux/{source}/{name}/std@{n}", {})[step] = std
+    rows = "SELECT iter, data_source, prompt_id, score, components, pred FROM validation"
+    by_step: dict[int, list[tuple]] = {}
+    for row in query(run_dir, rows + " ORDER BY iter, prompt_id, sample_idx")[1]:
+        by_step.setdefault(row[0], []).append(row[1:])
+    for step, samples in by_step.items():
+        sources, prompts, scores, components, preds = zip(*samples, strict=True)
+        variables = {"reward": list(scores)} | {
+            name: [dict(c)[name] for c in components] for name in dict(components[0])
+        }
+        for key, value in verl_validation_metrics(
+            list(sources), list(prompts), variables, list(preds)
+        ).items():
+            if any(f"/{stat}@" in key for stat in ("best", "worst", "maj")):
+                out.setdefault(key, {})[step] = value
     return out
 
 

@@ -29,6 +29,9 @@ BASE = [
     "algorithm.kl_ctrl.type=adaptive",
     "algorithm.kl_ctrl.kl_coef=0.05",
     "algorithm.kl_ctrl.horizon=100",
+    "actor_rollout_ref.rollout.val_kwargs.n=2",  # sampled validation resumes bit for bit too
+    "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
     "trainer.total_training_steps=3",
     "trainer.num_threads=1",
 ]

@@ -85,8 +85,9 @@ def ingest(tmp_path, state, source: str, split="train", run="run", **data):
     return result, pq.read_table(tmp_path / run / f"data/{split}.parquet").to_pylist()
 
 
-def verl_parquet(path: Path, lines: list[str]) -> str:
-    """What verl's preprocessing writes for these raw rows, built here independently of ppoflow."""
+def verl_parquet(path: Path, lines: list[str], split: str = "train") -> str:
+    """What verl's preprocessing writes for these raw rows of GSM8K's `split` ("train" or "test"),
+    built here independently of ppoflow."""
     records = []
     for index, line in enumerate(lines):
         raw = json.loads(line)
@@ -103,7 +104,7 @@ def verl_parquet(path: Path, lines: list[str]) -> str:
                     "answer": raw["answer"],
                     "index": index,
                     "question": raw["question"],
-                    "split": "train",
+                    "split": split,
                 },
             }
         )
@@ -142,7 +143,8 @@ def test_the_val_split_and_a_raw_row_without_an_answer(tmp_path, tokenizer_state
     lines = lines[:3]
     _, rows = ingest(tmp_path, tokenizer_state, write_lines(tmp_path / "test.jsonl", lines), split="val")
     assert [r["prompt_id"] for r in rows] == ["val-0", "val-1", "val-2"]
-    assert {json.loads(r["extra_info"])["split"] for r in rows} == {"val"}  # ingest's split, as stored
+    assert {json.loads(r["extra_info"])["split"] for r in rows} == {"test"}  # verl's name of the split
+    assert {r["split"] for r in rows} == {"val"}  # ingest's
 
 
 def test_raw_rows_with_an_empty_question_or_no_answer_number_are_rejected(tmp_path, tokenizer_state):
@@ -216,6 +218,20 @@ def test_verl_parquet_gives_the_same_prompts_as_raw_jsonl(tmp_path, tokenizer_st
     for a, b in zip(from_jsonl, from_parquet, strict=True):
         assert json.loads(a.pop("extra_info")) == json.loads(b.pop("extra_info"))
         assert a == b
+
+
+def test_the_val_split_is_the_same_table_from_raw_jsonl_and_verls_test_parquet(tmp_path, tokenizer_state):
+    """verl's test.parquet says extra_info.split = "test"; the raw test.jsonl ingested as the val split
+    must give the very same prompts table."""
+    lines = gsm8k_lines("test.jsonl", 20)
+    source = write_lines(tmp_path / "test.jsonl", lines)
+    _, from_jsonl = ingest(tmp_path, tokenizer_state, source, split="val", run="a")
+    parquet = verl_parquet(tmp_path / "test.parquet", lines, split="test")
+    _, from_parquet = ingest(tmp_path, tokenizer_state, parquet, split="val", run="b")
+    assert len(from_jsonl) == 20 and from_jsonl == from_parquet
+    assert {json.loads(r["extra_info"])["split"] for r in from_parquet} == {"test"}
+    table = "data/val.parquet"
+    assert pq.read_table(tmp_path / "a" / table).equals(pq.read_table(tmp_path / "b" / table))
 
 
 def test_the_whole_train_set_ingests_without_rejects(tmp_path, tokenizer_state):
