@@ -156,7 +156,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         (
             "*.use_remove_padding",
             "actor_rollout_ref.actor.use_torch_compile",
-            "*.enable_gradient_checkpointing",
         ),
         "a speed or memory setting of verl's training backend; results are the same without it",
     ),

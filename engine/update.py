@@ -9,8 +9,9 @@ Metrics use verl's names; per-mini-batch values are averaged over the update.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +50,9 @@ class ActorUpdateSettings:
     kl_loss_type: KLPenalty
     grad_clip: float
     shuffle: bool
+    gradient_checkpointing: bool = field(default=False, metadata={"cache_key": False})
+    """model.enable_gradient_checkpointing: each layer's activations are recomputed in the backward
+    pass instead of kept (memory for time; the same numbers, so no part of the cache key)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class CriticUpdateSettings:
     loss_agg_mode: LossAggMode
     grad_clip: float
     shuffle: bool
+    gradient_checkpointing: bool = field(default=False, metadata={"cache_key": False})
+    """critic.model.enable_gradient_checkpointing (see ActorUpdateSettings)."""
 
 
 @dataclass
@@ -98,6 +104,28 @@ MicroLoss = Callable[
 (loss, summed metrics, token-mean metrics)."""
 
 
+@contextmanager
+def gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """Turn transformers' activation checkpointing on for the duration (non-reentrant, as verl)."""
+    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    if not enabled:
+        yield
+        return
+    if not getattr(module, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(module).__name__} does not support enable_gradient_checkpointing")
+    kwargs = {"use_reentrant": False}
+    if hasattr(module, "activation_checkpointing_enable"):  # transformers ≥ 5.24's names
+        module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        disable = module.activation_checkpointing_disable
+    else:
+        module.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        disable = module.gradient_checkpointing_disable
+    try:
+        yield
+    finally:
+        disable()
+
+
 def _optimize(
     model: torch.nn.Module,
     stepper: Stepper,
@@ -118,28 +146,29 @@ def _optimize(
     device = model_device(model)
     steps: list[dict[str, float]] = []
     s = settings
-    for epoch, index, rows in mini_batches(
-        len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=seed
-    ):
-        mask = batch.response_mask[rows]
-        denominator = agg_denominator(mask, s.loss_agg_mode)
-        step: dict[str, float] = defaultdict(float)
-        micros = rows.chunk(stepper.world)[stepper.rank].split(s.micro_batch_size)
-        for position, micro in enumerate(micros):
-            part = batch.select(micro).to(device)
-            loss, summed, token_means = micro_loss(micro, part, denominator)
-            stepper.backward(loss, last=position == len(micros) - 1)
-            share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
-            for name, value in summed.items():
-                step[name] += value
-            for name, value in token_means.items():
-                step[name] += value * share
-        step = stepper.reduce(step) | {"epoch": epoch, "mini_batch": index}
-        step[f"{role}/grad_norm"] = stepper.step(s.grad_clip)
-        step[f"{role}/lr"] = stepper.lr
-        steps.append(step)
-        if on_step is not None:
-            on_step(1)
+    with gradient_checkpointing(model, s.gradient_checkpointing):
+        for epoch, index, rows in mini_batches(
+            len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=seed
+        ):
+            mask = batch.response_mask[rows]
+            denominator = agg_denominator(mask, s.loss_agg_mode)
+            step: dict[str, float] = defaultdict(float)
+            micros = rows.chunk(stepper.world)[stepper.rank].split(s.micro_batch_size)
+            for position, micro in enumerate(micros):
+                part = batch.select(micro).to(device)
+                loss, summed, token_means = micro_loss(micro, part, denominator)
+                stepper.backward(loss, last=position == len(micros) - 1)
+                share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
+                for name, value in summed.items():
+                    step[name] += value
+                for name, value in token_means.items():
+                    step[name] += value * share
+            step = stepper.reduce(step) | {"epoch": epoch, "mini_batch": index}
+            step[f"{role}/grad_norm"] = stepper.step(s.grad_clip)
+            step[f"{role}/lr"] = stepper.lr
+            steps.append(step)
+            if on_step is not None:
+                on_step(1)
     return UpdateResult(steps)
 
 

@@ -319,6 +319,7 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         kl_loss_type=actor.kl_loss_type,
         grad_clip=actor.grad_clip,
         shuffle=actor.shuffle,
+        gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
     )
 
 
@@ -332,6 +333,7 @@ def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
         loss_agg_mode=critic.loss_agg_mode,
         grad_clip=critic.grad_clip,
         shuffle=critic.shuffle,
+        gradient_checkpointing=critic.model.enable_gradient_checkpointing,
     )
 
 

@@ -67,7 +67,6 @@ VERL_QUICKSTART_NO_EFFECT = [
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     "actor_rollout_ref.actor.fsdp_config.param_offload=true",
-    "critic.model.enable_gradient_checkpointing=true",
     "actor_rollout_ref.model.use_remove_padding=true",
     "actor_rollout_ref.model.override_config.attention_dropout=0.0",
     "trainer.rollout_data_dir=/tmp/rollouts",

@@ -1,6 +1,7 @@
 """Update loops on the real tiny model: micro-batching never changes the update; metric names."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -141,3 +142,43 @@ def test_non_finite_gradient_skips_the_step(tiny_model_dir, batch):
     assert metrics["actor/grad_norm"] != metrics["actor/grad_norm"]  # NaN
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name])
+
+
+def _count_saved(counts: list[int], tensor: torch.Tensor) -> torch.Tensor:
+    counts.append(tensor.numel())
+    return tensor
+
+
+def test_gradient_checkpointing_changes_no_number_and_is_switched_off_after(tiny_model_dir, batch):
+    """enable_gradient_checkpointing keeps only each layer's input for backward and recomputes the
+    rest: far fewer saved activations, the same gradients and weights (bit for bit on one machine),
+    and the model is left as it was."""
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(2))
+    base = load_actor(tiny_model_dir)
+    results = []
+    for checkpointing in (False, True):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+        settings = actor_settings(micro_batch_size=4, gradient_checkpointing=checkpointing)
+        saved = []
+        count = functools.partial(_count_saved, saved)
+        with torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+            metrics = update_actor(
+                model,
+                optimizer,
+                batch,
+                old_log_probs=old,
+                advantages=advantages,
+                ref_log_probs=None,
+                settings=settings,
+                seed=0,
+            )
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        results.append((model, metrics.mean_metrics(), sum(saved)))
+    (plain, m_plain, saved_plain), (checkpointed, m_checkpointed, saved_checkpointed) = results
+    assert saved_checkpointed < saved_plain / 3
+    for (name, a), b in zip(plain.named_parameters(), checkpointed.parameters(), strict=True):
+        assert torch.equal(a, b), name
+    assert m_plain == m_checkpointed
+    assert not torch.equal(next(plain.parameters()), next(base.parameters()))
