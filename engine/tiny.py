@@ -148,3 +148,22 @@ def greedy_accuracy(model, tokenizer, problems: list[AdditionProblem], max_new_t
     out = engine.generate(prompts, SamplingParams.greedy(max_new_tokens), seeds=[0] * len(prompts))
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     return sum(t.strip() == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)
+
+
+def labelled_addition_responses(count: int, *, seed: int) -> list[tuple[str, str, float]]:
+    """`count` (prompt, response, label) examples of the addition task for training a reward model:
+    half right answers (label 1); wrong ones (label 0) are a wrong number (three in ten) or a
+    malformed answer of one to three random characters (two in ten). Deterministic for a seed."""
+    rng = random.Random(seed + 1_000_003)  # not the problems' stream
+    examples = []
+    for problem in sample_addition_problems(count, seed=seed):
+        draw = rng.random()
+        if draw < 0.5:
+            response, label = problem.answer, 1.0
+        elif draw < 0.8:
+            response, label = str(rng.choice([n for n in range(19) if n != problem.a + problem.b])), 0.0
+        else:
+            response = "".join(rng.choice(CHARACTERS) for _ in range(rng.randint(1, 3)))
+            label = float(response.strip() == problem.answer)
+        examples.append((problem.prompt, response, label))
+    return examples
