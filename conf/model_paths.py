@@ -2,6 +2,7 @@
 model id found in the local Hugging Face cache (offline, as `from_pretrained` resolves ids). Nothing
 is downloaded at run time."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -56,3 +57,24 @@ def _cache_dir() -> str:
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
     home = os.environ.get("HF_HOME") or os.path.join(cache_home, "huggingface")
     return os.path.join(os.path.expanduser(home), "hub")
+
+
+def reward_model_problem(directory: Path) -> str | None:
+    """Why a local model directory is not a reward model (a sequence classifier with one label and
+    safetensors weights), from its config.json and file names; None when it looks like one."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"has no readable config.json ({error})"
+    names = config.get("architectures") or []
+    if not any(str(name).endswith("ForSequenceClassification") for name in names):
+        return (
+            f"is not a sequence classifier: its config.json names {names or 'no architecture'}, not a "
+            "…ForSequenceClassification with one label"
+        )
+    labels = len(config["id2label"]) if config.get("id2label") else config.get("num_labels", 2)
+    if labels != 1:
+        return f"is a sequence classifier with {labels} labels; a reward model has one (num_labels=1)"
+    if not any(directory.glob("*.safetensors")):
+        return "has no *.safetensors weights (ppoflow does not unpickle weight files)"
+    return None
