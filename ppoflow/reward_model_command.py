@@ -5,10 +5,11 @@ The reward model is a causal LM's backbone (`--base`) with a new score head
 (bad) (`engine.reward_model.train_reward_model`), checked on held-out responses (ROC AUC), and saved
 as a Hugging Face directory (safetensors, config, tokenizer). Its inputs are tokenised as a run
 tokenises them: the prompt as the actor sees it (chat template applied to a message prompt), then
-the response and EOS.
+the response and, unless it ran into the length limit, EOS.
 
-Data: a JSONL file of {"prompt": text or [{"role", "content"}, …], "response": text, "label": 0 or 1}
-(the last tenth held out), or `builtin:addition`, labelled answers to the built-in addition task.
+Data: a JSONL file of {"prompt": text or [{"role", "content"}, …], "response": text, "label": 0 or 1,
+"finish_reason": "stop" (the default: it ended with EOS) or "length"} (a tenth held out), or
+`builtin:addition`, labelled answers to the built-in addition task.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ BUILTIN_MODEL = "builtin:tiny-addition"  # tasks.stages.prepare_model.BUILTIN_MO
 HELD_OUT = 400
 """Held-out responses of builtin:addition (a JSONL file holds out its last tenth)."""
 
-Example = tuple[str | list[dict], str, float]
+FINISH_REASONS = ("stop", "length")
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def held_out_report(model: torch.nn.Module, batch: SequenceBatch, labels: torch.
     }
 
 
-def _labelled(recipe: RewardModelRecipe) -> tuple[list[Example], list[Example]]:
+def _labelled(recipe: RewardModelRecipe) -> tuple[list[dict], list[dict]]:
     from ppoflow.engine.tiny import labelled_addition_responses
 
     if recipe.data == BUILTIN_DATA:
@@ -115,49 +116,56 @@ def _labelled(recipe: RewardModelRecipe) -> tuple[list[Example], list[Example]]:
     return examples[:cut], examples[cut:]
 
 
-def read_labelled(path: Path) -> list[Example]:
-    """(prompt, response, label) of every line of a JSONL file; a ValueError names a bad line."""
-    examples = []
+def read_labelled(path: Path) -> list[dict]:
+    """The labelled responses of a JSONL file, one record per line; a ValueError names a bad line."""
+    records = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            prompt, response, label = row["prompt"], row["response"], row["label"]
+            record = {key: row[key] for key in ("prompt", "response", "label")}
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(
                 f"{path}:{number}: not a JSON object with prompt, response and label ({error})"
             ) from None
-        if not isinstance(prompt, str | list) or not isinstance(response, str) or label not in (0, 1):
+        record["finish_reason"] = row.get("finish_reason", "stop")
+        if (
+            not isinstance(record["prompt"], str | list)
+            or not isinstance(record["response"], str)
+            or record["label"] not in (0, 1)
+            or record["finish_reason"] not in FINISH_REASONS
+        ):
             raise ValueError(
-                f"{path}:{number}: prompt must be text or a list of messages, response text, label 0 or 1"
+                f"{path}:{number}: prompt must be text or a list of messages, response text, label 0 or 1, "
+                f"finish_reason one of {FINISH_REASONS}"
             )
-        examples.append((prompt, response, float(label)))
-    if not examples:
+        records.append(record)
+    if not records:
         raise ValueError(f"{path} holds no labelled responses")
-    return examples
+    return records
 
 
-def _encoded(tokenizer, examples: list[Example]) -> tuple[SequenceBatch, torch.Tensor]:
-    """The examples as a run feeds them to a reward model: prompt ids, then response ids and EOS."""
+def _encoded(tokenizer, records: list[dict]) -> tuple[SequenceBatch, torch.Tensor]:
+    """The records as a run feeds them to a reward model: prompt ids, then response ids and, when the
+    response ended (finish_reason stop), EOS."""
     import torch
 
     from ppoflow.engine.ppo import build_sequence_batch
     from ppoflow.tasks.stages.rollouts import prompt_token_ids
 
     prompts, responses = [], []
-    for prompt, response, _ in examples:
-        chat = isinstance(prompt, list)
+    for record in records:
+        prompt, chat = record["prompt"], isinstance(record["prompt"], list)
         ids = prompt_token_ids(
             tokenizer, {"prompt_messages": prompt if chat else None, "prompt_text": prompt}
         )
         if isinstance(ids, str):
             raise ValueError(ids)
         prompts.append(ids)
-        responses.append(
-            [*tokenizer(response, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
-        )
-    labels = torch.tensor([label for *_, label in examples])
+        eos = [tokenizer.eos_token_id] if record["finish_reason"] == "stop" else []
+        responses.append([*tokenizer(record["response"], add_special_tokens=False)["input_ids"], *eos])
+    labels = torch.tensor([float(record["label"]) for record in records])
     return build_sequence_batch(prompts, responses, pad_token_id=tokenizer.pad_token_id), labels
 
 

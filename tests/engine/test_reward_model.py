@@ -108,10 +108,11 @@ def test_auc_hand_numbers():
 
 
 def test_labelled_addition_responses_are_labelled_by_correctness():
-    examples = labelled_addition_responses(400, seed=3)
-    assert examples == labelled_addition_responses(400, seed=3)
-    for prompt, response, label in examples:
-        truth = str(sum(int(n) for n in prompt.split(" = ")[0].split(" + ")))
-        assert label == addition_components(response, truth)["correctness"], (prompt, response)
-    share = sum(label for *_, label in examples) / len(examples)
-    assert 0.4 < share < 0.6
+    records = labelled_addition_responses(400, seed=3)
+    assert records == labelled_addition_responses(400, seed=3)
+    for r in records:
+        truth = str(sum(int(n) for n in r["prompt"].split(" = ")[0].split(" + ")))
+        assert r["label"] == addition_components(r["response"], truth)["correctness"], r
+    assert 0.4 < sum(r["label"] for r in records) / len(records) < 0.6
+    rambling = [r for r in records if r["finish_reason"] == "length"]
+    assert rambling and all(len(r["response"]) == 4 for r in rambling)

@@ -61,14 +61,14 @@ def rows(run_dir, sql):
 
 def test_the_trained_reward_model_separates_held_out_right_and_wrong_answers(reward_dir):
     tokenizer, model = load_tokenizer(reward_dir), load_reward_model(reward_dir)
-    examples = labelled_addition_responses(300, seed=99)  # not the data it was trained on (seeds 1, 2)
-    eos = [tokenizer.eos_token_id]
+    records = labelled_addition_responses(300, seed=99)  # not the data it was trained on (seeds 1, 2)
+    eos = {"stop": [tokenizer.eos_token_id], "length": []}
     batch = build_sequence_batch(
-        [tokenizer(p)["input_ids"] for p, _, _ in examples],
-        [tokenizer(r)["input_ids"] + eos for _, r, _ in examples],
+        [tokenizer(r["prompt"])["input_ids"] for r in records],
+        [tokenizer(r["response"])["input_ids"] + eos[r["finish_reason"]] for r in records],
         pad_token_id=tokenizer.pad_token_id,
     )
-    labels = torch.tensor([label for *_, label in examples])
+    labels = torch.tensor([r["label"] for r in records])
     scores = compute_scores(model, batch, micro_batch_size=64)
     assert separation_auc(scores, labels) > 0.75
     assert scores[labels == 1].mean() - scores[labels == 0].mean() > 0.5
