@@ -24,12 +24,16 @@ def local_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> st
         raise ConfigError(f"{error} ({key})", keys=(key,)) from None
     if cached is not None:
         return str(cached)
+    otherwise = (
+        "point the key at a local model directory"
+        if key.startswith("reward_model.")  # a reward model is a classifier: no GGUF, no built-in one
+        else "point the key at a local model directory or .gguf file, or use builtin:smollm2-135m-instruct"
+    )
     raise ConfigError(
         f"model path '{path}' ({key}) is not a local directory, and the Hugging Face model of that id is "
         f"not in the local cache ({_cache_dir()}); nothing is downloaded at run time. Download it where "
         f"there is internet (`hf download {path}`, or `huggingface-cli download {path}`) and bring the "
-        "cache or the model folder here, point the key at a local model directory or .gguf file, or "
-        "use builtin:smollm2-135m-instruct",
+        f"cache or the model folder here, {otherwise}",
         keys=(key,),
     )
 

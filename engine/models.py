@@ -56,11 +56,11 @@ def _reading(path: Path, what: str):
     except ModelLoadError:
         raise
     except Exception as error:
-        detail = _damaged_file(path) or f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        detail = damaged_file(path) or f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
         raise ModelLoadError(f"{what} at '{path}' cannot be loaded: {detail}") from error
 
 
-def _damaged_file(path: Path) -> str | None:
+def damaged_file(path: Path) -> str | None:
     """'<file>: <why>' for the first file of the directory that cannot be read, or None."""
     from safetensors import safe_open
 

@@ -19,6 +19,7 @@ from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
 from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
+from ppoflow.engine.models import ModelLoadError, damaged_file
 from ppoflow.engine.names import RM_SCORE, KLControlType, PFReweightMethod, RolloutEngineName, Truncation
 from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
 from ppoflow.engine.ppo import AdvantageSettings
@@ -260,11 +261,16 @@ def reward_section(cfg: PPOFlowConfig) -> dict:
 
 
 def reward_model_settings(cfg: PPOFlowConfig) -> RewardModelSettings | None:
-    """The reward model's settings, its files digested once per run; None without reward_model.enable."""
+    """The reward model's settings, its files digested once per run (and their headers read);
+    None without reward_model.enable."""
     section = cfg.reward_model
     if not section.enable:
         return None
     path = Path(local_model_path(section.model.path, "reward_model.model.path")).resolve()
+    if (problem := damaged_file(path)) is not None:  # headers only: a truncated file fails now, not at step 1
+        raise ModelLoadError(
+            f"reward model at '{path}' (reward_model.model.path) cannot be loaded: {problem}"
+        )
     rollout = cfg.actor_rollout_ref.rollout
     return RewardModelSettings(
         path=str(path),

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from ppoflow.conf import ConfigError, load_config
-from ppoflow.engine.models import load_tokenizer
+from ppoflow.engine.models import ModelLoadError, load_tokenizer
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.tasks.stages.reward_model import retokenised, same_tokenizer
 from ppoflow.tasks.stages.rewards import remax_baselines, score_rows
@@ -119,9 +119,15 @@ def test_reward_model_settings_name_its_files_by_digest_and_follow_the_log_prob_
     assert settings.path == str(reward_dir)
     assert settings.micro_batch_size == 8  # rollout.log_prob_micro_batch_size_per_gpu (MICRO)
     assert settings.max_length == 16 + 4  # the embedded default's prompt and response lengths
-    (reward_dir / "model.safetensors").write_bytes((reward_dir / "model.safetensors").read_bytes() + b" ")
+    (reward_dir / "config.json").write_text((reward_dir / "config.json").read_text() + "\n")  # any file
     assert reward_model_settings(load_config(None, overrides)).digest != settings.digest
     assert reward_model_settings(load_config(None, MICRO)) is None
+    weights = (reward_dir / "model.safetensors").read_bytes()
+    (reward_dir / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    with pytest.raises(
+        ModelLoadError, match="\\(reward_model.model.path\\) cannot be loaded: model.safetensors is"
+    ):
+        reward_model_settings(load_config(None, overrides))  # at start, before the first step
 
 
 @pytest.mark.parametrize(
