@@ -25,6 +25,7 @@ from ppoflow.tasks.storage.catalog import check_invariants, query, refresh_catal
 from ppoflow.tasks.storage.tables import read_manifest
 
 from .conftest import SMALL, train
+from .test_metrics_sql import assert_metrics_match_rows
 from .test_train_flow import task_states
 
 RM_WEIGHT = 0.5
@@ -105,6 +106,7 @@ def test_every_response_is_scored_by_the_reward_model_and_weighed_into_the_score
 
 def test_metrics_keep_verls_names_and_the_reward_timer_covers_both_stages(rm_run):
     run_dir, _, _ = rm_run
+    assert_metrics_match_rows(run_dir)  # every metric, recomputed with SQL from the rows
     for step in (1, 2):
         (metrics,) = rows(
             run_dir, f'SELECT "critic/score/mean", "timing_s/reward" FROM metrics WHERE iter = {step}'
