@@ -12,6 +12,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ppoflow.engine.names import RM_SCORE
+
 from .schema_checks import followed_source, get_key
 from .schema_common import ConfigError
 
@@ -33,6 +35,7 @@ DYNAMIC_BATCHING = (
     ("critic", "use_dynamic_bsz", "forward_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
+    ("reward_model", "use_dynamic_bsz", "micro_batch_size_per_gpu"),
 )
 """(section, dynamic-batch switch, the fixed micro-batch size ppoflow uses instead)."""
 
@@ -77,8 +80,20 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "total_epochs × steps per epoch), and so does ppoflow",
     ),
     NoEffect(
-        ("reward_model.micro_batch_size_per_gpu",),
+        (
+            "reward_model.model.*",
+            "reward_model.strategy",
+            "reward_model.micro_batch_size*",
+            "reward_model.max_length",
+            "reward_model.use_dynamic_bsz",
+            "reward_model.forward_max_token_len_per_gpu",
+        ),
         "there is no reward model (reward_model.enable=false)",
+        lambda cfg: not cfg.reward_model.enable,
+    ),
+    NoEffect(
+        ("reward_model.strategy", "reward_model.model.fsdp_config.*"),
+        "the reward model runs unsharded in the trainer's process",
     ),
     NoEffect(
         (
@@ -305,10 +320,38 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "ppoflow imports no module from a config: use a model transformers knows natively",
     ),
     Unsupported(
+        "reward_model.model.path",
+        lambda value, cfg: cfg.reward_model.enable and value is None,
+        "reward_model.enable=true needs the reward model: set reward_model.model.path to a Hugging Face "
+        "directory of a sequence classifier with one label",
+    ),
+    Unsupported(
+        "reward.weights",
+        lambda value, cfg: RM_SCORE in value and not cfg.reward_model.enable,
+        f"{RM_SCORE} weighs the reward model's score, and there is none: set reward_model.enable=true "
+        f"and reward_model.model.path, or remove reward.weights.{RM_SCORE}",
+    ),
+    Unsupported(
         "reward_model.enable",
+        lambda value, cfg: value and cfg.world_size > 1,
+        "the reward model runs in the trainer's process, which does not hold models when world_size "
+        "(trainer.nnodes × trainer.n_gpus_per_node) is above 1: train with a reward model on one device",
+    ),
+    Unsupported(
+        "reward_model.model.input_tokenizer",
+        _not_the_actor_model,
+        "the responses are the actor's: ppoflow compares the actor's and the reward model's tokenizers "
+        "itself and re-tokenises the responses when they differ (leave input_tokenizer unset)",
+    ),
+    Unsupported(
+        "reward_model.model.trust_remote_code",
         lambda value, cfg: value,
-        "a learned reward model is not supported yet: rewards come from rule-based or custom "
-        "functions (custom_reward_function.path)",
+        "models with their own code are not loaded: use a model transformers knows natively",
+    ),
+    Unsupported(
+        "reward_model.model.external_lib",
+        lambda value, cfg: value is not None,
+        "ppoflow imports no module from a config: use a model transformers knows natively",
     ),
     Unsupported(
         "reward_model.reward_manager",

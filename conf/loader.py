@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .effects import check_supported
-from .model_paths import local_model_path
+from .model_paths import local_model_path, reward_model_problem
 from .schema import PPOFlowConfig, all_keys
 from .schema_actor import ActorModelConfig
 from .schema_checks import DERIVED, get_key, require_micro_batch_sizes
@@ -119,6 +119,8 @@ MODEL_PATH_KEYS = {
     ("actor_rollout_ref", "model", "tokenizer_path"),
     ("critic", "model", "path"),
     ("critic", "model", "tokenizer_path"),
+    ("reward_model", "model", "path"),
+    ("reward_model", "model", "input_tokenizer"),
 }
 """Keys naming a model: a local path (read like PATH_KEYS when it exists there) or a Hugging Face id
 (`org/name`, which a relative path can look like)."""
@@ -380,6 +382,8 @@ def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
     if config.use_critic:
         critic = config.critic.model
         _check_model(critic.path, critic.tokenizer_path, "critic.model", origins)
+    if config.reward_model.enable:
+        _check_reward_model(config.reward_model.model.path, origins)
     # trainer.val_only reads no training data (evaluating a checkpoint whose data has moved on).
     for key in ("data.val_files",) if config.trainer.val_only else ("data.train_files", "data.val_files"):
         files = get_key(config, key)
@@ -417,6 +421,26 @@ def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str])
             else ""
         )
         raise ConfigError(f"{what} '{path}' ({key}) does not exist{relative}{_where([key], origins)}")
+
+
+def _check_reward_model(path: str | None, origins: dict[KeyPath, str]) -> None:
+    """reward_model.model.path: a local (or cached) Hugging Face directory of a sequence classifier
+    with one label, safetensors weights and a tokenizer (compared with the actor's)."""
+    key = "reward_model.model.path"
+    where = _where([key], origins)
+    if path is not None and (path.startswith("builtin:") or path.endswith(".gguf")):
+        raise ConfigError(
+            f"{key}={path}: a reward model is a Hugging Face model directory{where}", keys=(key,)
+        )
+    _check_model(path, path, "reward_model.model", origins)  # its own tokenizer: checked below
+    if path is None or not _is_local(path):
+        return
+    location = Path(local_model_path(path, key))
+    problem = reward_model_problem(location)
+    if problem is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
+        problem = "has no tokenizer (tokenizer.json / tokenizer_config.json) to compare with the actor's"
+    if problem is not None:
+        raise ConfigError(f"reward model '{path}' ({key}) {problem}{where}", keys=(key,))
 
 
 def _check_model(

@@ -2,6 +2,7 @@
 model id found in the local Hugging Face cache (offline, as `from_pretrained` resolves ids). Nothing
 is downloaded at run time."""
 
+import json
 import os
 import re
 from pathlib import Path
@@ -23,12 +24,16 @@ def local_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> st
         raise ConfigError(f"{error} ({key})", keys=(key,)) from None
     if cached is not None:
         return str(cached)
+    otherwise = (
+        "point the key at a local model directory"
+        if key.startswith("reward_model.")  # a reward model is a classifier: no GGUF, no built-in one
+        else "point the key at a local model directory or .gguf file, or use builtin:smollm2-135m-instruct"
+    )
     raise ConfigError(
         f"model path '{path}' ({key}) is not a local directory, and the Hugging Face model of that id is "
         f"not in the local cache ({_cache_dir()}); nothing is downloaded at run time. Download it where "
         f"there is internet (`hf download {path}`, or `huggingface-cli download {path}`) and bring the "
-        "cache or the model folder here, point the key at a local model directory or .gguf file, or "
-        "use builtin:smollm2-135m-instruct",
+        f"cache or the model folder here, {otherwise}",
         keys=(key,),
     )
 
@@ -56,3 +61,24 @@ def _cache_dir() -> str:
     cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
     home = os.environ.get("HF_HOME") or os.path.join(cache_home, "huggingface")
     return os.path.join(os.path.expanduser(home), "hub")
+
+
+def reward_model_problem(directory: Path) -> str | None:
+    """Why a local model directory is not a reward model (a sequence classifier with one label and
+    safetensors weights), from its config.json and file names; None when it looks like one."""
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError) as error:
+        return f"has no readable config.json ({error})"
+    names = config.get("architectures") or []
+    if not any(str(name).endswith("ForSequenceClassification") for name in names):
+        return (
+            f"is not a sequence classifier: its config.json names {names or 'no architecture'}, not a "
+            "…ForSequenceClassification with one label"
+        )
+    labels = len(config["id2label"]) if config.get("id2label") else config.get("num_labels", 2)
+    if labels != 1:
+        return f"is a sequence classifier with {labels} labels; a reward model has one (num_labels=1)"
+    if not any(directory.glob("*.safetensors")):
+        return "has no *.safetensors weights (ppoflow does not unpickle weight files)"
+    return None

@@ -5,9 +5,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, KLControlType, PFReweightMethod
+from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, KLControlType, PFReweightMethod, Strategy
 
-from .schema_common import KLType, Section
+from .schema_common import FsdpConfig, KLType, Section
 
 
 class KLControlConfig(Section):
@@ -79,17 +79,54 @@ class AlgorithmConfig(Section):
     """Training–inference mismatch handling (bypass_mode skips the old-log-prob pass)."""
 
 
+class RewardModelModelConfig(Section):
+    """The reward model's files (verl's reward_model.model)."""
+
+    path: str | None = None
+    """Hugging Face directory of a sequence classifier with one label
+    (AutoModelForSequenceClassification, num_labels=1) with safetensors weights and a tokenizer;
+    required with reward_model.enable."""
+    input_tokenizer: str | None = None
+    """The tokenizer the responses were generated with (verl: decode them and apply the reward
+    model's chat template when its tokenizer differs). ppoflow compares the two tokenizers itself, so
+    only the actor's model path (or nothing) is accepted."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model directory to run."""
+    external_lib: str | None = None
+    """Python module imported before loading, to register a custom architecture."""
+    use_remove_padding: bool = False
+    """Pack sequences without padding tokens; changes speed, not results."""
+    fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
+    """FSDP settings (the reward model runs unsharded in the trainer's process)."""
+
+
 class RewardModelConfig(Section):
-    """verl's reward-model switch; ppoflow scores with reward functions."""
+    """A learned reward model whose score is a reward component (`rm_score`) beside the rule
+    reward (verl's reward_model)."""
 
     enable: bool = False
-    """Score with a learned reward model (accepted for verl compatibility)."""
+    """Score every training response with the reward model (stage reward_model)."""
+    strategy: Strategy = "fsdp"
+    """How verl shards the reward model; ppoflow runs it in the trainer's process."""
+    model: RewardModelModelConfig = Field(default_factory=RewardModelModelConfig)
+    """The reward model's files."""
+    micro_batch_size: int | None = Field(None, gt=0)
+    """Deprecated global micro-batch in responses; use micro_batch_size_per_gpu."""
+    micro_batch_size_per_gpu: int | None = Field(None, gt=0)
+    """Responses per reward-model forward pass on one GPU; None follows
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu."""
+    max_length: int | None = Field(None, gt=0)
+    """Longest reward-model input in tokens when the responses are re-tokenised for a reward model
+    with its own tokenizer (longer ones are cut on the right); None: the rollout's
+    prompt_length + response_length."""
+    use_dynamic_bsz: bool = False
+    """Form micro-batches by token count instead of response count."""
+    forward_max_token_len_per_gpu: int = Field(32768, gt=0)
+    """Token budget of one forward batch when use_dynamic_bsz is on."""
     reward_manager: str = "naive"
     """How reward functions are applied to a batch (verl's naive manager scores one response at a time)."""
     launch_reward_fn_async: bool = False
     """Score rewards concurrently with the next stage."""
-    micro_batch_size_per_gpu: int | None = Field(None, gt=0)
-    """Responses per reward-model forward pass on one GPU."""
 
 
 class CustomRewardFunctionConfig(Section):
@@ -105,7 +142,9 @@ class RewardConfig(Section):
     """ppoflow's composite reward: a weighted sum of named components, each in [0, 1]."""
 
     weights: dict[str, float] = {"correctness": 0.9, "format": 0.1}
-    """Component name → weight in the score (any finite number; a negative one penalises)."""
+    """Component name → weight in the score (any finite number; a negative one penalises).
+    `rm_score` weighs the reward model's score (reward_model.enable) beside the rule components;
+    without an `rm_score` weight the score is the reward model's alone, as in verl."""
     timeout_s: float = Field(30.0, gt=0, le=86400)
     """Longest one reward call may take, in seconds; at most a day (waits of a few weeks overflow
     the reward worker's timers)."""

@@ -26,6 +26,9 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": (
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
     ),
+    # Like the reference's: turning on a reward model takes one key; the size changes only the last
+    # bits of its scores.
+    "reward_model.micro_batch_size_per_gpu": ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",),
     "actor_rollout_ref.rollout.prompt_length": ("data.max_prompt_length",),
     "actor_rollout_ref.rollout.response_length": ("data.max_response_length",),
 }
@@ -43,6 +46,7 @@ CRITIC_MICRO_PAIRS = (
     ("critic.ppo_micro_batch_size", "critic.use_dynamic_bsz"),
     ("critic.forward_micro_batch_size", "critic.use_dynamic_bsz"),
 )
+REWARD_MODEL_MICRO_PAIRS = (("reward_model.micro_batch_size", "reward_model.use_dynamic_bsz"),)
 """(deprecated global micro-batch key, dynamic-batch switch); the per-GPU key adds `_per_gpu`."""
 
 WORLD = "world_size={world} (trainer.nnodes={nnodes} × trainer.n_gpus_per_node={gpus})"
@@ -92,6 +96,7 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     _check_same_n(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
+    pairs += REWARD_MODEL_MICRO_PAIRS if cfg.reward_model.enable else ()
     for global_key, dynamic_key in pairs:
         _resolve_micro(cfg, global_key, dynamic_key)
     _fill_derived(cfg)  # a per-GPU size converted from a deprecated one is followed too

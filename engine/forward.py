@@ -1,4 +1,5 @@
-"""Forward passes over (prompt, response) batches: per-token log-probs, entropy and values.
+"""Forward passes over (prompt, response) batches: per-token log-probs, entropy and values, and a
+reward model's score of each sequence.
 
 A batch is the left-padded prompt (N, P) followed by the right-padded response (N, T). The logits
 at position P−1+t predict response token t, and the critic's output there is V(s_t), the value of
@@ -131,3 +132,34 @@ def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch
     ]
     critic.train(was_training)
     return torch.cat(parts).cpu() * batch.response_mask
+
+
+def score_forward(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
+    """scores (N,) float32: a sequence classifier's scalar (its `score` head, one label) on the
+    hidden state of each row's last valid token. Keeps the graph.
+
+    verl's RewardModelWorker._forward_micro_batch takes the per-position score at the last valid
+    token, argmax(position_ids · attention_mask); this is the same position (the rightmost one the
+    attention mask keeps, also for a one-token row). transformers' own pooling would look for the
+    last token that is not the pad id, which is wrong when the tokenizer pads with EOS."""
+    inputs = batch.to(model_device(model)).model_inputs()
+    mask = inputs["attention_mask"]
+    positions = torch.arange(mask.shape[1], device=mask.device)
+    last = torch.argmax(positions * mask, dim=-1)
+    hidden = getattr(model, model.base_model_prefix)(**inputs, use_cache=False).last_hidden_state
+    rows = torch.arange(len(batch), device=hidden.device)
+    return model.score(hidden[rows, last]).squeeze(-1).float()
+
+
+@torch.no_grad()
+def compute_scores(model: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
+    """scores (N,) without gradient, in micro-batches (reward_model.micro_batch_size_per_gpu), on
+    the CPU."""
+    was_training = model.training
+    model.eval()
+    parts = [
+        score_forward(model, batch.select(slice(i, i + micro_batch_size)))
+        for i in range(0, len(batch), micro_batch_size)
+    ]
+    model.train(was_training)
+    return torch.cat(parts).cpu() if parts else torch.zeros(0)

@@ -1,9 +1,11 @@
-"""Actor, frozen reference and critic models, loaded from a local path only.
+"""Actor, frozen reference, critic and reward models, loaded from a local path only.
 
 The actor and reference are any Hugging Face causal LM directory. The critic is the same kind of
 backbone with a scalar head on every position (`AutoModelForTokenClassification`, num_labels=1),
 initialised from the actor's weights (head fresh) or from its own path; its dropout is forced to 0,
-since a stochastic value head would make `values` and `vpreds` disagree on identical inputs.
+since a stochastic value head would make `values` and `vpreds` disagree on identical inputs. A
+reward model is a sequence classifier with one label (`AutoModelForSequenceClassification`, a
+`score` head) and safetensors weights, frozen (`forward.score_forward` reads it).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     AutoTokenizer,
     PreTrainedTokenizerBase,
@@ -53,11 +56,11 @@ def _reading(path: Path, what: str):
     except ModelLoadError:
         raise
     except Exception as error:
-        detail = _damaged_file(path) or f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        detail = damaged_file(path) or f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
         raise ModelLoadError(f"{what} at '{path}' cannot be loaded: {detail}") from error
 
 
-def _damaged_file(path: Path) -> str | None:
+def damaged_file(path: Path) -> str | None:
     """'<file>: <why>' for the first file of the directory that cannot be read, or None."""
     from safetensors import safe_open
 
@@ -138,6 +141,68 @@ def load_critic(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torc
         if head.bias is not None:
             torch.nn.init.zeros_(head.bias)
     return critic
+
+
+def load_reward_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The reward model at `path`: eval mode, frozen, dropout off. ModelLoadError when it is not a
+    sequence classifier with one label and a trained `score` head, or has no safetensors weights
+    (weight files are never unpickled)."""
+    path = check_model_dir(path, what="reward model")
+    if not any(path.glob("*.safetensors")):
+        raise ModelLoadError(
+            f"reward model at '{path}' has no *.safetensors weights (ppoflow does not unpickle weight files: "
+            "save the model with save_pretrained, which writes safetensors)"
+        )
+    with _reading(path, "reward model"):
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        _disable_dropout(config)
+        config.classifier_dropout = 0.0
+        with _quiet_transformers():
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                path,
+                config=config,
+                dtype=dtype,
+                local_files_only=True,
+                use_safetensors=True,
+                output_loading_info=True,
+            )
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Linear):
+        raise ModelLoadError(f"reward model at '{path}' has no `score` head ({type(model).__name__})")
+    if any(key.startswith("score.") for key in info["missing_keys"]):
+        raise ModelLoadError(
+            f"reward model at '{path}' has no trained score head in its weights (score.weight is missing): "
+            "it is a language model, not a reward model"
+        )
+    if head.out_features != 1:
+        raise ModelLoadError(
+            f"reward model at '{path}' has {head.out_features} labels; a reward model has one (num_labels=1)"
+        )
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def reward_model_from_policy(
+    path: str | Path, *, pad_token_id: int, dtype: torch.dtype = torch.float32
+) -> torch.nn.Module:
+    """A new reward model: the causal LM at `path` as backbone, a `score` head of one label set to
+    zero (every score starts at 0), dropout off. `pad_token_id` is written into its config so that
+    transformers' own pooling can batch the saved model too."""
+    path = check_model_dir(path, what="reward model base")
+    with _reading(path, "reward model base"):
+        config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
+        _disable_dropout(config)
+        config.classifier_dropout = 0.0
+        config.pad_token_id = pad_token_id
+        with _quiet_transformers():  # the score head is missing from a causal LM, as intended
+            model = AutoModelForSequenceClassification.from_pretrained(
+                path, config=config, dtype=dtype, local_files_only=True
+            )
+    torch.nn.init.zeros_(model.score.weight)
+    if model.score.bias is not None:
+        torch.nn.init.zeros_(model.score.bias)
+    return model
 
 
 @contextlib.contextmanager

@@ -35,3 +35,7 @@ VLLM_MAX_TEMPERATURE = 2.0
 
 Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
 """How an update is spread over devices: torch (one process), fsdp/fsdp2 (torch's FSDP2), deepspeed."""
+
+RM_SCORE = "rm_score"
+"""The reward component that holds a reward model's score of a response (verl's `rm_scores`); its
+weight in the score is reward.weights.rm_score."""

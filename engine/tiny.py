@@ -148,3 +148,34 @@ def greedy_accuracy(model, tokenizer, problems: list[AdditionProblem], max_new_t
     out = engine.generate(prompts, SamplingParams.greedy(max_new_tokens), seeds=[0] * len(prompts))
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     return sum(t.strip() == p.answer for t, p in zip(texts, problems, strict=True)) / len(problems)
+
+
+def labelled_addition_responses(count: int, *, seed: int) -> list[dict]:
+    """`count` labelled responses to addition problems, for training a reward model: records
+    {"prompt", "response", "label", "finish_reason"}, label 1 for a right answer, else 0 (the
+    addition reward's correctness). Half are right answers; the rest a wrong number (near the sum or
+    anywhere), a malformed answer of one to three random characters, or four characters that run
+    into the length limit without EOS (finish_reason "length"), as a rambling policy's do.
+    Deterministic for a seed."""
+    from .rewards import addition_components
+
+    rng = random.Random(seed + 1_000_003)  # not the problems' stream
+    records = []
+    for problem in sample_addition_problems(count, seed=seed):
+        total, draw, finish = problem.a + problem.b, rng.random(), "stop"
+        if draw < 0.5:
+            response = problem.answer
+        elif draw < 0.65:
+            response = str(abs(total + rng.choice([-3, -2, -1, 1, 2, 3])) if total > 3 else total + 1)
+        elif draw < 0.75:
+            response = str(rng.choice([n for n in range(19) if n != total]))
+        elif draw < 0.85:
+            response = "".join(rng.choice(CHARACTERS) for _ in range(rng.randint(1, 3)))
+        else:
+            response = (problem.answer + "".join(rng.choice(CHARACTERS) for _ in range(4)))[:4]
+            finish = "length"
+        label = addition_components(response, problem.answer)["correctness"]
+        records.append(
+            {"prompt": problem.prompt, "response": response, "label": label, "finish_reason": finish}
+        )
+    return records

@@ -12,6 +12,7 @@ from ppoflow.tasks.stages.advantages import advantages
 from ppoflow.tasks.stages.critic_update import critic_update
 from ppoflow.tasks.stages.kl_control import next_kl_coef
 from ppoflow.tasks.stages.metrics import metrics
+from ppoflow.tasks.stages.reward_model import reward_model
 from ppoflow.tasks.stages.rewards import rewards
 from ppoflow.tasks.stages.rollouts import rollouts
 from ppoflow.tasks.stages.settings import RunSettings, checkpoint_due
@@ -65,7 +66,24 @@ def ppo_iteration(
         data=s.data,
         settings=s.rollout,
     )
-    scored = stage(rewards, step=step, rollouts=generated.ref, prompts=data.train.ref, reward=s.reward)
+    model_scored = None
+    if s.reward_model is not None:
+        model_scored = stage(
+            reward_model,
+            step=step,
+            actor=state.actor,
+            rollouts=generated.ref,
+            prompts=data.train.ref,
+            settings=s.reward_model,
+        )
+    scored = stage(
+        rewards,
+        step=step,
+        rollouts=generated.ref,
+        prompts=data.train.ref,
+        reward=s.reward,
+        reward_model=model_scored.ref if model_scored is not None else None,
+    )
     estimated = stage(
         advantages,
         step=step,
@@ -102,7 +120,15 @@ def ppo_iteration(
     if s.test_freq > 0 and (step % s.test_freq == 0 or step == s.total_steps):
         validated, was_cached = validate(run, s, step, actor, data)
         cached.append(was_cached)
-    results = StepResults(generated, scored, estimated, critic_result, actor_result, validated)
+    results = StepResults(
+        rollouts=generated,
+        reward_model=model_scored,
+        rewards=scored,
+        advantages=estimated,
+        critic_update=critic_result,
+        actor_update=actor_result,
+        validation=validated,
+    )
     current_kl = dict(estimated.values).get("current_kl")
     recorded = stage(
         metrics,

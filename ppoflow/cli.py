@@ -1,4 +1,4 @@
-"""The `ppoflow` command: train, query, show, diagnose, report, config, schema."""
+"""The `ppoflow` command: train, query, show, diagnose, report, config, schema, reward-model."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ examples:
   ppoflow show runs/demo --worst 3                       # responses, rewards and per-token values
   ppoflow diagnose runs/demo                             # health checks; exit 1 on a warning
   ppoflow report runs/demo                               # PNG charts and report.md in runs/demo/report/
+  ppoflow reward-model --out models/addition-rm          # train a reward model on labelled addition answers
 """
 
 
@@ -76,7 +77,35 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
+    _reward_model_parser(commands)
     return parser
+
+
+def _reward_model_parser(commands) -> None:
+    from ppoflow.reward_model_command import RewardModelRecipe
+
+    default = RewardModelRecipe()
+    rm = commands.add_parser(
+        "reward-model",
+        help="train a reward model (a sequence classifier with one label) from labelled responses",
+        description="Train a reward model for reward_model.model.path: a base model's backbone with a new "
+        "score head, fitted to responses labelled 1 (good) or 0 (bad), checked on held-out responses.",
+    )
+    rm.add_argument("--out", type=Path, required=True, help="folder to write the model to (new or empty)")
+    rm.add_argument(
+        "--data",
+        default=default.data,
+        help='JSONL of {"prompt", "response", "label": 0|1}, or builtin:addition (default)',
+    )
+    rm.add_argument("--base", default=default.base, help=f"causal LM to start from (default {default.base})")
+    rm.add_argument("--steps", type=int, default=default.steps, help=f"optimizer steps ({default.steps})")
+    rm.add_argument("--batch-size", type=int, default=default.batch_size, help="responses per step")
+    rm.add_argument("--lr", type=float, default=default.lr, help=f"AdamW learning rate ({default.lr})")
+    rm.add_argument("--seed", type=int, default=default.seed)
+    rm.add_argument(
+        "--examples", type=int, default=default.examples, help="training responses of builtin:addition"
+    )
+    rm.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
 
 
 def _version() -> str:
@@ -119,6 +148,8 @@ def _run(argv: list[str] | None) -> int:
             return _diagnose(args)
         case "report":
             return _report(args)
+        case "reward-model":
+            return _reward_model(args)
         case _:
             _parser().print_help()
             return 0
@@ -289,4 +320,34 @@ def _schema(args) -> int:
     except (KeyError, ValueError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _reward_model(args) -> int:
+    _quiet_libraries(verbose=False)
+    from ppoflow.engine.models import ModelLoadError
+    from ppoflow.reward_model_command import RewardModelRecipe, report_lines, train_reward_model_dir
+
+    recipe = RewardModelRecipe(
+        data=args.data,
+        base=args.base,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        examples=args.examples,
+    )
+    import torch
+
+    if not torch.cuda.is_available():  # saving imports DeepSpeed, which would say it found no GPU
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if args.num_threads:
+        torch.set_num_threads(args.num_threads)
+    try:
+        report = train_reward_model_dir(args.out, recipe)
+    except (ValueError, OSError, ModelLoadError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    for line in report_lines(args.out, recipe, report):
+        print(line)
     return 0

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ppoflow.engine.forward import SequenceBatch, compute_values
-from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
+from ppoflow.engine.forward import SequenceBatch, compute_scores, compute_values
+from ppoflow.engine.models import load_actor, load_critic, load_reference, load_reward_model, load_tokenizer
 from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.ppo import Rollouts
@@ -30,6 +30,7 @@ from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
     StateUnavailable,
     Trainable,
+    directory_digest,
     load_optimizer_state,
     model_dir,
     save_checkpoint,
@@ -58,6 +59,7 @@ class ModelHost:
         self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy
         self._tokenizers: dict[str, object] = {}  # checkpoint directory → tokenizer
         self._trained: dict[str, Trainable] = {}  # role → trained by `train`, not yet kept
+        self._reward_models: dict[str, tuple[torch.nn.Module, object]] = {}  # digest → model, tokenizer
         self._engines = RolloutEngines()
 
     def rollouts(
@@ -125,6 +127,26 @@ class ModelHost:
     def values(self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
         """V(s_t) of every response token of `batch` (N, T)."""
         return compute_values(self.model(run, critic), batch, micro_batch_size=micro_batch_size)
+
+    def reward_scores(self, path: str, digest: str, batch: SequenceBatch, *, micro_batch_size: int):
+        """The reward model's score of every (prompt, response) row of `batch` (N,)."""
+        return compute_scores(self._reward_model(path, digest)[0], batch, micro_batch_size=micro_batch_size)
+
+    def reward_tokenizer(self, path: str, digest: str):
+        """The reward model's tokenizer."""
+        return self._reward_model(path, digest)[1]
+
+    def _reward_model(self, path: str, digest: str) -> tuple[torch.nn.Module, object]:
+        """The reward model at `path`, loaded once, after checking its files still have `digest` (the
+        identity its stage's cache key names)."""
+        if digest not in self._reward_models:
+            if directory_digest(Path(path)) != digest:
+                raise StateUnavailable(
+                    f"the reward model at {path} (reward_model.model.path) changed while the run was open "
+                    "(digest mismatch): run the same command again to score with its new weights"
+                )
+            self._reward_models[digest] = (self._placed(load_reward_model(path)), load_tokenizer(path))
+        return self._reward_models[digest]
 
     def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
         """Apply one update to the parent state of `inputs` (in place); `keep` names the result,

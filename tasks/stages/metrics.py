@@ -116,12 +116,12 @@ def metrics(
     values |= {"training/global_step": float(step), "training/epoch": float(epoch)}  # epoch: 0-based
     tokens = _token_counts(rollouts)
     done = stages.finished()
-    timing = {
-        name.removeprefix(TIMING_PREFIX): seconds
-        for s in done
-        for name, seconds in s.values
-        if name.startswith(TIMING_PREFIX)
-    }
+    timing: dict[str, float] = {}
+    for s in done:  # a verl timer two stages share (reward: reward_model and rewards) is their sum
+        for name, seconds in s.values:
+            if name.startswith(TIMING_PREFIX):
+                timer_name = name.removeprefix(TIMING_PREFIX)
+                timing[timer_name] = timing.get(timer_name, 0.0) + seconds
     timing["step"] = sum(s.seconds for s in done)
     values |= compute_timing_metrics(timing, {timer_: tokens[kind] for timer_, kind in PER_TOKEN.items()})
     values |= compute_throughput_metrics(

@@ -1,5 +1,7 @@
 """The `rewards` stage: score each response → iter=N/rewards/part-00000.parquet (score, its
-components, errors).
+components, errors). With a reward model, its score (the reward_model stage) is the component
+rm_score: score = rule score + reward.weights.rm_score · rm_score, or rm_score alone when that weight
+is not set (verl's reward managers return the reward model's scores instead of the rule reward).
 
 A row whose reward function raises, returns a non-number or NaN, or times out gets an `error`;
 reward.on_error decides whether that fails the stage ("fail") or scores the row 0 ("zero").
@@ -7,12 +9,14 @@ reward.on_error decides whether that fails the stage ("fail") or scores the row 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
+from ppoflow.engine.names import RM_SCORE
 from ppoflow.engine.rewards import (
     NO_ANSWER,
     addition_answer,
@@ -54,13 +58,19 @@ def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) ->
 
 
 def score_rows(
-    rows: list[dict], prompts: dict[str, dict], reward: dict, baselines: list[float] | None = None
+    rows: list[dict],
+    prompts: dict[str, dict],
+    reward: dict,
+    baselines: list[float] | None = None,
+    rm_scores: list[float] | None = None,
 ) -> pa.Table:
     """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
     against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
     the custom reward function if one is configured, else by the data source's built-in reward
     weighted by reward["weights"]. Failing rows follow reward["on_error"]. `baselines`: ReMax's
-    baseline score of each row (`remax_baselines`), else null."""
+    baseline score of each row (`remax_baselines`), else null. With `rm_scores` (one per row), the
+    reward model's score is the component rm_score, added with weight reward["rm_weight"] (alone,
+    without a rule reward, when reward["rule_reward"] is false)."""
     calls = [
         RewardCall(
             row["data_source"],
@@ -72,13 +82,19 @@ def score_rows(
     ]
     fail = reward["on_error"] == "fail"
     custom = reward["custom_function"]
-    if custom is not None:
+    if rm_scores is not None and not reward["rule_reward"]:
+        outcomes: list[Scored | None] = [Scored(0.0) for _ in calls]
+    elif custom is not None:
         outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
     else:
         method = reward["gsm8k_method"]
         outcomes = [_builtin(call, reward["weights"], method) for call in calls]
     if fail:
         _raise_on_failures(rows, outcomes)
+    if rm_scores is not None:
+        outcomes = [
+            _with_rm_score(o, s, reward["rm_weight"]) for o, s in zip(outcomes, rm_scores, strict=True)
+        ]
     return pa.Table.from_pydict(
         {
             "prompt_id": [row["prompt_id"] for row in rows],
@@ -93,6 +109,13 @@ def score_rows(
         },
         schema=SCHEMAS["rewards"],
     )
+
+
+def _with_rm_score(rule: Scored | None, rm_score: float, weight: float) -> Scored:
+    """The rule outcome (a failed one counts 0) plus weight · the reward model's score."""
+    rule = rule if rule is not None else Scored.failed("not scored")
+    components = {**rule.components, RM_SCORE: rm_score}
+    return dataclasses.replace(rule, score=rule.score + weight * rm_score, components=components)
 
 
 def reward_error_metrics(scored: pa.Table, prefix: str = "reward") -> dict[str, float]:
@@ -110,8 +133,16 @@ def aligned_components(scored: pa.Table) -> list[dict[str, float]]:
 
 
 @task(name="rewards", task_run_name="rewards-step{step}", cache_key_fn=stage_cache_key)
-def rewards(run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, reward: dict) -> StageResult:
-    """Score every rollout against its prompt's ground truth (verl's timer: reward)."""
+def rewards(
+    run: Run,
+    step: int,
+    rollouts: ArtifactRef,
+    prompts: ArtifactRef,
+    reward: dict,
+    reward_model: ArtifactRef | None = None,
+) -> StageResult:
+    """Score every rollout against its prompt's ground truth, with the reward model's scores (the
+    reward_model stage's table) when there is one (verl's timer: reward)."""
     timer = StageTimer()
     rows = (
         read_table(run.path, rollouts, clock=run.io)
@@ -122,25 +153,39 @@ def rewards(run: Run, step: int, rollouts: ArtifactRef, prompts: ArtifactRef, re
         ["prompt_id", "ground_truth", "extra_info"]
     )
     by_id = {r["prompt_id"]: r for r in references.to_pylist()}
-    table = score_rows(rows, by_id, reward, remax_baselines(rows, by_id, reward))
+    rm_scores = baseline_rm_scores = None
+    if reward_model is not None:
+        scored = read_table(run.path, reward_model, clock=run.io).to_pylist()
+        by_row = {(r["prompt_id"], r["sample_idx"]): r for r in scored}
+        rm_scores = [by_row[(row["prompt_id"], row["sample_idx"])]["rm_score"] for row in rows]
+        baseline_rm_scores = [
+            by_row[(row["prompt_id"], row["sample_idx"])]["baseline_rm_score"] for row in rows
+        ]
+    baselines = remax_baselines(rows, by_id, reward, baseline_rm_scores)
+    table = score_rows(rows, by_id, reward, baselines, rm_scores)
     inject_fault("rewards", step)
     ref = write_table(table, run.path, stage_path(step, "rewards"), SCHEMAS["rewards"], clock=run.io)
     seconds = timer.seconds
     return StageResult("rewards", (ref,), current_cache_key(), seconds, timing_values({"reward": seconds}))
 
 
-def remax_baselines(rows: list[dict], prompts: dict[str, dict], reward: dict) -> list[float] | None:
+def remax_baselines(
+    rows: list[dict], prompts: dict[str, dict], reward: dict, rm_scores: list[float | None] | None = None
+) -> list[float] | None:
     """ReMax's reward baseline of each row: the score of its prompt's greedy response (the rollouts'
-    baseline_response_text, scored once per prompt as responses are); None when the rollouts have
-    no greedy responses (every estimator but remax). A baseline whose reward fails counts 0 under
-    reward.on_error=zero, as a failed response does."""
+    baseline_response_text, scored once per prompt as responses are, with the reward model's score of
+    it when `rm_scores` gives one per row); None when the rollouts have no greedy responses (every
+    estimator but remax). A baseline whose reward fails counts 0 under reward.on_error=zero, as a
+    failed response does."""
     if not rows or rows[0]["baseline_response_text"] is None:
         return None
-    greedy = {}
-    for row in rows:
+    greedy, model = {}, {}
+    for i, row in enumerate(rows):
         greedy.setdefault(row["prompt_id"], row | {"response_text": row["baseline_response_text"]})
+        model.setdefault(row["prompt_id"], rm_scores[i] if rm_scores is not None else None)
+    greedy_rm = list(model.values()) if rm_scores is not None else None
     try:
-        scored = score_rows(list(greedy.values()), prompts, reward)
+        scored = score_rows(list(greedy.values()), prompts, reward, rm_scores=greedy_rm)
     except RewardFunctionError as exc:
         raise RewardFunctionError(f"scoring ReMax's greedy baseline responses: {exc}") from None
     score = dict(zip(scored["prompt_id"].to_pylist(), scored["score"].to_pylist(), strict=True))

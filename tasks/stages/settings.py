@@ -13,11 +13,14 @@ The walk of a value, e.g. `actor_rollout_ref.actor.clip_ratio`: the config field
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
+from ppoflow.conf.model_paths import local_model_path
 from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
-from ppoflow.engine.names import KLControlType, PFReweightMethod, RolloutEngineName, Truncation
+from ppoflow.engine.models import ModelLoadError, damaged_file
+from ppoflow.engine.names import RM_SCORE, KLControlType, PFReweightMethod, RolloutEngineName, Truncation
 from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
@@ -25,6 +28,8 @@ from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.stages.reward_functions import custom_function_section
+from ppoflow.tasks.stages.reward_model import RewardModelSettings
+from ppoflow.tasks.storage.checkpoints import directory_digest
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,8 @@ class RunSettings:
     """None when the estimator needs no critic."""
     reward: dict
     """reward.* and custom_reward_function.* (the reward functions' own section)."""
+    reward_model: RewardModelSettings | None
+    """None without reward_model.enable."""
     kl_control: KLControlSettings
     use_reference: bool
     critic_warmup: int
@@ -214,16 +221,8 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         )
         if cfg.use_critic
         else None,
-        reward={
-            "weights": cfg.reward.weights,
-            "reward_fn_key": cfg.data.reward_fn_key,
-            "timeout_s": cfg.reward.timeout_s,
-            "on_error": cfg.reward.on_error,
-            "gsm8k_method": cfg.reward.gsm8k_method,
-            "custom_function": custom_function_section(
-                cfg.custom_reward_function.path, cfg.custom_reward_function.name
-            ),
-        },
+        reward=reward_section(cfg),
+        reward_model=reward_model_settings(cfg),
         kl_control=KLControlSettings(
             type=algorithm.kl_ctrl.type,
             target_kl=algorithm.kl_ctrl.target_kl,
@@ -236,6 +235,48 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         val_before_train=cfg.trainer.val_before_train,
         total_steps=total_steps,
         n_devices=cfg.world_size,
+    )
+
+
+def reward_section(cfg: PPOFlowConfig) -> dict:
+    """What the rewards and validation stages are told. `weights` are the rule components' (reward.weights
+    without rm_score); with a reward model, `rm_weight` is reward.weights.rm_score, and when that is not
+    set the score is the reward model's alone (`rule_reward` false), as verl's reward managers return
+    its rm_scores instead of the rule reward."""
+    weights = dict(cfg.reward.weights)
+    rm_weight = weights.pop(RM_SCORE, None)
+    enabled = cfg.reward_model.enable
+    return {
+        "weights": weights,
+        "rm_weight": (1.0 if rm_weight is None else rm_weight) if enabled else None,
+        "rule_reward": not enabled or rm_weight is not None,
+        "reward_fn_key": cfg.data.reward_fn_key,
+        "timeout_s": cfg.reward.timeout_s,
+        "on_error": cfg.reward.on_error,
+        "gsm8k_method": cfg.reward.gsm8k_method,
+        "custom_function": custom_function_section(
+            cfg.custom_reward_function.path, cfg.custom_reward_function.name
+        ),
+    }
+
+
+def reward_model_settings(cfg: PPOFlowConfig) -> RewardModelSettings | None:
+    """The reward model's settings, its files digested once per run (and their headers read);
+    None without reward_model.enable."""
+    section = cfg.reward_model
+    if not section.enable:
+        return None
+    path = Path(local_model_path(section.model.path, "reward_model.model.path")).resolve()
+    if (problem := damaged_file(path)) is not None:  # headers only: a truncated file fails now, not at step 1
+        raise ModelLoadError(
+            f"reward model at '{path}' (reward_model.model.path) cannot be loaded: {problem}"
+        )
+    rollout = cfg.actor_rollout_ref.rollout
+    return RewardModelSettings(
+        path=str(path),
+        digest=directory_digest(path),
+        micro_batch_size=section.micro_batch_size_per_gpu,
+        max_length=section.max_length or rollout.prompt_length + rollout.response_length,
     )
 
 

@@ -65,7 +65,8 @@ METRIC_DOCS: dict[str, str] = {
     "timing_s/<timer>": "Wall seconds of one of verl's timers, as the stage that measured it recorded "
     "it in the iteration's manifest (the first run's when served from cache): gen (rollouts: generation, "
     "reading and writing, and loading the actor when it is not in memory), old_log_prob and ref "
-    "(rollouts), reward (rewards), values (with loading the critic) and adv (advantages), "
+    "(rollouts), reward (rewards, plus reward_model with a reward model), values (with loading the "
+    "critic) and adv (advantages), "
     "update_critic and update_actor (with saving), testing (validation).",
     "timing_per_token_ms/<timer>": "1000 · timing_s/<timer> per token: response tokens for gen, prompt + "
     "response tokens for ref, values, adv, update_critic, update_actor (verl's counts).",

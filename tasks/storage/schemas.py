@@ -148,6 +148,28 @@ SCHEMAS: dict[str, pa.Schema] = {
             nullable=True,
         ),
     ),
+    "reward_model": _schema(
+        "reward_model",
+        *_key(),
+        doc_field(
+            "rm_score",
+            pa.float64(),
+            "The reward model's score of the response (reward component rm_score; verl's rm_scores).",
+        ),
+        doc_field(
+            "input_length",
+            pa.int32(),
+            "Tokens the reward model read: the actor's prompt and response, or both re-tokenised for "
+            "a reward model with its own tokenizer.",
+        ),
+        doc_field(
+            "baseline_rm_score",
+            pa.float64(),
+            "ReMax: the reward model's score of the prompt's greedy response (rollouts."
+            "baseline_response_text); null for other estimators.",
+            nullable=True,
+        ),
+    ),
     "rewards": _schema(
         "rewards",
         *_key(),
@@ -225,6 +247,8 @@ TABLE_DOCS: dict[str, str] = {
     "prompts": "The ingested dataset, one row per prompt (`data/train.parquet`, `data/val.parquet`).",
     "rejects": "Source records that could not be ingested, with the reason (`data/rejects_<split>.parquet`).",
     "rollouts": "One row per generated response, with its tokens and log-probs (`iter=N/rollouts/`).",
+    "reward_model": "One row per response: the reward model's score, with reward_model.enable "
+    "(`iter=N/reward_model/`).",
     "rewards": "One row per response: its score and reward components (`iter=N/rewards/`).",
     "advantages": "One row per response: per-token values, advantages, returns (`iter=N/advantages/`).",
     "actor_update": "One row per actor optimizer step (`iter=N/actor_update/`).",
@@ -241,6 +265,7 @@ DATA_FILES: dict[str, tuple[str, ...]] = {
 }
 STAGES: tuple[str, ...] = (
     "rollouts",
+    "reward_model",
     "rewards",
     "advantages",
     "actor_update",
@@ -300,6 +325,13 @@ INVARIANTS: dict[str, list[str]] = {
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id HAVING count(DISTINCT group_id) > 1",
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id "
         "HAVING count(DISTINCT baseline_response_ids) > 1",
+    ],
+    "reward_model": [
+        _unique("reward_model", "iter", "prompt_id", "sample_idx"),
+        "SELECT iter, prompt_id, sample_idx FROM reward_model "
+        "WHERE rm_score IS NULL OR NOT isfinite(rm_score)",
+        "SELECT iter, prompt_id FROM reward_model GROUP BY iter, prompt_id "
+        "HAVING count(DISTINCT baseline_rm_score) > 1",
     ],
     "rewards": [
         _unique("rewards", "iter", "prompt_id", "sample_idx"),

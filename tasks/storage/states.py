@@ -107,6 +107,7 @@ class StepResults:
     """The results of one training step's stages, in DAG order (None: the stage did not run)."""
 
     rollouts: StageResult
+    reward_model: StageResult | None
     rewards: StageResult
     advantages: StageResult
     critic_update: StageResult | None

@@ -113,7 +113,15 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
     ("override", "why"),
     [
         ("actor_rollout_ref.model.lora_rank=8", "LoRA is not supported yet"),
-        ("reward_model.enable=true", "a learned reward model is not supported yet"),
+        ("reward_model.model.path=null reward_model.enable=true", "needs the reward model"),
+        (
+            "reward_model.enable=true reward_model.model.path=/rm trainer.n_gpus_per_node=2",
+            "runs in the trainer's process",
+        ),
+        ("reward.weights.rm_score=0.5", "weighs the reward model's score, and there is none"),
+        ("reward_model.model.input_tokenizer=/elsewhere", "compares the actor's and the reward model's"),
+        ("reward_model.model.trust_remote_code=true", "models with their own code are not loaded"),
+        ("reward_model.model.external_lib=my_models", "imports no module from a config"),
         ("reward_model.reward_manager=dapo", "dapo's overlong penalty"),
         ("actor_rollout_ref.model.override_config.rope_theta=5000", "model config overrides other than"),
         (
@@ -135,7 +143,8 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
 def test_a_setting_that_would_change_the_run_in_a_way_ppoflow_cannot_is_refused(override, why):
     with pytest.raises(ConfigError, match=why) as raised:
         load_config(None, override.split(), check_paths=False)
-    key = override.split()[0].split("=")[0].removesuffix(".rope_theta").removesuffix(".attention_dropout")
+    key = override.split()[0].split("=")[0]
+    key = key.removesuffix(".rope_theta").removesuffix(".attention_dropout").removesuffix(".rm_score")
     assert str(raised.value).startswith(key) and "(command-line override #1" in str(raised.value)
 
 
@@ -178,6 +187,11 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
         (["trainer.default_hdfs_dir=null", "trainer.default_hdfs_dir=hdfs://x"], "run directory only"),
         (["reward_model.micro_batch_size_per_gpu=8"], "there is no reward model"),
         (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "decodes greedily"),
+        (["reward_model.model.path=/rm"], "there is no reward model"),
+        (
+            ["reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.strategy=fsdp2"],
+            "runs unsharded in the trainer's process",
+        ),
     ],
 )
 def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):

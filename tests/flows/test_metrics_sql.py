@@ -150,7 +150,10 @@ def manifest_metrics(run_dir, steps, tokens: dict[int, tuple[float, float]]) -> 
     out: dict[str, dict[int, float]] = {}
     for step in steps:
         stages = read_manifest(run_dir, step)["stages"]
-        seconds = {timer: s for entry in stages.values() for timer, s in entry.get("timers", {}).items()}
+        seconds: dict[str, float] = {}
+        for stage, entry in stages.items():  # a timer two stages share (reward) is their sum
+            for timer, s in entry.get("timers", {}).items() if stage != "metrics" else ():
+                seconds[timer] = seconds.get(timer, 0.0) + s
         seconds["step"] = sum(entry["seconds"] for stage, entry in stages.items() if stage != "metrics")
         response, total = tokens[step]
         derived = {f"timing_s/{timer}": s for timer, s in seconds.items()}
