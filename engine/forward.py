@@ -77,9 +77,17 @@ def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: f
 
 
 def keeps_logits(model: torch.nn.Module) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; a DeepSpeed
-    engine passes keywords on to the model it wraps)."""
-    return _forward_takes_logits_to_keep(type(getattr(model, "module", model)))
+    """Whether the model's forward takes `logits_to_keep` (transformers' causal LMs; the wrappers of
+    `inner_model` pass keywords on to the model they wrap)."""
+    return _forward_takes_logits_to_keep(type(inner_model(model)))
+
+
+def inner_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under its wrappers: a DeepSpeed engine or a LoRA model's adapters-off
+    view (`.module`), a peft model (`get_base_model()`, the base with the adapters in its layers)."""
+    model = getattr(model, "module", model)
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model
 
 
 @functools.cache

@@ -48,7 +48,7 @@ def check_model_dir(path: str | Path, *, what: str = "model") -> Path:
 
 
 @contextlib.contextmanager
-def _reading(path: Path, what: str):
+def reading_model(path: Path, what: str):
     """Any failure to read a model directory becomes one ModelLoadError naming the file at fault
     (transformers' own error for a truncated weights file names none)."""
     try:
@@ -83,7 +83,7 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     path = Path(path)
     if not any((path / name).exists() for name in TOKENIZER_FILES):
         raise ModelLoadError(f"model directory '{path}' has no tokenizer ({', '.join(TOKENIZER_FILES)})")
-    with _reading(path, "tokenizer"):
+    with reading_model(path, "tokenizer"):
         tokenizer = _tokenizer_class(path).from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -107,7 +107,7 @@ def load_actor(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torch
     """A causal LM from a local directory, in train mode with dropout off (PPO's ratio ρ must be 1
     on the first mini-batch, which dropout would break)."""
     path = check_model_dir(path, what="actor model")
-    with _reading(path, "actor model"):
+    with reading_model(path, "actor model"):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _disable_dropout(config)
         return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype, local_files_only=True)
@@ -126,7 +126,7 @@ def load_critic(path: str | Path, *, dtype: torch.dtype = torch.float32) -> torc
     restored; from an actor directory it is new and zero-initialised, so the first values are 0
     everywhere and GAE starts from plain reward-to-go (deterministic, whatever the seed)."""
     path = check_model_dir(path, what="critic model")
-    with _reading(path, "critic model"):
+    with reading_model(path, "critic model"):
         config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
         _disable_dropout(config)
         config.classifier_dropout = 0.0
@@ -153,7 +153,7 @@ def load_reward_model(path: str | Path, *, dtype: torch.dtype = torch.float32) -
             f"reward model at '{path}' has no *.safetensors weights (ppoflow does not unpickle weight files: "
             "save the model with save_pretrained, which writes safetensors)"
         )
-    with _reading(path, "reward model"):
+    with reading_model(path, "reward model"):
         config = AutoConfig.from_pretrained(path, local_files_only=True)
         _disable_dropout(config)
         config.classifier_dropout = 0.0
@@ -190,7 +190,7 @@ def reward_model_from_policy(
     zero (every score starts at 0), dropout off. `pad_token_id` is written into its config so that
     transformers' own pooling can batch the saved model too."""
     path = check_model_dir(path, what="reward model base")
-    with _reading(path, "reward model base"):
+    with reading_model(path, "reward model base"):
         config = AutoConfig.from_pretrained(path, local_files_only=True, num_labels=1)
         _disable_dropout(config)
         config.classifier_dropout = 0.0

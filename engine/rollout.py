@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from .forward import keeps_logits
+from .forward import inner_model, keeps_logits
 from .names import FinishReason
 
 
@@ -92,9 +92,10 @@ def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Te
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
-    """The KV-cache argument name of `model.forward`: transformers 5 renamed `past_key_values` to
-    `cache`; accept either so a pinned older release keeps working."""
-    params = inspect.signature(model.forward).parameters
+    """The KV-cache argument name of `model.forward` (of the model a peft model wraps, which passes
+    it on): transformers 5 renamed `past_key_values` to `cache`; accept either so a pinned older
+    release keeps working."""
+    params = inspect.signature(inner_model(model).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

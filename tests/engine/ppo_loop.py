@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ppoflow.engine.forward import compute_values
+from ppoflow.engine.lora import AdaptersOff, LoraSpec, add_adapters
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
 from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import (
@@ -40,11 +41,17 @@ def run_ppo(
     critic_epochs: int | None = None,
     critic_mini_batch_prompts: int | None = None,
     betas: tuple[float, float] = (0.9, 0.999),
+    lora: LoraSpec | None = None,
 ) -> list[float]:
-    """Greedy validation accuracy before training and after each iteration."""
+    """Greedy validation accuracy before training and after each iteration. With `lora`, the actor
+    trains adapters only and the reference is its base with the adapters off."""
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_dir)
-    actor, reference = load_actor(model_dir), load_reference(model_dir)
+    if lora is None:
+        actor, reference = load_actor(model_dir), load_reference(model_dir)
+    else:
+        actor = add_adapters(load_actor(model_dir), lora)
+        reference = AdaptersOff(actor)
     use_critic = estimator == "gae"
     critic = load_critic(model_dir) if use_critic else None
     actor_opt, actor_sched = build_optimizer(
