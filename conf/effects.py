@@ -79,6 +79,14 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "verl sets it to the run's training steps before training (trainer.total_training_steps, or "
         "total_epochs × steps per epoch), and so does ppoflow",
     ),
+    *(
+        NoEffect(
+            (f"{model}.lora_alpha", f"{model}.target_modules", f"{model}.exclude_modules"),
+            f"LoRA is off: {model}.lora_rank=0",
+            lambda cfg, model=model: get_key(cfg, f"{model}.lora_rank") == 0,
+        )
+        for model in MODELS
+    ),
     NoEffect(
         (
             "reward_model.model.*",
@@ -277,10 +285,23 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         lambda value, cfg: value and cfg.world_size > 1,
         "PF-PPO's resampled batch is not split over several ranks yet: train it with world_size 1",
     ),
+    *(
+        Unsupported(
+            f"{model}.lora_rank",
+            lambda value, cfg, critic=model == "critic.model": (
+                value > 0 and cfg.world_size > 1 and (cfg.use_critic or not critic)
+            ),
+            "LoRA trains in one process: worker groups (FSDP2, DeepSpeed; world_size = trainer.nnodes × "
+            "trainer.n_gpus_per_node above 1) shard full weights only; train LoRA with world_size 1, or "
+            "all weights (lora_rank=0)",
+        )
+        for model in MODELS
+    ),
     Unsupported(
         "actor_rollout_ref.model.lora_rank",
-        lambda value, cfg: value > 0,
-        "LoRA is not supported yet: every weight of the actor trains (set lora_rank=0)",
+        lambda value, cfg: value > 0 and cfg.actor_rollout_ref.rollout.name == "vllm",
+        "the vLLM engine is given the actor's full weights by name, not LoRA adapters: generate with "
+        "actor_rollout_ref.rollout.name=hf, or train all weights (lora_rank=0)",
     ),
     Unsupported(
         "data.tokenizer",

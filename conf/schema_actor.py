@@ -37,8 +37,22 @@ class ModelSource(Section):
     """Entries that replace those of the model's config.json (e.g. attention_dropout: 0.0)."""
 
 
-class ActorModelConfig(ModelSource):
-    """The policy model; the reference policy and the rollout engine load the same weights."""
+class LoraModelSource(ModelSource):
+    """A model that trains LoRA adapters instead of all its weights when lora_rank > 0 (through
+    peft; verl's keys)."""
+
+    lora_rank: int = Field(0, ge=0)
+    """LoRA adapter rank; 0 trains all weights."""
+    lora_alpha: int = Field(16, gt=0)
+    """LoRA scaling: each adapted weight W becomes W + (lora_alpha / lora_rank)·B·A."""
+    target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: 'all-linear' (every linear layer but the output head), a list of
+    module names, or one regular expression over module paths."""
+
+
+class ActorModelConfig(LoraModelSource):
+    """The policy model; the reference policy and the rollout engine load the same weights (with
+    LoRA, the reference is the same model with its adapters off)."""
 
     path: str = "builtin:tiny-addition"
     """Hugging Face model directory, a .gguf file, or 'builtin:tiny-addition' (ppoflow's tiny model)."""
@@ -46,8 +60,9 @@ class ActorModelConfig(ModelSource):
     """Python module imported before loading, to register a custom architecture."""
     use_shm: bool = False
     """Copy the model to /dev/shm before loading it."""
-    lora_rank: int = Field(0, ge=0)
-    """LoRA adapter rank; 0 trains all weights."""
+    exclude_modules: str | list[str] | None = None
+    """Modules that get no LoRA adapters although target_modules names them (names, or one regular
+    expression)."""
 
 
 class ActorConfig(Section):

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from ppoflow.engine.names import LossAggMode, Strategy
 
-from .schema_actor import ModelSource
+from .schema_actor import LoraModelSource
 from .schema_common import (
     CheckpointConfig,
     DeepSpeedConfig,
@@ -24,8 +24,8 @@ class CriticOptimConfig(OptimConfig):
     """Peak learning rate."""
 
 
-class CriticModelConfig(ModelSource):
-    """The value model: a language model with a scalar head."""
+class CriticModelConfig(LoraModelSource):
+    """The value model: a language model with a scalar head (with LoRA, the head trains whole)."""
 
     path: str | None = None
     """Hugging Face model directory, a .gguf file or 'builtin:…'; None uses actor_rollout_ref.model.path."""

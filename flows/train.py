@@ -20,7 +20,7 @@ from ppoflow.tasks.stages.prepare_model import (
     require_same_tokenizer,
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
-from ppoflow.tasks.stages.settings import role_layouts, run_settings, total_training_steps
+from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
@@ -160,6 +160,10 @@ def _starting_state(
     )
     if cfg.trainer.resume_mode == "resume_path":
         return resume_state(
-            cfg.trainer.resume_from_path, state, run_dir=run.path, train=not cfg.trainer.val_only
+            cfg.trainer.resume_from_path,
+            state,
+            run_dir=run.path,
+            train=not cfg.trainer.val_only,
+            lora=lora_specs(cfg),
         )
     return 1, state

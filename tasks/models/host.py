@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ppoflow.engine.forward import SequenceBatch, compute_scores, compute_values
+from ppoflow.engine.lora import AdaptersOff, LoraSpec, add_adapters, load_adapters
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_reward_model, load_tokenizer
 from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings, build_optimizer
@@ -43,11 +44,12 @@ if TYPE_CHECKING:
 
 
 def saved_tokenizer_dir(run: Run, state: ModelState) -> Path:
-    """The checkpoint directory of `state`, or of its nearest saved ancestor: the tokenizer there is
-    the state's (training never changes it, and every checkpoint carries the base model's)."""
+    """The checkpoint directory of `state`, or of its nearest saved ancestor, or of a LoRA state's
+    base: the tokenizer there is the state's (training never changes it, and every checkpoint of
+    whole weights carries the base model's)."""
     while state.checkpoint is None and state.origin is not None:
         state = state.origin.parent
-    return model_dir(run, state)
+    return model_dir(run, state.base or state)
 
 
 class ModelHost:
@@ -77,7 +79,7 @@ class ModelHost:
         return rollout_share(
             engine,
             model,
-            self.reference(run, reference) if reference is not None else None,
+            self.reference_for(run, actor, model, reference),
             tokenizer,
             prompt_ids,
             request,
@@ -151,36 +153,47 @@ class ModelHost:
     def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
         """Apply one update to the parent state of `inputs` (in place); `keep` names the result,
         `drop` discards it."""
-        value = self.trainable(run, inputs.parent, inputs.optim)
+        value = self.trainable(run, inputs.parent, inputs.optim, inputs.lora)
         self._live.pop(role, None)  # no longer the parent state, whatever happens next
         self._trained[role] = value
         return apply_update(run, role, inputs, value, self.tokenizer(run, inputs.parent), on_step=on_step)
 
-    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str, str]:
-        """Save what `train` produced: checkpoints/iter=N/<role>/ and <role>.optim/; (directory,
-        its digest, the optimizer state's digest)."""
-        return save_checkpoint(run, role, step, self._trained[role], tokenizer, clock=run.io)
+    def save(
+        self,
+        run: Run,
+        role: str,
+        step: int,
+        tokenizer,
+        base: ModelState | None = None,
+        lora: LoraSpec | None = None,
+    ) -> tuple[str, str, str]:
+        """Save what `train` produced: checkpoints/iter=N/<role>/ (its adapters only, for a LoRA
+        state of `base`) and <role>.optim/; (directory, its digest, the optimizer state's digest)."""
+        value = self._trained[role]
+        return save_checkpoint(run, role, step, value, tokenizer, base=base, lora=lora, clock=run.io)
 
     def close(self) -> None:
         """Shut down a vLLM engine (the models go with the process)."""
         self._engines.close()
 
-    def trainable(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
+    def trainable(
+        self, run: Run, state: ModelState, optim: OptimSettings, lora: LoraSpec | None = None
+    ) -> Trainable:
         """The model, optimizer and LR schedule of `state`, to train: in memory, else from its intact
-        checkpoint (the optimizer built with `optim`, its saved state restored), else rebuilt by
-        replaying its update on its (recursively rebuilt) parent; StateUnavailable when none is
-        possible."""
+        checkpoint (the optimizer built with `optim`, its saved state restored; new `lora` adapters
+        on a base model), else rebuilt by replaying its update on its (recursively rebuilt) parent;
+        StateUnavailable when none is possible."""
         live = self._live_value(state)
         if live is not None:
             return live
         try:
-            value = self._load(run, state, optim)
+            value = self._load(run, state, optim, lora)
         except StateUnavailable as missing:
             inputs = state.origin
             if inputs is None:
                 raise
             try:
-                value = self.trainable(run, inputs.parent, optim)
+                value = self.trainable(run, inputs.parent, optim, inputs.lora)
             except StateUnavailable as error:
                 raise StateUnavailable(f"{missing}, and it cannot be rebuilt: {error}") from error
             say(f"rebuilding the {state.role} of step {state.step}: replaying its update (not on disk)")
@@ -199,8 +212,22 @@ class ModelHost:
         except StateUnavailable:
             if state.origin is None:
                 raise
-            return self.trainable(run, state, state.origin.optim).model
-        return self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
+            return self.trainable(run, state, state.origin.optim, state.origin.lora).model
+        return self._placed(self._read(run, state, directory))
+
+    def reference_for(
+        self, run: Run, actor: ModelState, model: torch.nn.Module, reference: ModelState | None
+    ) -> torch.nn.Module | None:
+        """The reference policy beside `actor` (its `model`): the actor itself while it is the
+        reference (the first step), its adapters-off view when it is a LoRA state of the reference
+        (verl's ref_in_actor: the base weights are held once), else the frozen copy."""
+        if reference is None:
+            return None
+        if actor.lineage == reference.lineage:
+            return model
+        if actor.base is not None and actor.base.lineage == reference.lineage:
+            return AdaptersOff(model)
+        return self.reference(run, reference)
 
     def reference(self, run: Run, state: ModelState) -> torch.nn.Module:
         """The frozen reference policy (the initial actor), loaded once per run."""
@@ -231,13 +258,29 @@ class ModelHost:
         live = self._live.get(state.role)
         return live[1] if live is not None and live[0] == state.lineage else None
 
-    def _load(self, run: Run, state: ModelState, optim: OptimSettings) -> Trainable:
+    def _load(self, run: Run, state: ModelState, optim: OptimSettings, lora: LoraSpec | None) -> Trainable:
         directory = verified_dir(run, state)
-        model = self._placed(load_critic(directory) if state.role == "critic" else load_actor(directory))
+        model = self._read(run, state, directory, trainable=True)
+        if lora is not None and state.base is None:
+            if state.step > 0:
+                raise ValueError(
+                    f"the {state.role} of step {state.step} holds whole weights: LoRA adapters are "
+                    "trained on the base model only"
+                )
+            model = add_adapters(model, lora, value_head=state.role == "critic")
+        model = self._placed(model)
         optimizer, scheduler = build_optimizer(model, optim)
         if state.step > 0:
             load_optimizer_state(run, state, model, optimizer, scheduler)
         return Trainable(model, optimizer, scheduler)
+
+    def _read(self, run: Run, state: ModelState, directory: Path, *, trainable: bool = False):
+        """The weights of `state` from its verified `directory`: a whole model, or its base with the
+        adapters saved there (trainable or frozen)."""
+        if state.base is None:
+            return load_critic(directory) if state.role == "critic" else load_actor(directory)
+        base = self._read(run, state.base, verified_dir(run, state.base))
+        return load_adapters(base, directory, trainable=trainable)
 
     def _placed(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.device)

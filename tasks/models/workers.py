@@ -288,6 +288,8 @@ class WorkerGroupHost:
         return torch.cat(parts)[:n]
 
     def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
+        if inputs.lora is not None or inputs.parent.base is not None:  # the config refuses it first
+            raise ValueError(f"LoRA trains in one process: a worker group cannot train the {role}'s adapters")
         self._ensure(run, inputs.parent, f"{role}_update")
         self._live.pop(role, None)  # trained in place: no longer the parent state
         result = self._train(run, role, inputs, f"{role}_update")
@@ -302,7 +304,7 @@ class WorkerGroupHost:
         )
         return results[0]
 
-    def save(self, run: Run, role: str, step: int, tokenizer) -> tuple[str, str, str]:
+    def save(self, run: Run, role: str, step: int, tokenizer, base=None, lora=None) -> tuple[str, str, str]:
         """Rank 0 writes the whole model (gathered), every rank its part of the optimizer state,
         this process the tokenizer, into the checkpoint being staged."""
 

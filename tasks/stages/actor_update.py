@@ -26,5 +26,5 @@ def actor_update(
     """Clipped policy-gradient loss (dual clip, optional KL loss to the reference and entropy bonus),
     ppo_epochs × mini-batches, one optimizer step each (engine.update.update_actor); a checkpoint
     when `save` (verl's timer: update_actor)."""
-    inputs = UpdateInputs(actor, step, rollouts, advantages, settings.update, settings.optim)
+    inputs = UpdateInputs(actor, step, rollouts, advantages, settings.update, settings.optim, settings.lora)
     return train_state(run, "actor", inputs, settings.keep_checkpoints, save)

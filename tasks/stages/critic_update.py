@@ -26,5 +26,5 @@ def critic_update(
     """Regress V(s_t) onto the returns with the clipped value loss, ppo_epochs × mini-batches, one
     optimizer step each (engine.update.update_critic); a checkpoint when `save` (verl's timer:
     update_critic)."""
-    inputs = UpdateInputs(critic, step, rollouts, advantages, settings.update, settings.optim)
+    inputs = UpdateInputs(critic, step, rollouts, advantages, settings.update, settings.optim, settings.lora)
     return train_state(run, "critic", inputs, settings.keep_checkpoints, save)

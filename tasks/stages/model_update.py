@@ -53,16 +53,19 @@ def train_state(
             clock=run.io,
         )
         parent = inputs.parent
-        state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs)
+        base = parent.base or (parent.detached() if inputs.lora is not None else None)  # LoRA
+        state = ModelState(role, digest_of(parent.lineage, key), inputs.step, None, origin=inputs, base=base)
         if save:
-            checkpoint, digest, optimizer_digest = run.models.save(run, role, inputs.step, tokenizer)
+            checkpoint, digest, optimizer_digest = run.models.save(
+                run, role, inputs.step, tokenizer, base, inputs.lora
+            )
             prune_checkpoints(run, role, keep_checkpoints)
             prune_optimizer_states(run, role)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
             saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})
             state = ModelState(
-                role, state.lineage, inputs.step, checkpoint, digest, saved_inputs, optimizer_digest
+                role, state.lineage, inputs.step, checkpoint, digest, saved_inputs, optimizer_digest, base
             )
     except BaseException:
         run.models.drop(role)

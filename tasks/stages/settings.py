@@ -19,6 +19,7 @@ from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
 from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
+from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
 from ppoflow.engine.names import RM_SCORE, KLControlType, PFReweightMethod, RolloutEngineName, Truncation
 from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
@@ -124,6 +125,8 @@ class UpdateSettings:
     keep_checkpoints: int | None = field(metadata={"cache_key": False})
     """trainer.max_{actor,critic}_ckpt_to_keep (where results are kept, not what they are: not in
     the cache key)."""
+    lora: LoraSpec | None = None
+    """The role's LoRA adapters (<model>.lora_rank > 0), or None: every weight trains."""
 
 
 @dataclass(frozen=True)
@@ -213,11 +216,13 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             update=actor_update_settings(cfg, rollout.sampling.logit_temperature),
             optim=optim_settings(arr.actor.optim, total_steps),
             keep_checkpoints=cfg.trainer.max_actor_ckpt_to_keep,
+            lora=lora_spec(arr.model, cfg.trainer.seed),
         ),
         critic=UpdateSettings(
             update=critic_update_settings(cfg),
             optim=optim_settings(cfg.critic.optim, total_steps),
             keep_checkpoints=cfg.trainer.max_critic_ckpt_to_keep,
+            lora=lora_spec(cfg.critic.model, cfg.trainer.seed),
         )
         if cfg.use_critic
         else None,
@@ -278,6 +283,32 @@ def reward_model_settings(cfg: PPOFlowConfig) -> RewardModelSettings | None:
         micro_batch_size=section.micro_batch_size_per_gpu,
         max_length=section.max_length or rollout.prompt_length + rollout.response_length,
     )
+
+
+def lora_spec(model, seed: int) -> LoraSpec | None:
+    """A model section's LoRA keys (lora_rank, lora_alpha, target_modules, the actor's
+    exclude_modules) as a LoraSpec seeded by trainer.seed; None when lora_rank is 0."""
+    if model.lora_rank == 0:
+        return None
+
+    def names(value: str | list[str] | None) -> str | tuple[str, ...] | None:
+        return tuple(value) if isinstance(value, list) else value
+
+    return LoraSpec(
+        rank=model.lora_rank,
+        alpha=model.lora_alpha,
+        target_modules=names(model.target_modules),
+        exclude_modules=names(getattr(model, "exclude_modules", None)),
+        seed=seed,
+    )
+
+
+def lora_specs(cfg: PPOFlowConfig) -> dict[str, LoraSpec | None]:
+    """Each role's LoRA adapters (None: every weight trains)."""
+    return {
+        "actor": lora_spec(cfg.actor_rollout_ref.model, cfg.trainer.seed),
+        "critic": lora_spec(cfg.critic.model, cfg.trainer.seed) if cfg.use_critic else None,
+    }
 
 
 def role_layouts(cfg: PPOFlowConfig, settings: RunSettings) -> dict[str, RoleLayout]:

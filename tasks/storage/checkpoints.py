@@ -3,7 +3,9 @@ live while the run trains is `host.ModelHost`."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -14,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.lora import ADAPTER_CONFIG, LoraSpec, save_adapters
 from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.states import ModelState
@@ -42,6 +45,28 @@ def model_dir(run: Run, state: ModelState) -> Path:
             f"{state.role} state of step {state.step} was not saved (trainer.save_freq) and is not in memory"
         )
     return run.path / state.checkpoint
+
+
+ADAPTER_RECORD = "ppoflow_adapter.json"
+"""In a LoRA checkpoint, beside peft's two files: the base model its adapters apply to (role, lineage,
+checkpoint as in ModelState) and the LoRA settings they were trained with."""
+
+
+def holds_model(directory: Path) -> bool:
+    """Whether `directory` holds a saved model: a Hugging Face model (config.json) or LoRA
+    adapters (adapter_config.json)."""
+    return (directory / "config.json").is_file() or (directory / ADAPTER_CONFIG).is_file()
+
+
+def adapter_record(directory: Path) -> dict | None:
+    """The ADAPTER_RECORD of a LoRA checkpoint; None for a checkpoint of whole weights."""
+    path = directory / ADAPTER_RECORD
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if not isinstance(record, dict) or not isinstance(record.get("base"), dict):
+        raise ValueError(f"{path} is not a ppoflow adapter record")
+    return record
 
 
 def optimizer_dir(directory: Path) -> Path:
@@ -112,7 +137,7 @@ def state_files_intact(run: Run, state: ModelState) -> bool:
 def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
     for directory in (run.path / "checkpoints").glob(f"iter=*/{state.role}"):
         step = directory.parent.name.removeprefix("iter=")
-        if step.isdigit() and int(step) > state.step and (directory / "config.json").is_file():
+        if step.isdigit() and int(step) > state.step and holds_model(directory):
             return True
     return False
 
@@ -120,7 +145,7 @@ def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
 def verified_dir(run: Run, state: ModelState) -> Path:
     """The state's model directory, after checking its files against the recorded digest."""
     directory = model_dir(run, state)
-    if not (directory / "config.json").is_file():
+    if not holds_model(directory):
         raise StateUnavailable(f"checkpoint {directory} of the {state.role} at step {state.step} is missing")
     if state.checkpoint_digest is not None:
         _check_digest("checkpoint", directory, lambda: checkpoint_digest(directory), state.checkpoint_digest)
@@ -163,8 +188,8 @@ def write_checkpoint(
     root = run.path / "checkpoints"
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
         remove_from_run(root, leftover)
-    staging = _folder_for_others(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
-    optim_staging = _folder_for_others(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
+    staging = readable_folder(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
+    optim_staging = readable_folder(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
     try:
         fill(staging, optim_staging)
         inject_fault("checkpoint", step)
@@ -179,7 +204,7 @@ def write_checkpoint(
     return relative, checkpoint_digest(final), optimizer_digest(final)
 
 
-def _folder_for_others(path: str) -> Path:
+def readable_folder(path: str) -> Path:
     """A staging folder readable as the umask allows (mkdtemp makes it private to its owner)."""
     umask = os.umask(0)
     os.umask(umask)
@@ -188,14 +213,31 @@ def _folder_for_others(path: str) -> Path:
 
 
 def save_checkpoint(
-    run: Run, role: str, step: int, value: Trainable, tokenizer, *, clock=None
+    run: Run,
+    role: str,
+    step: int,
+    value: Trainable,
+    tokenizer,
+    *,
+    base: ModelState | None = None,
+    lora: LoraSpec | None = None,
+    clock=None,
 ) -> tuple[str, str, str]:
-    """A model trained in this process: an HF directory with its tokenizer, and its optimizer state
-    (loadable at any world size)."""
+    """A model trained in this process: an HF directory with its tokenizer, or, for a LoRA model
+    (`base`, `lora`), its adapters and ADAPTER_RECORD only (the tokenizer is the base's); and its
+    optimizer state (loadable at any world size)."""
 
     def fill(directory: Path, optimizer_directory: Path) -> None:
-        value.model.save_pretrained(directory)
-        tokenizer.save_pretrained(directory)
+        if base is None:
+            value.model.save_pretrained(directory)
+            tokenizer.save_pretrained(directory)
+        else:
+            save_adapters(value.model, directory, base_model_path=str(model_dir(run, base)))
+            record = {
+                "base": {"role": base.role, "lineage": base.lineage, "checkpoint": base.checkpoint},
+                "lora": None if lora is None else dataclasses.asdict(lora),
+            }
+            (directory / ADAPTER_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         save_torch_optimizer(optimizer_directory, value.model, value.optimizer, value.scheduler)
 
     return write_checkpoint(run, role, step, fill, clock=clock)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from prefect.serializers import Serializer
 from pydantic import Field
 
+from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.cache_keys import key_for
@@ -43,7 +44,8 @@ MAX_RECORD_BYTES = 16 << 20
 SETTINGS_TYPES = (ActorUpdateSettings, CriticUpdateSettings, OptimSettings)
 """The engine settings an update records (UpdateInputs), so that it can be replayed."""
 RESULT_TYPES: dict[str, type] = {
-    cls.__name__: cls for cls in (StageResult, ArtifactRef, ModelState, UpdateInputs, *SETTINGS_TYPES)
+    cls.__name__: cls
+    for cls in (StageResult, ArtifactRef, ModelState, UpdateInputs, LoraSpec, *SETTINGS_TYPES)
 }
 """The only classes a stored result can rebuild."""
 
@@ -133,6 +135,7 @@ FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "checkpoint_digest": (str, type(None)),
         "origin": (UpdateInputs, type(None)),
         "optimizer_digest": (str, type(None)),
+        "base": (ModelState, type(None)),
     },
     UpdateInputs: {
         "parent": (ModelState,),
@@ -141,6 +144,14 @@ FIELD_TYPES: dict[type, dict[str, tuple[type, ...]]] = {
         "advantages": (ArtifactRef,),
         "settings": (ActorUpdateSettings, CriticUpdateSettings),
         "optim": (OptimSettings,),
+        "lora": (LoraSpec, type(None)),
+    },
+    LoraSpec: {
+        "rank": (int,),
+        "alpha": (int,),
+        "target_modules": (str, tuple),
+        "exclude_modules": (str, tuple, type(None)),
+        "seed": (int,),
     },
 }
 """The type of every field a stored result may set: a record that decodes to anything else is
@@ -191,7 +202,16 @@ def _check_fields(cls: type, fields: dict[str, Any]) -> None:
                 raise ValueError(f"StageResult value {pair[0]!r} is not a number")
 
 
-COUNTS = ("rows", "step", "total_steps", "warmup_steps", "ppo_epochs", "mini_batch_size", "micro_batch_size")
+COUNTS = (
+    "rows",
+    "step",
+    "rank",
+    "total_steps",
+    "warmup_steps",
+    "ppo_epochs",
+    "mini_batch_size",
+    "micro_batch_size",
+)
 """Fields that count something: non-negative and below 2³¹."""
 
 
@@ -203,6 +223,8 @@ def _check_value(cls: type, name: str, value: Any, expected: tuple[type, ...]) -
         raise ValueError(f"{where}={value!r} is not one of {ALLOWED_VALUES[(cls, name)]}")
     if isinstance(value, tuple) and cls in SETTINGS_TYPES and not all(_is_number(v) for v in value):
         raise ValueError(f"{where} holds something other than numbers")
+    if isinstance(value, tuple) and cls is LoraSpec and not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where} holds something other than module names")
     if isinstance(value, int) and name in COUNTS and not 0 <= value < _COUNT_LIMIT:
         raise ValueError(f"{where}={value} is out of range")
 

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.tables import ArtifactRef
@@ -22,7 +23,8 @@ class ModelState:
     a base model used in place), `checkpoint_digest` the digest of that directory (weights, config,
     tokenizer) and `optimizer_digest` the digest of the optimizer state saved beside it, when saved;
     `origin` is the update that produced it, so a state that was not saved (or whose
-    files were lost) can be rebuilt by replaying that update from its parent."""
+    files were lost) can be rebuilt by replaying that update from its parent. A LoRA state names its
+    `base`, the role's step-0 state its adapters apply to: its checkpoint holds the adapters only."""
 
     role: str
     lineage: str
@@ -31,6 +33,7 @@ class ModelState:
     checkpoint_digest: str | None = None
     origin: UpdateInputs | None = None
     optimizer_digest: str | None = None
+    base: ModelState | None = None
 
     def __post_init__(self) -> None:
         # A state read back from a run directory names paths to write (checkpoints/iter=k/<role>):
@@ -55,6 +58,8 @@ class UpdateInputs:
     advantages: ArtifactRef
     settings: ActorUpdateSettings | CriticUpdateSettings
     optim: OptimSettings
+    lora: LoraSpec | None = None
+    """The adapters to add when the parent is a base model (LoRA); None trains every weight."""
 
 
 @dataclass(frozen=True)

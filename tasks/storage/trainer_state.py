@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppoflow.engine.data import batch_rows
-from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, optimizer_dir
+from ppoflow.engine.lora import LoraSpec
+from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, adapter_record, optimizer_dir
 from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
 
@@ -70,10 +71,17 @@ ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_atte
 
 
 def resume_state(
-    checkpoint_dir: str | Path, initial: TrainState, *, run_dir: Path, train: bool = True
+    checkpoint_dir: str | Path,
+    initial: TrainState,
+    *,
+    run_dir: Path,
+    train: bool = True,
+    lora: dict[str, LoraSpec | None] | None = None,
 ) -> tuple[int, TrainState]:
     """(next step, state) to continue from a saved `checkpoints/iter=k` folder of any run (moved or
-    renamed runs too). With `train`, each model's optimizer state must be there."""
+    renamed runs too). With `train`, each model's optimizer state must be there; a role's LoRA
+    adapters (`lora`) must be those its checkpoint holds, on the configured base model."""
+    lora = lora or {}
     folder = Path(checkpoint_dir).resolve()
     path = folder / STATE_FILE
     where = f"trainer.resume_from_path={checkpoint_dir}"
@@ -84,8 +92,10 @@ def resume_state(
     try:
         saved = read_json(path)
         state = TrainState(
-            actor=_restored(where, folder, saved, "actor", initial.actor, train, run_dir),
-            critic=_restored(where, folder, saved, "critic", initial.critic, train, run_dir),
+            actor=_restored(where, folder, saved, "actor", initial.actor, train, run_dir, lora.get("actor")),
+            critic=_restored(
+                where, folder, saved, "critic", initial.critic, train, run_dir, lora.get("critic")
+            ),
             reference=initial.reference,
             kl_coef=float(saved["kl_coef"]),
         )
@@ -103,7 +113,14 @@ class ResumeRefused(ValueError):
 
 
 def _restored(
-    where: str, folder: Path, saved: dict, role: str, current: ModelState | None, train: bool, run_dir: Path
+    where: str,
+    folder: Path,
+    saved: dict,
+    role: str,
+    current: ModelState | None,
+    train: bool,
+    run_dir: Path,
+    lora: LoraSpec | None,
 ) -> ModelState | None:
     info = saved.get(role)
     if current is None or info is None:
@@ -123,9 +140,11 @@ def _restored(
             f"{OPTIMIZER_STATES_KEPT} checkpoints of each role only); resume from a later "
             "checkpoints/iter=NNNNNN folder of that run"
         )
-    _check_same_architecture(
-        where, role, checkpoint, run_dir / current.checkpoint if current.checkpoint else None
-    )
+    base = _adapter_base(where, role, checkpoint, current, lora)
+    if base is None:
+        _check_same_architecture(
+            where, role, checkpoint, run_dir / current.checkpoint if current.checkpoint else None
+        )
     return ModelState(
         role,
         str(info["lineage"]),
@@ -133,7 +152,46 @@ def _restored(
         str(checkpoint),
         info["digest"],
         optimizer_digest=info.get("optimizer_digest"),
+        base=base,
     )
+
+
+LORA_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "target_modules": "target_modules"}
+"""LoraSpec fields a LoRA checkpoint must share with the config to continue (and their keys)."""
+
+
+def _adapter_base(
+    where: str, role: str, checkpoint: Path, current: ModelState, lora: LoraSpec | None
+) -> ModelState | None:
+    """The configured base model when `checkpoint` holds LoRA adapters of it (None when it holds
+    whole weights); refused when the checkpoint and the LoRA config do not fit together."""
+    section = "actor_rollout_ref.model" if role == "actor" else "critic.model"
+    record = adapter_record(checkpoint)
+    if record is None:
+        if lora is not None:
+            raise ResumeRefused(
+                f"{where}: that {role} holds whole weights, but {section}.lora_rank={lora.rank}: LoRA "
+                f"trains adapters on the base model; resume it with {section}.lora_rank=0"
+            )
+        return None
+    trained = record.get("lora") or {}
+    if lora is None:
+        raise ResumeRefused(
+            f"{where}: that {role} holds LoRA adapters (rank {trained.get('rank')}): resume it with "
+            f"{section}.lora_rank={trained.get('rank')} and lora_alpha={trained.get('alpha')}"
+        )
+    if record["base"].get("lineage") != current.lineage:
+        raise ResumeRefused(
+            f"{where}: that {role}'s adapters were trained on another base model than {section}.path"
+        )
+    for field, key in LORA_KEYS.items():
+        ours = list(v) if isinstance(v := getattr(lora, field), tuple) else v
+        if trained.get(field) != ours:
+            raise ResumeRefused(
+                f"{where}: that {role}'s adapters have {key}={trained.get(field)!r}, but "
+                f"{section}.{key}={ours!r}: set it to theirs"
+            )
+    return current
 
 
 def _check_same_architecture(where: str, role: str, checkpoint: Path, configured: Path | None) -> None:

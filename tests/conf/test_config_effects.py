@@ -112,7 +112,7 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
 @pytest.mark.parametrize(
     ("override", "why"),
     [
-        ("actor_rollout_ref.model.lora_rank=8", "LoRA is not supported yet"),
+        ("actor_rollout_ref.model.lora_rank=8 trainer.n_gpus_per_node=2", "LoRA trains in one process"),
         ("reward_model.model.path=null reward_model.enable=true", "needs the reward model"),
         (
             "reward_model.enable=true reward_model.model.path=/rm trainer.n_gpus_per_node=2",

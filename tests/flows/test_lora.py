@@ -1,0 +1,137 @@
+"""LoRA end to end under Prefect: the actor and critic train adapters only, checkpoints hold the adapters
+(peft loads them as the trained policy), the reference is the base with its adapters off, and an
+interrupted run resumes by replay to the same bits."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from ppoflow.engine.forward import compute_log_probs
+from ppoflow.engine.lora import LoraSpec
+from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.tasks.stages.prepare_model import critic_state
+from ppoflow.tasks.storage.checkpoints import directory_digest
+from ppoflow.tasks.storage.states import ModelState, TrainState
+from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
+from ppoflow.tasks.storage.trainer_state import ResumeRefused, resume_state
+
+from .conftest import train
+from .test_resume import metrics_without_wall_clock
+
+LORA = [
+    "actor_rollout_ref.model.lora_rank=8",
+    "actor_rollout_ref.model.lora_alpha=16",
+    "critic.model.lora_rank=4",
+    "algorithm.use_kl_in_reward=true",  # a reference policy: the base, adapters off
+    "trainer.total_training_steps=3",
+    "trainer.save_freq=2",  # the states of step 1 are never saved: a resume replays them
+    "trainer.num_threads=1",
+]
+ADAPTER_FILES = {"adapter_config.json", "adapter_model.safetensors", "ppoflow_adapter.json"}
+TINY_ADAPTER_PARAMETERS = 3 * 8 * (2 * (128 + 128) + 2 * (128 + 64) + 3 * (128 + 256))
+"""3 layers; rank 8 × (in + out) of q_proj and o_proj (128 → 128), k_proj and v_proj (128 → 64,
+two KV heads), gate_proj, up_proj (128 → 256) and down_proj (256 → 128): 49,152."""
+
+
+@pytest.fixture(scope="module")
+def lora_run(prefect_server, tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("lora-run")
+    summary, _ = train(run_dir, *LORA)
+    return run_dir, summary
+
+
+def _rollouts_of_step_3(run_dir):
+    """Step 3's responses as a batch, with the old (actor state 2) and reference log-probs recorded."""
+    table = pq.read_table(run_dir / "iter=000003/rollouts/part-00000.parquet")
+    batch = sequence_batch(table, load_tokenizer(run_dir / "model/base").pad_token_id)
+    width = batch.response_ids.shape[1]
+    return batch, token_tensor(table, "old_log_probs", width), token_tensor(table, "ref_log_probs", width)
+
+
+def _log_probs(model, batch):
+    return compute_log_probs(model, batch, temperature=1.0, micro_batch_size=len(batch))
+
+
+def test_checkpoints_hold_the_adapters_only_and_peft_loads_them_as_the_trained_policy(lora_run):
+    run_dir, summary = lora_run
+    actor = run_dir / "checkpoints/iter=000002/actor"
+    assert summary["actor_checkpoint"] == str(run_dir / "checkpoints/iter=000003/actor")
+    assert sorted(p.name for p in actor.iterdir()) == sorted(ADAPTER_FILES)
+    adapters = load_file(actor / "adapter_model.safetensors")
+    assert all(".lora_A." in name or ".lora_B." in name for name in adapters)  # no base weight
+    assert sum(t.numel() for t in adapters.values()) == TINY_ADAPTER_PARAMETERS
+    base_bytes = (run_dir / "model/base/model.safetensors").stat().st_size
+    assert (actor / "adapter_model.safetensors").stat().st_size < 0.15 * base_bytes
+    record = json.loads((actor / "ppoflow_adapter.json").read_text())
+    assert record["base"] == {
+        "role": "actor",
+        "lineage": directory_digest(run_dir / "model/base"),
+        "checkpoint": "model/base",
+    }
+    assert record["lora"]["rank"] == 8 and record["lora"]["alpha"] == 16
+    batch, old, ref = _rollouts_of_step_3(run_dir)
+    trained = PeftModel.from_pretrained(load_actor(run_dir / "model/base"), str(actor))
+    mask = batch.response_mask.bool()
+    assert torch.allclose(_log_probs(trained, batch)[mask], old[mask], atol=1e-5, rtol=0)
+    assert (old - ref)[mask].abs().max() > 1e-3  # the adapters moved the policy away from the base
+    critic = load_file(run_dir / "checkpoints/iter=000002/critic/adapter_model.safetensors")
+    head = [name for name in critic if ".lora_" not in name]
+    assert sorted(head) == ["base_model.model.score.bias", "base_model.model.score.weight"]  # whole
+    assert torch.count_nonzero(critic["base_model.model.score.weight"]) > 0  # left its zero init
+
+
+def test_the_reference_is_the_base_model_with_the_adapters_off(lora_run):
+    run_dir, _ = lora_run
+    batch, _, ref = _rollouts_of_step_3(run_dir)
+    base = _log_probs(load_actor(run_dir / "model/base"), batch)
+    mask = batch.response_mask.bool()
+    # peft's wrapped linear layers run the base's matmuls on the batch another way: equal bit for bit
+    # one row at a time, within float32 rounding (~2e-6 here) on the whole batch
+    assert torch.allclose(base[mask], ref[mask], atol=1e-5, rtol=0)
+
+
+def test_an_interrupted_lora_run_resumes_by_replay_to_the_same_bits(lora_run, tmp_path, monkeypatch):
+    run_dir, _ = lora_run
+    monkeypatch.setenv("PPOFLOW_FAULT", "actor_update@2:raise")
+    with pytest.raises(Exception, match="injected failure in actor_update at step 2"):
+        train(tmp_path, *LORA)
+    assert not (tmp_path / "checkpoints/iter=000001").exists()  # actor state 1 only in that process
+    monkeypatch.delenv("PPOFLOW_FAULT")
+    train(tmp_path, *LORA)  # replays step 1's update from the base, then trains steps 2 and 3
+    for role in ("actor", "critic"):
+        ours = load_file(tmp_path / f"checkpoints/iter=000003/{role}/adapter_model.safetensors")
+        theirs = load_file(run_dir / f"checkpoints/iter=000003/{role}/adapter_model.safetensors")
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
+    assert metrics_without_wall_clock(tmp_path) == metrics_without_wall_clock(run_dir)
+
+
+def test_resuming_an_adapter_checkpoint_needs_the_same_lora_settings(lora_run):
+    run_dir, _ = lora_run
+    base = ModelState("actor", directory_digest(run_dir / "model/base"), 0, "model/base")
+    initial = TrainState(actor=base, critic=critic_state(base), reference=base, kl_coef=0.001)
+    folder = run_dir / "checkpoints/iter=000002"
+    actor_lora, critic_lora = LoraSpec(8, 16, "all-linear", None, 1), LoraSpec(4, 16, "all-linear", None, 1)
+    step, state = resume_state(
+        folder, initial, run_dir=run_dir, lora={"actor": actor_lora, "critic": critic_lora}
+    )
+    assert step == 3 and state.actor.base == base and state.critic.base == initial.critic
+    with pytest.raises(ResumeRefused, match=r"holds LoRA adapters \(rank 8\).*lora_rank=8"):
+        resume_state(folder, initial, run_dir=run_dir, lora={"critic": critic_lora})
+    wider = LoraSpec(16, 16, "all-linear", None, 1)
+    with pytest.raises(ResumeRefused, match=r"lora_rank=8, but actor_rollout_ref.model.lora_rank=16"):
+        resume_state(folder, initial, run_dir=run_dir, lora={"actor": wider, "critic": critic_lora})
+    other = ModelState("actor", "sha256:another-model", 0, "model/base")
+    with pytest.raises(ResumeRefused, match="trained on another base model"):
+        resume_state(
+            folder,
+            TrainState(other, initial.critic, other, 0.001),
+            run_dir=run_dir,
+            lora={"actor": actor_lora, "critic": critic_lora},
+        )
