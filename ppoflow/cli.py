@@ -20,6 +20,7 @@ examples:
   ppoflow diagnose runs/demo                             # health checks; exit 1 on a warning
   ppoflow report runs/demo                               # PNG charts and report.md in runs/demo/report/
   ppoflow reward-model --out models/addition-rm          # train a reward model on labelled addition answers
+  ppoflow export runs/demo out/                          # the final actor as Hugging Face directories
 """
 
 
@@ -78,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
     _reward_model_parser(commands)
+    export = commands.add_parser(
+        "export",
+        help="an actor checkpoint as Hugging Face directories: OUT/model (merged), OUT/adapter (LoRA)",
+    )
+    export.add_argument("source", type=Path, help="a run directory (its newest actor) or a checkpoint folder")
+    export.add_argument("out", type=Path, help="folder to write model/ (and adapter/) into")
     return parser
 
 
@@ -150,6 +157,8 @@ def _run(argv: list[str] | None) -> int:
             return _report(args)
         case "reward-model":
             return _reward_model(args)
+        case "export":
+            return _export(args)
         case _:
             _parser().print_help()
             return 0
@@ -305,6 +314,22 @@ def _report(args) -> int:
         return 2
     for path in written:
         print(path)
+    return 0
+
+
+def _export(args) -> int:
+    _quiet_libraries(verbose=False)
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # models load on the CPU; DeepSpeed would warn
+    from ppoflow.engine.models import ModelLoadError
+    from ppoflow.tasks.storage.export import ExportError, export_actor
+
+    try:
+        written = export_actor(args.source, args.out)
+    except (ExportError, ModelLoadError, OSError) as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    for form, path in written.items():
+        print(f"{form:<9}{path}")
     return 0
 
 

@@ -47,11 +47,20 @@ def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
 
 
 def run_tokenizer(run_dir: Path):
-    """The tokenizer saved with the run's newest actor checkpoint (or its copied base model)."""
+    """The tokenizer saved with the run's newest actor checkpoint (a LoRA checkpoint's base model's)
+    or its copied base model."""
     from ppoflow.engine.models import load_tokenizer
+    from ppoflow.tasks.storage.checkpoints import adapter_record
 
     saved = sorted(run_dir.glob("checkpoints/iter=*/actor")) or [run_dir / "model/base"]
-    return load_tokenizer(saved[-1]) if (saved[-1] / "config.json").is_file() else None
+    directory = saved[-1]
+    try:
+        record = adapter_record(directory)
+    except (OSError, ValueError):
+        return None
+    if record is not None:
+        directory = run_dir / str(record["base"].get("checkpoint"))
+    return load_tokenizer(directory) if (directory / "config.json").is_file() else None
 
 
 def token_table(row: dict, tokens: list[str]) -> Table:

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ppoflow.engine.lora import ADAPTER_CONFIG
 from ppoflow.tasks.retraining.rounds import read_champion
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
@@ -31,6 +32,8 @@ def plan_evaluation(
     root/evaluations/<name>-<hash>: the hash covers the checkpoint's path, the config file and the
     overrides, so evaluating another model or with other settings never overwrites an evaluation."""
     folder = _checkpoint_folder(checkpoint, root)
+    if (folder / ADAPTER_CONFIG).is_file() and (folder.parent / STATE_FILE).is_file():
+        folder = folder.parent  # a LoRA actor's adapters: validated from its checkpoint folder
     if (folder / STATE_FILE).is_file():  # a ppoflow checkpoint: its run's settings, its saved state
         run = folder.parent.parent
         config_file = config_file or str(run / "config.yaml")

@@ -1,20 +1,25 @@
 """LoRA end to end under Prefect: the actor and critic train adapters only, checkpoints hold the adapters
-(peft loads them as the trained policy), the reference is the base with its adapters off, and an
-interrupted run resumes by replay to the same bits."""
+(peft loads them as the trained policy), the reference is the base with its adapters off, an
+interrupted run resumes by replay to the same bits, and `ppoflow export` writes the merged model and
+the adapters (`ppoflow show` and the evaluate flow read LoRA checkpoints too)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow.parquet as pq
 import pytest
 import torch
 from peft import PeftModel
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
+from ppoflow.cli import main
 from ppoflow.engine.forward import compute_log_probs
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.tasks.retraining.evaluation import plan_evaluation
 from ppoflow.tasks.stages.prepare_model import critic_state
 from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.states import ModelState, TrainState
@@ -79,6 +84,8 @@ def test_checkpoints_hold_the_adapters_only_and_peft_loads_them_as_the_trained_p
     trained = PeftModel.from_pretrained(load_actor(run_dir / "model/base"), str(actor))
     mask = batch.response_mask.bool()
     assert torch.allclose(_log_probs(trained, batch)[mask], old[mask], atol=1e-5, rtol=0)
+    direct = AutoModelForCausalLM.from_pretrained(actor)  # transformers finds the base and peft
+    assert torch.allclose(_log_probs(direct, batch)[mask], old[mask], atol=1e-5, rtol=0)
     assert (old - ref)[mask].abs().max() > 1e-3  # the adapters moved the policy away from the base
     critic = load_file(run_dir / "checkpoints/iter=000002/critic/adapter_model.safetensors")
     head = [name for name in critic if ".lora_" not in name]
@@ -110,6 +117,52 @@ def test_an_interrupted_lora_run_resumes_by_replay_to_the_same_bits(lora_run, tm
         assert ours.keys() == theirs.keys()
         assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
     assert metrics_without_wall_clock(tmp_path) == metrics_without_wall_clock(run_dir)
+
+
+def test_export_writes_the_merged_model_and_the_adapters(lora_run, tmp_path, capsys):
+    run_dir, _ = lora_run
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0
+    model_dir, adapter_dir = tmp_path / "out/model", tmp_path / "out/adapter"
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {p.name for p in model_dir.iterdir()}
+    assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} == {
+        p.name for p in adapter_dir.iterdir() if p.name != "tokenizer_config.json"
+    }
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(run_dir / "model/base")
+    batch, _, _ = _rollouts_of_step_3(run_dir)
+    merged = _log_probs(load_actor(model_dir), batch)  # plain transformers, no peft
+    adapted = PeftModel.from_pretrained(load_actor(config["base_model_name_or_path"]), str(adapter_dir))
+    final = _log_probs(adapted, batch)
+    mask = batch.response_mask.bool()
+    # W + 2·B·A summed once into the weights rounds differently from adding 2·B·(A·x) per forward
+    assert torch.allclose(merged[mask], final[mask], atol=1e-5, rtol=0)
+    base = _log_probs(load_actor(run_dir / "model/base"), batch)
+    assert (merged - base)[mask].abs().max() > 1e-3
+    assert main(["export", str(run_dir), str(tmp_path / "out")]) == 2  # never over an earlier export
+    assert "exists: remove it" in capsys.readouterr().err
+
+
+def test_show_decodes_the_tokens_and_evaluate_takes_the_checkpoint_folder_of_a_lora_run(
+    lora_run, tmp_path, capsys
+):
+    run_dir, _ = lora_run
+    assert main(["show", str(run_dir), "--random", "1"]) == 0
+    assert "<eos>" in capsys.readouterr().out  # decoded with the base model's tokenizer
+    plan = plan_evaluation(str(run_dir / "checkpoints/iter=000003/actor"), tmp_path, None, [])
+    assert plan.checkpoint == run_dir / "checkpoints/iter=000003"
+    assert f"trainer.resume_from_path={plan.checkpoint}" in plan.overrides
+
+
+def test_an_altered_adapter_checkpoint_is_not_exported(lora_run, tmp_path, capsys):
+    run_dir, _ = lora_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir / "model", copy / "model")
+    shutil.copytree(run_dir / "checkpoints/iter=000003", copy / "checkpoints/iter=000003")
+    weights = copy / "checkpoints/iter=000003/actor/adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))
+    assert main(["export", str(copy / "checkpoints/iter=000003"), str(tmp_path / "out")]) == 2
+    assert "altered or truncated since its run saved it" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_resuming_an_adapter_checkpoint_needs_the_same_lora_settings(lora_run):
