@@ -61,5 +61,5 @@ Modules
     engines; ppo: the stages as engine calls; metrics: verl's metrics; validation_metrics: verl's
     validation metrics (mean@n, best@k, worst@k, maj@k); rewards, gsm8k: rule rewards;
     data: which prompts each step uses, prompt truncation; models: loading actor, reference, critic;
-    tiny: the built-in tiny model and its addition task.
+    lora: LoRA adapters (peft); tiny: the built-in tiny model and its addition task.
 """
