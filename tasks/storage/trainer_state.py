@@ -156,7 +156,12 @@ def _restored(
     )
 
 
-LORA_KEYS = {"rank": "lora_rank", "alpha": "lora_alpha", "target_modules": "target_modules"}
+LORA_KEYS = {
+    "rank": "lora_rank",
+    "alpha": "lora_alpha",
+    "target_modules": "target_modules",
+    "exclude_modules": "exclude_modules",
+}
 """LoraSpec fields a LoRA checkpoint must share with the config to continue (and their keys)."""
 
 

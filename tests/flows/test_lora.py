@@ -119,6 +119,20 @@ def test_an_interrupted_lora_run_resumes_by_replay_to_the_same_bits(lora_run, tm
     assert metrics_without_wall_clock(tmp_path) == metrics_without_wall_clock(run_dir)
 
 
+def test_a_truncated_adapter_checkpoint_is_rebuilt_by_replay_bit_for_bit(lora_run, tmp_path):
+    run_dir, _ = lora_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    adapters = copy / "checkpoints/iter=000002/actor/adapter_model.safetensors"
+    original = adapters.read_bytes()
+    adapters.write_bytes(original[:1000])
+    (copy / "iter=000003/rollouts/part-00000.parquet").unlink()  # step 3's rollout needs actor state 2
+    train(copy, *LORA)  # state 2 from the base: step 1's update replayed (never saved), then step 2's
+    assert adapters.read_bytes() == original
+    rollouts = "iter=000003/rollouts/part-00000.parquet"
+    assert (copy / rollouts).read_bytes() == (run_dir / rollouts).read_bytes()
+
+
 def test_export_writes_the_merged_model_and_the_adapters(lora_run, tmp_path, capsys):
     run_dir, _ = lora_run
     assert main(["export", str(run_dir), str(tmp_path / "out")]) == 0
