@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .forward import SequenceBatch, model_device, policy_forward, value_forward
+from .forward import SequenceBatch, inner_model, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
 from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
@@ -107,7 +107,7 @@ MicroLoss = Callable[
 @contextmanager
 def gradient_checkpointing(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """Turn transformers' activation checkpointing on for the duration (non-reentrant, as verl)."""
-    module = getattr(model, "module", model)  # a DeepSpeed engine wraps the model
+    module = inner_model(model)  # under a DeepSpeed engine or a peft model
     if not enabled:
         yield
         return

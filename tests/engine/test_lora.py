@@ -22,7 +22,11 @@ from ppoflow.engine.lora import (
     trainable_parameters,
 )
 from ppoflow.engine.models import ModelLoadError, load_actor, load_critic
+from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import build_sequence_batch
+from ppoflow.engine.update import update_actor
+
+from .settings import actor_settings, optim_settings
 
 SPEC = LoraSpec(rank=8, alpha=16, target_modules="all-linear", exclude_modules=None, seed=1)
 ADAPTER_PARAMETERS = 3 * 8 * (2 * (128 + 128) + 2 * (128 + 64) + 3 * (128 + 256))
@@ -147,3 +151,32 @@ def test_a_folder_without_adapters_or_with_truncated_ones_is_refused(tiny_model_
     weights.write_bytes(weights.read_bytes()[:500])
     with pytest.raises(ModelLoadError, match="adapter_model.safetensors is truncated"):
         load_adapters(load_actor(tiny_model_dir), tmp_path, trainable=False)
+
+
+def test_adapters_train_the_same_with_gradient_checkpointing(tiny_model_dir, batch):
+    """model.enable_gradient_checkpointing reaches the model under peft's wrapper: the adapters come
+    out bit for bit the same, and the model is left without checkpointing."""
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(2))
+    trained = []
+    for checkpointing in (False, True):
+        model = add_adapters(load_actor(tiny_model_dir), SPEC)
+        optimizer, _ = build_optimizer(model, optim_settings(lr=1e-2))
+        old = _log_probs(model, batch)
+        settings = actor_settings(mini_batch_size=4, micro_batch_size=2, gradient_checkpointing=checkpointing)
+        update_actor(
+            model,
+            optimizer,
+            batch,
+            old_log_probs=old,
+            advantages=advantages,
+            ref_log_probs=None,
+            settings=settings,
+            seed=0,
+        )
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+        trained.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+    plain, checkpointed = trained
+    assert all(torch.equal(plain[name], checkpointed[name]) for name in plain)
+    assert any(
+        not torch.equal(plain[name], torch.zeros_like(plain[name])) for name in plain if "lora_B" in name
+    )
