@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -117,28 +118,35 @@ def compute_log_probs(
     model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, micro_batch_size: int
 ) -> torch.Tensor:
     """log_probs (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
+    parts = _in_eval_micro_batches(
+        model,
+        batch,
+        micro_batch_size,
+        lambda part: policy_forward(model, part, temperature=temperature, with_entropy=False)[0],
+    )
+    return torch.cat(parts).cpu() * batch.response_mask
+
+
+def _in_eval_micro_batches(
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    micro_batch_size: int,
+    forward: Callable[[SequenceBatch], torch.Tensor],
+) -> list[torch.Tensor]:
+    """`forward` of each micro-batch of `batch` with `model` in eval mode (its mode restored after)."""
     was_training = model.training
     model.eval()
-    parts = [
-        policy_forward(
-            model, batch.select(slice(i, i + micro_batch_size)), temperature=temperature, with_entropy=False
-        )[0]
-        for i in range(0, len(batch), micro_batch_size)
-    ]
-    model.train(was_training)
-    return torch.cat(parts).cpu() * batch.response_mask
+    try:
+        starts = range(0, len(batch), micro_batch_size)
+        return [forward(batch.select(slice(i, i + micro_batch_size))) for i in starts]
+    finally:
+        model.train(was_training)
 
 
 @torch.no_grad()
 def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
     """values (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
-    was_training = critic.training
-    critic.eval()
-    parts = [
-        value_forward(critic, batch.select(slice(i, i + micro_batch_size)))
-        for i in range(0, len(batch), micro_batch_size)
-    ]
-    critic.train(was_training)
+    parts = _in_eval_micro_batches(critic, batch, micro_batch_size, lambda part: value_forward(critic, part))
     return torch.cat(parts).cpu() * batch.response_mask
 
 
@@ -163,11 +171,5 @@ def score_forward(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
 def compute_scores(model: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
     """scores (N,) without gradient, in micro-batches (reward_model.micro_batch_size_per_gpu), on
     the CPU."""
-    was_training = model.training
-    model.eval()
-    parts = [
-        score_forward(model, batch.select(slice(i, i + micro_batch_size)))
-        for i in range(0, len(batch), micro_batch_size)
-    ]
-    model.train(was_training)
+    parts = _in_eval_micro_batches(model, batch, micro_batch_size, lambda part: score_forward(model, part))
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
