@@ -85,10 +85,10 @@ class PrefectArtifacts:
         if step >= self.total or time.monotonic() - self.published_at >= PUBLISH_INTERVAL_S:
             self._publish(step)
 
-    def _publish(self, step: int) -> None:
+    def _publish(self, step: int, *, whole_table: bool = False) -> None:
         # Each publication stores the whole table: past TABLE_UPDATES rows, publish every k-th step.
         every = math.ceil(self.total / TABLE_UPDATES)
-        if len(self.rows) <= TABLE_UPDATES or step % every == 0 or step >= self.total:
+        if whole_table or len(self.rows) <= TABLE_UPDATES or step % every == 0 or step >= self.total:
             self._publish_table()
             self.published_rows = len(self.rows)
         update_progress_artifact(self.progress_id, 100.0 * min(step, self.total) / self.total)
@@ -97,11 +97,7 @@ class PrefectArtifacts:
     def _flush(self) -> None:
         """Publish what the last interval held back."""
         if len(self.rows) > self.published_rows:
-            self._publish_table()
-            self.published_rows = len(self.rows)
-            update_progress_artifact(
-                self.progress_id, 100.0 * min(self.rows[-1]["step"], self.total) / self.total
-            )
+            self._publish(self.rows[-1]["step"], whole_table=True)
 
     def _publish_table(self) -> None:
         """Created once, then updated in place (Prefect has no update function for tables; its API
