@@ -139,17 +139,17 @@ class HFRolloutEngine:
         try:
             for start in range(0, len(prompt_ids), self.batch_size):
                 chunk = prompt_ids[start : start + self.batch_size]
-                generators = [
-                    torch.Generator().manual_seed(s) for s in seeds[start : start + self.batch_size]
-                ]
-                out.extend(self._generate_batch(chunk, params, generators, on_tokens))
+                streams = RowStreams(seeds[start : start + self.batch_size])
+                out.extend(self._generate_batch(chunk, params, streams, on_tokens))
                 if on_batch is not None:
                     on_batch(len(chunk))
         finally:
             self.model.train(was_training)
         return out
 
-    def _generate_batch(self, prompts, params: SamplingParams, generators, on_tokens=None) -> RolloutOutput:
+    def _generate_batch(
+        self, prompts, params: SamplingParams, streams: RowStreams, on_tokens=None
+    ) -> RolloutOutput:
         device = next(self.model.parameters()).device
         input_ids, attention_mask = left_pad(prompts, self.pad_token_id)
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
@@ -159,7 +159,7 @@ class HFRolloutEngine:
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         cache, step_ids = None, input_ids
-        for _ in range(params.max_new_tokens):
+        for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
             result = self.model(
                 input_ids=step_ids,
@@ -171,7 +171,7 @@ class HFRolloutEngine:
             )
             cache = getattr(result, self._cache_kw)
             logits = result.logits[:, -1, :].float() / params.logit_temperature
-            next_ids = self._pick(logits, params, generators)
+            next_ids = self._pick(logits, params, streams, params.max_new_tokens - step)
             next_ids = torch.where(done, torch.full_like(next_ids, self.pad_token_id), next_ids)
             token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, next_ids[:, None])[:, 0]
             tokens.append(next_ids)
@@ -187,13 +187,49 @@ class HFRolloutEngine:
             attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=-1)
         return _collect(torch.stack(tokens, 1), torch.stack(log_probs, 1), lengths, done)
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, generators) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, streams: RowStreams, steps_left: int):
         if not params.do_sample or params.temperature <= 0:
             return logits.argmax(dim=-1)
         filtered = filter_logits(logits, top_k=params.top_k, top_p=params.top_p)
         probs = torch.softmax(filtered, dim=-1).cpu()
-        picks = [torch.multinomial(row, 1, generator=g) for row, g in zip(probs, generators, strict=True)]
-        return torch.cat(picks).to(logits.device)
+        return streams.sample(probs, steps_left).to(logits.device)
+
+
+class RowStreams:
+    """One random stream per response (a CPU `torch.Generator` each), sampled as a batch.
+
+    `sample` draws exactly what `torch.multinomial(probs[i], 1, generator=generators[i])` would for
+    every row i, without a call per row and token: torch samples one category as argmax(p / q) with
+    q ~ Exp(1) drawn from the generator (the exponential form of the Gumbel-max trick), and a CPU
+    generator's exponential stream is the same however it is split into calls, so each row's noise
+    for several decoding steps is drawn at once (at most `budget` floats for the whole batch) and
+    each step is one division and argmax over the batch. tests/engine/test_rollout.py holds the
+    equality to torch.multinomial on the installed torch.
+    """
+
+    def __init__(self, seeds: Sequence[int], *, budget: int = 1 << 24):
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.budget = budget
+        self._noise = torch.empty(len(seeds), 0, 0)  # (rows, steps drawn, vocabulary)
+        self._next = 0
+
+    def sample(self, probs: torch.Tensor, steps_left: int = 1) -> torch.Tensor:
+        """(B,) one category per row of the CPU probabilities (B, V); `steps_left`: how many more
+        calls may come (how far ahead noise is worth drawing)."""
+        rows, vocab = probs.shape
+        if rows != len(self.generators):
+            raise ValueError(f"{rows} rows of probabilities for {len(self.generators)} random streams")
+        if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+            raise ValueError("sampling probabilities contain inf, nan or a negative value")
+        if self._next == self._noise.shape[1]:
+            steps = max(1, min(steps_left, self.budget // max(1, rows * vocab)))
+            self._noise = torch.empty(rows, steps, vocab)
+            for noise, generator in zip(self._noise, self.generators, strict=True):
+                noise.exponential_(1, generator=generator)
+            self._next = 0
+        noise = self._noise[:, self._next]
+        self._next += 1
+        return (probs / noise).argmax(dim=-1)
 
 
 def pad_flat(

@@ -8,6 +8,7 @@ from ppoflow.engine.models import load_actor, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch, pad_rows
 from ppoflow.engine.rollout import (
     HFRolloutEngine,
+    RowStreams,
     SamplingParams,
     filter_logits,
     left_pad,
@@ -89,6 +90,35 @@ def test_top_k_and_top_p_filters():
     assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.8)).tolist() == [[False, False, True, True]]
     assert torch.isinf(filter_logits(logits, top_k=-1, top_p=0.5)).tolist() == [[False, True, True, True]]
     assert not torch.isinf(filter_logits(logits, top_k=0, top_p=1.0)).any()
+
+
+@pytest.mark.parametrize(("vocab", "budget"), [(7, 1 << 24), (7, 1), (49_152, 3 * 49_152 * 5)])
+def test_batched_sampling_draws_what_torch_multinomial_draws_row_by_row(vocab, budget):
+    """Each row's token at each step is the one `torch.multinomial(p, 1, generator)` picks from the
+    row's own stream, whether the noise of all steps is drawn at once, one step at a time (budget
+    1) or a few steps at a time; with top-k/top-p zeros in the probabilities too."""
+    torch.manual_seed(0)
+    seeds, steps = [sample_seed(3, i, 0) for i in range(3)], 12
+    probs = [torch.softmax(torch.randn(3, vocab) * 3, dim=-1) for _ in range(steps)]
+    probs[1][:, 1:] = 0.0  # a filtered row keeps one token
+    probs[1][:, 0] = 1.0
+    reference = [torch.Generator().manual_seed(s) for s in seeds]
+    expected = [
+        [int(torch.multinomial(row, 1, generator=g)) for row, g in zip(p, reference, strict=True)]
+        for p in probs
+    ]
+    streams = RowStreams(seeds, budget=budget)
+    drawn = [streams.sample(p, steps_left=steps - step).tolist() for step, p in enumerate(probs)]
+    assert drawn == expected
+    assert drawn[1] == [0, 0, 0]
+
+
+def test_batched_sampling_refuses_probabilities_that_multinomial_refuses():
+    streams = RowStreams([1, 2])
+    with pytest.raises(ValueError, match="inf, nan or a negative"):
+        streams.sample(torch.tensor([[0.5, float("nan")], [0.5, 0.5]]))
+    with pytest.raises(ValueError, match="2 random streams"):
+        streams.sample(torch.tensor([[0.5, 0.5]]))
 
 
 def test_top_k_one_sampling_equals_greedy(setup):
