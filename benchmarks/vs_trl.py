@@ -179,7 +179,7 @@ def _trl(model: str, shape: Shape, iterations: int, threads: int, checkpointing:
 
 
 def _ppoflow(model: str, shape: Shape, iterations: int, threads: int, system: System) -> list[float]:
-    from ppoflow.flows.train import ppo_train
+    from ppoflow.prefect_server import prefect_api
 
     config, data = None, []
     if model == "smollm2":
@@ -193,31 +193,36 @@ def _ppoflow(model: str, shape: Shape, iterations: int, threads: int, system: Sy
             f"data.val_files={folder / 'val.jsonl'}",
             "data.shuffle=false",
         ]
-    summary = ppo_train(
-        config,
-        [
-            *data,
-            "algorithm.adv_estimator=grpo",
-            f"actor_rollout_ref.rollout.n={shape.samples}",
-            f"data.train_batch_size={shape.prompts}",
-            f"data.max_response_length={shape.new_tokens}",
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={shape.prompts}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={shape.micro_batch}",
-            f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={shape.micro_batch}",
-            "actor_rollout_ref.actor.ppo_epochs=1",
-            f"actor_rollout_ref.actor.optim.lr={shape.lr}",
-            "trainer.test_freq=-1",
-            "trainer.val_before_train=false",
-            f"trainer.save_freq={system.save_freq}",
-            f"algorithm.rollout_correction.bypass_mode={str(system.bypass).lower()}",
-            f"actor_rollout_ref.model.enable_gradient_checkpointing={str(system.checkpointing).lower()}",
-            f"trainer.num_threads={threads}",
-            f"trainer.total_training_steps={iterations}",
-            f"trainer.default_local_dir={tempfile.mkdtemp(prefix='ppoflow-')}",
-        ],
-    )
+    overrides = _overrides(shape, iterations, threads, system, data)
+    with prefect_api():  # the Prefect server `ppoflow train` runs with
+        from ppoflow.flows.train import ppo_train
+
+        summary = ppo_train(config, overrides)
     ends = summary["wall_times"]  # when each iteration ended
     return [b - a for a, b in zip(ends, ends[1:], strict=False)]  # iterations 2..
+
+
+def _overrides(shape: Shape, iterations: int, threads: int, system: System, data: list[str]) -> list[str]:
+    return [
+        *data,
+        "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.rollout.n={shape.samples}",
+        f"data.train_batch_size={shape.prompts}",
+        f"data.max_response_length={shape.new_tokens}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={shape.prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={shape.micro_batch}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={shape.micro_batch}",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        f"actor_rollout_ref.actor.optim.lr={shape.lr}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        f"trainer.save_freq={system.save_freq}",
+        f"algorithm.rollout_correction.bypass_mode={str(system.bypass).lower()}",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={str(system.checkpointing).lower()}",
+        f"trainer.num_threads={threads}",
+        f"trainer.total_training_steps={iterations}",
+        f"trainer.default_local_dir={tempfile.mkdtemp(prefix='ppoflow-')}",
+    ]
 
 
 def main() -> None:

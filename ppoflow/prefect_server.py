@@ -10,6 +10,7 @@ on the way out; the kernel stops it if the trainer dies without doing so (tasks/
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -19,13 +20,52 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.tasks.stages.processes import exit_with_parent
 
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 """As Prefect starts its own temporary server: no UI."""
+SERVER_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+}
+"""Unless the environment says otherwise: no telemetry, and task runs recorded in batches (at most a
+second late). Prefect's default writes each task-run event in a transaction of its own; with five
+stages an iteration that kept the server busy for ~40% of a core, taken from training on a
+2-core machine (benchmarks/vs_trl.py: 0.46 → 0.42 s per tiny-model iteration)."""
 STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120))
+
+
+@contextlib.contextmanager
+def prefect_api() -> Iterator[None]:
+    """The user's Prefect API when PREFECT_API_URL is set, else a temporary server of our own for
+    the duration of the block (how `ppoflow train` runs a flow)."""
+    if os.environ.get("PREFECT_API_URL"):
+        yield
+        return
+
+    with TemporaryServer() as url:
+        os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
+        try:
+            yield
+        finally:
+            deliver_prefect_logs_and_events()
+            os.environ.pop("PREFECT_API_URL", None)
+
+
+def deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:
+    """Send what Prefect's background workers still hold while the server is up (they would
+    otherwise try at interpreter exit, after a temporary server has stopped, and retry for long)."""
+    if "prefect" not in sys.modules:
+        return
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout_s)
 
 
 class ServerDidNotStart(RuntimeError):
@@ -76,7 +116,7 @@ class TemporaryServer:
 def _start(port: int) -> subprocess.Popen:
     prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
     parent = os.getpid()
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
+    env = SERVER_DEFAULTS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
     command = [
         sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
         "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ppoflow.prefect_server import ServerDidNotStart, TemporaryServer
+from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
 
 LOG_NAME = "logs/train.log"
 EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
@@ -33,11 +33,11 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
     log_file = run_dir.resolve() / LOG_NAME
     ctrl_c = _CtrlC()
     try:
-        with ctrl_c, _prefect_api(), _logging_to(log_file, verbose):
+        with ctrl_c, prefect_api(), _logging_to(log_file, verbose):
             try:
                 return _train(config_file, overrides, log_file, resume, ctrl_c)
             finally:
-                _deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
+                deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
         pass
     except BrokenPipeError:  # the reader of the output left: main's exit 141
@@ -125,33 +125,6 @@ def _finished(run_dir: Path) -> str:
         return "no training step had finished"
     done = "step 1 is" if steps[-1] == 1 else f"steps 1–{steps[-1]} are"
     return f"{done} finished and kept in {run_dir}"
-
-
-@contextlib.contextmanager
-def _prefect_api() -> Iterator[None]:
-    """The user's Prefect API when PREFECT_API_URL is set, else a temporary server of our own."""
-    if os.environ.get("PREFECT_API_URL"):
-        yield
-        return
-
-    with TemporaryServer() as url:
-        os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
-        try:
-            yield
-        finally:
-            os.environ.pop("PREFECT_API_URL", None)
-
-
-def _deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:
-    """Send what Prefect's background workers still hold while the server is up (they would
-    otherwise try at interpreter exit, after a temporary server has stopped)."""
-    if "prefect" not in sys.modules:
-        return
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for worker in (APILogWorker, EventsWorker):
-        worker.drain_all(timeout=timeout_s)
 
 
 @contextlib.contextmanager

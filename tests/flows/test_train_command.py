@@ -3,12 +3,14 @@ one Ctrl-C stops it in seconds, nothing it started outlives it, and a rerun says
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,19 @@ def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir
     assert len(first) < 500
     assert second.startswith(f"ppoflow: full log: {mount / 'run/logs/train.log'}")
     assert "Traceback" not in full.stdout + full.stderr
+
+
+def test_the_temporary_server_records_task_runs_in_batches_unless_the_environment_says_otherwise(
+    monkeypatch,
+):
+    """Prefect's default writes each task-run event in a transaction of its own, which kept the
+    server busy for ~40% of a core beside training; a setting of the user's own still wins."""
+    from ppoflow.prefect_server import TemporaryServer
+
+    monkeypatch.setenv("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", "3")
+    with TemporaryServer() as url:
+        with urllib.request.urlopen(f"{url}/admin/settings", timeout=30) as response:
+            settings = json.load(response)
+    recorder = settings["server"]["services"]["task_run_recorder"]
+    assert (recorder["batch_size"], recorder["flush_interval"]) == (100, 3.0)
+    assert settings["server"]["ui"]["enabled"] is False
