@@ -22,7 +22,10 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect.client.schemas.objects import State
+from prefect.results import ResultRecord
 from prefect.serializers import Serializer
+from prefect.utilities.annotations import quote
 from pydantic import Field
 
 from ppoflow.engine.lora import LoraSpec
@@ -292,12 +295,25 @@ def _with_storage(task, storage: Path, refresh_cache: bool | None):
 def run_stage(task, run: Run, **parameters: Any):
     """Call a stage task with the run's result storage. A stored result that ppoflow cannot read
     safely, or whose files are gone or altered, is a miss: the task runs again. Returns
-    (result, was_cached)."""
+    (result, was_cached).
+
+    The parameters go to Prefect quoted: they are plain values, never futures or states, and
+    Prefect's search of every nested dataclass for one cost ~10 ms an iteration (the task receives
+    and keys its cache on the same values)."""
     discard_unreadable_result(run, task, parameters)
     bound = _with_storage(task, run.path / RESULTS_DIR, run.recompute or None)
-    state = bound(run=run, **parameters, return_state=True)
-    result = state.result()
+    quoted = {name: quote(value) for name, value in (("run", run), *parameters.items())}
+    state = bound(**quoted, return_state=True)
+    result = _state_value(state)
     if state.name == "Cached" and not outputs_valid(run, result):
-        state = bound.with_options(refresh_cache=True)(run=run, **parameters, return_state=True)
-        result = state.result()
+        state = bound.with_options(refresh_cache=True)(**quoted, return_state=True)
+        result = _state_value(state)
     return result, state.name == "Cached"
+
+
+def _state_value(state: State) -> Any:
+    """The return value of a finished task run: read from the state when Prefect holds it there
+    (a completed or cached run), else through `State.result` (which raises a failure's error)."""
+    if state.is_completed() and isinstance(state.data, ResultRecord):
+        return state.data.result
+    return state.result()

@@ -19,13 +19,15 @@ import secrets
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ppoflow.tasks.storage.recent_tables import file_identity, recall, remember
 
 __all__ = [
     "MANIFEST_NAME",
@@ -124,6 +126,10 @@ class ArtifactCorrupt(ValueError):
         return type(self), (self.path, self.expected, self.actual)
 
 
+def _digest(data: bytes | pa.Buffer) -> str:
+    return f"sha256:{hashlib.sha256(data).hexdigest()}"
+
+
 def file_digest(path: str | Path) -> str:
     """'sha256:<hex>' of a regular file's bytes, read in 1 MiB chunks (an OSError for anything else:
     a FIFO planted under an artifact's name would block the read forever)."""
@@ -186,7 +192,14 @@ def write_table(
             raise ValueError(f"{final}: {exc}") from exc
     if relative.startswith("iter=") and "iter" in table.column_names:
         raise ValueError(f"{final}: a column named 'iter' would clash with the iter=NNNNNN folder")
-    digest = _atomic_write(final, lambda f: pq.write_table(table, f, compression=COMPRESSION))
+    sink = pa.BufferOutputStream()
+    try:
+        pq.write_table(table, sink, compression=COMPRESSION)
+    except Exception as exc:
+        raise _naming_path(exc, final) from exc
+    digest = _atomic_write(final, sink.getvalue())
+    with contextlib.suppress(OSError):  # kept for this process's next reads (recent_tables.py)
+        remember(final, digest, file_identity(final), table)
     return ArtifactRef(path=relative, digest=digest, rows=table.num_rows)
 
 
@@ -194,13 +207,23 @@ def write_table(
 def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) -> pa.Table:
     """Read a referenced parquet file; with `verify`, raise ArtifactCorrupt unless its digest matches."""
     path = Path(run_dir) / ref.path
-    if verify:
-        actual = file_digest(path)
-        if actual != ref.digest:
-            raise ArtifactCorrupt(path, ref.digest, actual)
-    # A file, not a dataset: no partition columns are inferred from the iter= folder.
-    with pq.ParquetFile(path) as parquet:
-        return parquet.read()
+    if not verify:
+        # A file, not a dataset: no partition columns are inferred from the iter= folder.
+        with pq.ParquetFile(path) as parquet:
+            return parquet.read()
+    recent = recall(path, ref.digest)
+    if recent is not None:
+        return recent
+    with _open_regular(path) as f:
+        identity = file_identity(f.fileno())
+        data = f.read()
+    actual = _digest(data)
+    if actual != ref.digest:
+        raise ArtifactCorrupt(path, ref.digest, actual)
+    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
+        table = parquet.read()
+    remember(path, actual, identity, table)
+    return table
 
 
 def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
@@ -213,14 +236,13 @@ def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a text file with the same temp-file, fsync and rename as every artifact."""
-    _atomic_write(Path(path), lambda f: f.write(text.encode()))
+    _atomic_write(Path(path), text.encode())
 
 
 @timed_io
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
-    data = _json_bytes(obj)
-    _atomic_write(Path(path), lambda f: f.write(data))
+    _atomic_write(Path(path), _json_bytes(obj))
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -266,7 +288,7 @@ def write_manifest(
     after every stage's files are written. Returns its reference (rows: the number of stages)."""
     manifest = manifest_document(iteration, stages)
     path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
-    digest = _atomic_write(path, lambda f: f.write(_json_bytes(manifest)))
+    digest = _atomic_write(path, _json_bytes(manifest))
     return ArtifactRef(path=path.relative_to(run_dir).as_posix(), digest=digest, rows=len(manifest["stages"]))
 
 
@@ -290,19 +312,18 @@ def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
     return [ArtifactRef.from_dict(r) for r in manifest["stages"][stage]["refs"]]
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> str:
-    """Write through `write` to a temp file beside `path`, fsync, rename, fsync the folder; return
-    the digest of the bytes written. On any failure remove the temp file and re-raise naming `path`."""
+def _atomic_write(path: Path, data: bytes | pa.Buffer) -> str:
+    """Write `data` to a temp file beside `path`, fsync, rename, fsync the folder; return the digest
+    of the bytes. On any failure remove the temp file and re-raise naming `path`."""
     folder = path.parent
     # A dot name with a .tmp suffix: never matched by the catalog's '*.parquet' globs.
     tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "wb") as f:
-            write(f)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        digest = file_digest(tmp)
         os.replace(tmp, path)
         _fsync_dir(folder)
     except BaseException as exc:
@@ -310,7 +331,7 @@ def _atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> str:
         if not isinstance(exc, Exception) or str(path) in str(exc):
             raise
         raise _naming_path(exc, path) from exc
-    return digest
+    return _digest(data)
 
 
 def leads_outside(root: str | Path, path: str | Path) -> bool:

@@ -1,0 +1,81 @@
+"""Tables this process wrote or verified, kept in memory for the stages after it.
+
+The stages of an iteration read what the stages before them wrote: the rollouts table alone is read
+by the rewards, advantages, update and metrics stages. `read_table` (tasks/storage/tables.py) takes
+a table from here while its file is still the one whose digest was checked: the same device, inode,
+size and modification time (nanoseconds) as when it was written or read. Any other file (written by
+another process, or changed since) is read and verified from disk. At most LIMIT_BYTES of tables are
+kept, the least recently used dropped first.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+LIMIT_BYTES = 256 << 20
+
+FileIdentity = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    digest: str
+    identity: FileIdentity
+    table: pa.Table
+
+
+_entries: OrderedDict[str, _Entry] = OrderedDict()
+_lock = threading.Lock()
+
+
+def file_identity(path: int | str | Path) -> FileIdentity:
+    """(device, inode, size, modification time in ns) of `path` or an open file descriptor (an
+    OSError if it is gone)."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def remember(path: str | Path, digest: str, identity: FileIdentity, table: pa.Table) -> None:
+    """Keep `table`, the content of the file at `path` with `digest` while it has `identity`."""
+    if table.nbytes > LIMIT_BYTES:
+        return
+    key = os.path.abspath(path)
+    with _lock:
+        _entries[key] = _Entry(digest, identity, table)
+        _entries.move_to_end(key)
+        total = sum(entry.table.nbytes for entry in _entries.values())
+        while total > LIMIT_BYTES:
+            _, dropped = _entries.popitem(last=False)
+            total -= dropped.table.nbytes
+
+
+def recall(path: str | Path, digest: str) -> pa.Table | None:
+    """The table kept for `path` when its file is unchanged and has `digest`; else None."""
+    key = os.path.abspath(path)
+    with _lock:
+        entry = _entries.get(key)
+    if entry is None or entry.digest != digest:
+        return None
+    try:
+        unchanged = file_identity(path) == entry.identity
+    except OSError:
+        unchanged = False
+    with _lock:
+        if not unchanged:
+            _entries.pop(key, None)
+            return None
+        if key in _entries:
+            _entries.move_to_end(key)
+    return entry.table
+
+
+def forget_all() -> None:
+    """Drop every kept table."""
+    with _lock:
+        _entries.clear()
