@@ -28,9 +28,11 @@ class _Entry:
     digest: str
     identity: FileIdentity
     table: pa.Table
+    nbytes: int
 
 
 _entries: OrderedDict[str, _Entry] = OrderedDict()
+_kept_bytes = 0
 _lock = threading.Lock()
 
 
@@ -43,16 +45,24 @@ def file_identity(path: int | str | Path) -> FileIdentity:
 
 def remember(path: str | Path, digest: str, identity: FileIdentity, table: pa.Table) -> None:
     """Keep `table`, the content of the file at `path` with `digest` while it has `identity`."""
-    if table.nbytes > LIMIT_BYTES:
+    global _kept_bytes
+    nbytes = table.nbytes
+    if nbytes > LIMIT_BYTES:
         return
     key = os.path.abspath(path)
     with _lock:
-        _entries[key] = _Entry(digest, identity, table)
-        _entries.move_to_end(key)
-        total = sum(entry.table.nbytes for entry in _entries.values())
-        while total > LIMIT_BYTES:
-            _, dropped = _entries.popitem(last=False)
-            total -= dropped.table.nbytes
+        _drop(key)
+        _entries[key] = _Entry(digest, identity, table, nbytes)
+        _kept_bytes += nbytes
+        while _kept_bytes > LIMIT_BYTES:
+            _drop(next(iter(_entries)))
+
+
+def _drop(key: str) -> None:
+    global _kept_bytes
+    entry = _entries.pop(key, None)
+    if entry is not None:
+        _kept_bytes -= entry.nbytes
 
 
 def recall(path: str | Path, digest: str) -> pa.Table | None:
@@ -68,7 +78,7 @@ def recall(path: str | Path, digest: str) -> pa.Table | None:
         unchanged = False
     with _lock:
         if not unchanged:
-            _entries.pop(key, None)
+            _drop(key)
             return None
         if key in _entries:
             _entries.move_to_end(key)
@@ -77,5 +87,7 @@ def recall(path: str | Path, digest: str) -> pa.Table | None:
 
 def forget_all() -> None:
     """Drop every kept table."""
+    global _kept_bytes
     with _lock:
         _entries.clear()
+        _kept_bytes = 0
