@@ -97,12 +97,22 @@ def _forward_takes_logits_to_keep(model_class: type) -> bool:
 
 
 def policy_forward(
-    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, with_entropy: bool
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log_probs (N, T) of the response tokens and, if asked, entropy (N, T). Keeps the graph."""
+    """log_probs (N, T) of the response tokens and, if asked, entropy (N, T). Keeps the graph of
+    the log-probs, and of the entropy unless `entropy_grad` is False (a metric only: with
+    entropy_coeff = 0 its backward through the (N, T, V) softmax would add zeros)."""
     logits = response_logits(model, batch, temperature)
     log_probs = logprobs_from_logits(logits, batch.response_ids)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)
     return log_probs, entropy
 
 

@@ -196,7 +196,9 @@ def update_actor(
     ref_log_probs = ref_log_probs.to(device) if ref_log_probs is not None else None
 
     def micro_loss(micro, part, denominator):
-        log_probs, entropy = policy_forward(model, part, temperature=s.temperature, with_entropy=True)
+        log_probs, entropy = policy_forward(
+            model, part, temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0
+        )
         pg_loss, pg_metrics = compute_policy_loss(
             old_log_probs[micro],
             log_probs,
@@ -209,7 +211,7 @@ def update_actor(
             denominator=denominator,
         )
         entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
-        loss = pg_loss - s.entropy_coeff * entropy_loss
+        loss = pg_loss - s.entropy_coeff * entropy_loss if s.entropy_coeff != 0 else pg_loss
         summed = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
         if s.use_kl_loss:
             kl_loss = agg_loss(

@@ -182,3 +182,36 @@ def test_gradient_checkpointing_changes_no_number_and_is_switched_off_after(tiny
         assert torch.equal(a, b), name
     assert m_plain == m_checkpointed
     assert not torch.equal(next(plain.parameters()), next(base.parameters()))
+
+
+def test_without_an_entropy_bonus_the_entropy_is_a_metric_outside_the_graph_and_the_gradient_is_unchanged(
+    tiny_model_dir, batch
+):
+    """entropy_coeff = 0: the update does not backpropagate through the (N, T, V) softmax of the
+    entropy. The gradient is the one of pg_loss − 0·entropy, bit for bit, and the entropy metric
+    is the same number."""
+    from ppoflow.engine.forward import policy_forward
+    from ppoflow.engine.losses import compute_policy_loss
+    from ppoflow.engine.masking import agg_loss
+
+    model = load_actor(tiny_model_dir)
+    mask = batch.response_mask
+    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
+    grads, entropies = [], []
+    for entropy_grad in (True, False):
+        model.zero_grad()
+        log_probs, entropy = policy_forward(
+            model, batch, temperature=1.0, with_entropy=True, entropy_grad=entropy_grad
+        )
+        assert entropy.requires_grad is entropy_grad
+        pg_loss, _ = compute_policy_loss(
+            old, log_probs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
+            clip_ratio_c=3.0, loss_agg_mode="token-mean", denominator=mask.sum(),
+        )  # fmt: skip
+        entropy_loss = agg_loss(entropy, mask, "token-mean", mask.sum())
+        (pg_loss - 0.0 * entropy_loss if entropy_grad else pg_loss).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        entropies.append(entropy_loss.item())
+    assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
+    assert entropies[0] == entropies[1] > 0
