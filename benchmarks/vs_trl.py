@@ -19,7 +19,9 @@ checkpoints for TRL:
   prompt form, 4 prompts × 4 samples, at most 64 new tokens, 4 micro-batches of 4, verl's strict
   score, no checkpoints; both without and with gradient checkpointing (TRL's GRPOConfig default;
   ppoflow's `actor_rollout_ref.model.enable_gradient_checkpointing`), ppoflow in bypass mode.
-Each run is a fresh process; the seconds of iteration k are the wall time between the ends of
+Both generate the whole batch at once (ppoflow's `actor_rollout_ref.rollout.micro_batch_size`
+set to TRL's generation batch) and run ppoflow as `ppoflow train` does, with its temporary Prefect
+server. Each run is a fresh process; the seconds of iteration k are the wall time between the ends of
 iterations k−1 and k (everything included: generation, log-probs, the update, ppoflow's Prefect
 orchestration and parquet, TRL's trainer loop); the first iteration of each run is left out. "peak GB"
 is the training process's peak resident memory (VmHWM; ppoflow's Prefect server is another
@@ -212,6 +214,9 @@ def _overrides(shape: Shape, iterations: int, threads: int, system: System, data
         f"actor_rollout_ref.actor.ppo_mini_batch_size={shape.prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={shape.micro_batch}",
         f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={shape.micro_batch}",
+        # TRL generates the whole batch at once (its generation_batch_size); ppoflow's hf engine
+        # would go 256 responses at a time
+        f"actor_rollout_ref.rollout.micro_batch_size={shape.prompts * shape.samples}",
         "actor_rollout_ref.actor.ppo_epochs=1",
         f"actor_rollout_ref.actor.optim.lr={shape.lr}",
         "trainer.test_freq=-1",
