@@ -101,6 +101,13 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         f"parquet, checkpoints, DuckDB inside stages: {io_per_iteration:.3f} s per iteration "
         f"({io_per_iteration / median_wall:.1%})"
     )
+    for kind, label in (
+        ("tables", "parquet tables, manifests"),
+        ("checkpoints", "checkpoints"),
+        ("catalog", "DuckDB catalog"),
+    ):
+        seconds = summary["io_seconds_by_kind"].get(kind, 0.0) / max(1, args.iterations)
+        print(f"  {label:<27}{seconds:.3f} s ({seconds / median_wall:.1%})")
     share = (statistics.median(outside) + io_per_iteration) / median_wall
     print(f"outside engine compute: {share:.1%} of an iteration")
     gen = sum(tokens) / sum(timing["rollouts"])

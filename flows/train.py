@@ -101,7 +101,10 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     except BaseException:
         tracking.fail()
         raise
-    summary = report_run(finish_run(run), state.actor, history) | {"io_seconds": run.io.seconds}
+    summary = report_run(finish_run(run), state.actor, history) | {
+        "io_seconds": run.io.seconds,
+        "io_seconds_by_kind": dict(run.io.by_kind),
+    }
     if data.train is not None:
         summary |= {
             "train_rows": int(data.train.value("rows")),

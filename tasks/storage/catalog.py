@@ -68,7 +68,7 @@ _UPDATES = (
 )
 
 
-@timed_io
+@timed_io("catalog")
 def refresh_catalog_if_stale(run_dir: str | Path) -> Path:
     """Refresh only when a table that had no files at the last refresh has some now: the views read
     their globs at query time, so new iterations of a non-empty table appear without a refresh."""
@@ -98,7 +98,7 @@ def _recorded_tables(run_dir: Path) -> list[str] | None:
         return None
 
 
-@timed_io
+@timed_io("catalog")
 def refresh_catalog(run_dir: str | Path) -> Path:
     """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
     run_dir = _checked_dir(run_dir)

@@ -174,7 +174,7 @@ def _check_digest(name: str, directory: Path, digest: Callable[[], str], recorde
         raise StateUnavailable(f"{name} {directory} was altered or truncated (digest mismatch)")
 
 
-@timed_io
+@timed_io("checkpoints")
 def write_checkpoint(
     run: Run, role: str, step: int, fill: Callable[[Path, Path], None]
 ) -> tuple[str, str, str]:

@@ -56,32 +56,40 @@ __all__ = [
 
 
 class IOClock:
-    """Seconds a run has spent reading and writing its files (parquet, checkpoints, the catalog):
-    one per run, held by its `Run`, reported by benchmarks/iteration.py."""
+    """Seconds a run has spent reading and writing its files, in total and by kind ("tables": parquet
+    and manifests, "checkpoints", "catalog": DuckDB): one per run, held by its `Run`, reported by
+    benchmarks/iteration.py."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.by_kind: dict[str, float] = {}
 
     @contextlib.contextmanager
-    def timing(self) -> Iterator[None]:
+    def timing(self, kind: str = "tables") -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.seconds += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self.seconds += elapsed
+            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + elapsed
 
 
-def timed_io(fn):
-    """`fn` takes a keyword `clock` (an IOClock, or None): the call's wall time is added to it."""
+def timed_io(kind: str):
+    """A decorator: the function takes a keyword `clock` (an IOClock, or None), to which the call's
+    wall time is added as `kind`."""
 
-    @functools.wraps(fn)
-    def wrapper(*args, clock: IOClock | None = None, **kwargs):
-        if clock is None:
-            return fn(*args, **kwargs)
-        with clock.timing():
-            return fn(*args, **kwargs)
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, clock: IOClock | None = None, **kwargs):
+            if clock is None:
+                return fn(*args, **kwargs)
+            with clock.timing(kind):
+                return fn(*args, **kwargs)
 
-    return wrapper
+        return wrapper
+
+    return decorate
 
 
 COMPRESSION = "zstd"
@@ -177,7 +185,7 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-@timed_io
+@timed_io("tables")
 def write_table(
     table: pa.Table, run_dir: str | Path, relative_path: str, schema: pa.Schema | None = None
 ) -> ArtifactRef:
@@ -203,7 +211,7 @@ def write_table(
     return ArtifactRef(path=relative, digest=digest, rows=table.num_rows)
 
 
-@timed_io
+@timed_io("tables")
 def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) -> pa.Table:
     """Read a referenced parquet file; with `verify`, raise ArtifactCorrupt unless its digest matches."""
     path = Path(run_dir) / ref.path
@@ -239,7 +247,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     _atomic_write(Path(path), text.encode())
 
 
-@timed_io
+@timed_io("tables")
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
     _atomic_write(Path(path), _json_bytes(obj))
@@ -280,7 +288,7 @@ def manifest_document(iteration: int, stages: Mapping[str, Mapping[str, Any]]) -
     return {"iteration": _iteration(iteration), "stages": entries}
 
 
-@timed_io
+@timed_io("tables")
 def write_manifest(
     run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]
 ) -> ArtifactRef:

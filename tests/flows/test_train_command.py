@@ -197,9 +197,8 @@ def test_the_temporary_server_records_task_runs_in_batches_unless_the_environmen
     from ppoflow.prefect_server import TemporaryServer
 
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", "3")
-    with TemporaryServer() as url:
-        with urllib.request.urlopen(f"{url}/admin/settings", timeout=30) as response:
-            settings = json.load(response)
+    with TemporaryServer() as url, urllib.request.urlopen(f"{url}/admin/settings", timeout=30) as answer:
+        settings = json.load(answer)
     recorder = settings["server"]["services"]["task_run_recorder"]
     assert (recorder["batch_size"], recorder["flush_interval"]) == (100, 3.0)
     assert settings["server"]["ui"]["enabled"] is False

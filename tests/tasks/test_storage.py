@@ -335,3 +335,16 @@ def test_resume_from_a_folder_without_optimizer_state_is_refused_unless_only_val
     (moved / "iter=000001/trainer_state.json").write_text("[1]")
     with pytest.raises(ValueError, match="trainer_state.json is not a ppoflow trainer state"):
         resume_state(moved / "iter=000001", initial, run_dir=tmp_path)
+
+
+def test_the_io_clock_adds_each_call_to_its_kind(tmp_path):
+    clock = tables.IOClock()
+    ref = write_table(actor_steps(), tmp_path, REL, clock=clock)
+    read_table(tmp_path, ref, clock=clock)
+    write_json_atomic(tmp_path / "x.json", {"a": 1}, clock=clock)
+    assert set(clock.by_kind) == {"tables"}
+    assert clock.by_kind["tables"] == clock.seconds > 0
+    with clock.timing("checkpoints"):
+        pass
+    assert set(clock.by_kind) == {"tables", "checkpoints"}
+    assert clock.seconds == pytest.approx(sum(clock.by_kind.values()))
