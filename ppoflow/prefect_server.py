@@ -35,7 +35,7 @@ SERVER_DEFAULTS = {
 """Unless the environment says otherwise: no telemetry, and task runs recorded in batches (at most a
 second late). Prefect's default writes each task-run event in a transaction of its own; with five
 stages an iteration that kept the server busy for ~40% of a core, taken from training on a
-2-core machine (benchmarks/vs_trl.py: 0.46 → 0.42 s per tiny-model iteration)."""
+2-core machine (a GRPO iteration of the tiny model, as benchmarks/vs_trl.py runs it: 0.46 → 0.42 s)."""
 STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120))
 
 
