@@ -16,6 +16,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,11 +42,13 @@ def main() -> None:
         os.environ.setdefault(key, value)
     from transformers.utils import logging as transformers_logging
 
+    import ppoflow.engine.models  # noqa: F401  (torch and transformers: imported before the clock)
     from ppoflow.prefect_server import prefect_api
-    from ppoflow.tasks.stages.prepare_model import build_tiny_base
-    from ppoflow.tasks.storage.catalog import query
 
-    build_tiny_base(seed=1)  # the base model is built once per machine; not part of the timing
+    # the base model is built once per machine (not part of the timing), in a process of its own:
+    # this one must not import prefect before prefect_api() has set PREFECT_API_URL
+    build = "from ppoflow.tasks.stages.prepare_model import build_tiny_base; build_tiny_base(seed=1)"
+    subprocess.run([sys.executable, "-c", build], check=True)
     transformers_logging.disable_progress_bar()
     run_dir = Path(tempfile.mkdtemp(prefix="ppoflow-bench-")) / "run"
     overrides = [f"trainer.total_training_steps={args.iterations}", f"trainer.default_local_dir={run_dir}"]
@@ -53,8 +56,11 @@ def main() -> None:
         overrides.append(f"trainer.num_threads={args.threads}")
     overrides += args.overrides
     launched = time.time()
-    with prefect_api():  # the Prefect server `ppoflow train` runs with (its start is part of the time)
+    # the Prefect server `ppoflow train` runs with (its start is part of the time); prefect is
+    # imported inside, once PREFECT_API_URL names it
+    with prefect_api():
         from ppoflow.flows.train import ppo_train
+        from ppoflow.tasks.storage.catalog import query
 
         summary = ppo_train(None, overrides)
     finished = time.time()

@@ -207,7 +207,7 @@ class RowStreams:
     equality to torch.multinomial on the installed torch.
     """
 
-    def __init__(self, seeds: Sequence[int], *, budget: int = 1 << 24):
+    def __init__(self, seeds: Sequence[int], *, budget: int = 1 << 20):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.budget = budget
         self._noise = torch.empty(len(seeds), 0, 0)  # (rows, steps drawn, vocabulary)
@@ -223,7 +223,7 @@ class RowStreams:
             raise ValueError("sampling probabilities contain inf, nan or a negative value")
         if self._next == self._noise.shape[1]:
             steps = max(1, min(steps_left, self.budget // max(1, rows * vocab)))
-            self._noise = torch.empty(rows, steps, vocab)
+            self._noise = torch.empty(rows, steps, vocab, dtype=probs.dtype)
             for noise, generator in zip(self._noise, self.generators, strict=True):
                 noise.exponential_(1, generator=generator)
             self._next = 0

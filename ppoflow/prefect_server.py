@@ -46,7 +46,8 @@ def prefect_api() -> Iterator[None]:
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
-
+    if "prefect" in sys.modules:  # its settings were read at import: it would start a server of its own
+        raise RuntimeError("prefect_api() must be entered before prefect is imported")
     with TemporaryServer() as url:
         os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
         try:

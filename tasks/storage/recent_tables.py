@@ -3,7 +3,8 @@
 The stages of an iteration read what the stages before them wrote: the rollouts table alone is read
 by the rewards, advantages, update and metrics stages. `read_table` (tasks/storage/tables.py) takes
 a table from here while its file is still the one whose digest was checked: the same device, inode,
-size and modification time (nanoseconds) as when it was written or read. Any other file (written by
+size, and modification and status-change times (nanoseconds; the latter no call can set back) as
+when it was written or read. Any other file (written by
 another process, or changed since) is read and verified from disk. At most LIMIT_BYTES of tables are
 kept, the least recently used dropped first.
 """
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 LIMIT_BYTES = 256 << 20
 
-FileIdentity = tuple[int, int, int, int]
+FileIdentity = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ _lock = threading.Lock()
 
 
 def file_identity(path: int | str | Path) -> FileIdentity:
-    """(device, inode, size, modification time in ns) of `path` or an open file descriptor (an
-    OSError if it is gone)."""
+    """(device, inode, size, modification and status-change times in ns) of `path` or an open file
+    descriptor (an OSError if it is gone)."""
     st = os.stat(path)
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def remember(path: str | Path, digest: str, identity: FileIdentity, table: pa.Table) -> None:

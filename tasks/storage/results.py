@@ -33,7 +33,7 @@ from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.cache_keys import key_for
 from ppoflow.tasks.storage.checkpoints import state_files_intact
-from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
 
 if TYPE_CHECKING:
@@ -51,6 +51,11 @@ RESULT_TYPES: dict[str, type] = {
     for cls in (StageResult, ArtifactRef, ModelState, UpdateInputs, LoraSpec, *SETTINGS_TYPES)
 }
 """The only classes a stored result can rebuild."""
+
+
+STAGE_OUTPUTS = (ArtifactRef, ModelState, StageResult, StepResults)
+"""What stages hand each other: passed to Prefect unquoted (it may link them to the task runs that
+returned them)."""
 
 
 class UnreadableResult(ValueError):
@@ -297,12 +302,16 @@ def run_stage(task, run: Run, **parameters: Any):
     safely, or whose files are gone or altered, is a miss: the task runs again. Returns
     (result, was_cached).
 
-    The parameters go to Prefect quoted: they are plain values, never futures or states, and
-    Prefect's search of every nested dataclass for one cost ~10 ms an iteration (the task receives
-    and keys its cache on the same values)."""
+    Parameters other than earlier stages' outputs go to Prefect quoted: Prefect searches every
+    nested dataclass of a parameter for futures and for the results of other task runs (~10 ms an
+    iteration over the run and the settings); the task receives and keys its cache on the same
+    values either way."""
     discard_unreadable_result(run, task, parameters)
     bound = _with_storage(task, run.path / RESULTS_DIR, run.recompute or None)
-    quoted = {name: quote(value) for name, value in (("run", run), *parameters.items())}
+    quoted = {
+        name: value if isinstance(value, STAGE_OUTPUTS) else quote(value)
+        for name, value in (("run", run), *parameters.items())
+    }
     state = bound(**quoted, return_state=True)
     result = _state_value(state)
     if state.name == "Cached" and not outputs_valid(run, result):

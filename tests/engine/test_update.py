@@ -215,3 +215,20 @@ def test_without_an_entropy_bonus_the_entropy_is_a_metric_outside_the_graph_and_
         entropies.append(entropy_loss.item())
     assert all(torch.equal(a, b) for a, b in zip(*grads, strict=True))
     assert entropies[0] == entropies[1] > 0
+
+
+def test_an_entropy_bonus_still_reaches_the_gradient(tiny_model_dir, batch):
+    """entropy_coeff ≠ 0 backpropagates through the entropy: other weights than without it."""
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(2))
+    base = load_actor(tiny_model_dir)
+    old = compute_log_probs(base, batch, temperature=1.0, micro_batch_size=8)
+    trained = []
+    for coeff in (0.0, 0.5):
+        model = copy.deepcopy(base)
+        settings = actor_settings(mini_batch_size=8, micro_batch_size=8, entropy_coeff=coeff, grad_clip=1e9)
+        update_actor(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), batch, old_log_probs=old,
+            advantages=advantages, ref_log_probs=None, settings=settings, seed=0,
+        )  # fmt: skip
+        trained.append(next(model.parameters()).detach().clone())
+    assert not torch.equal(*trained)

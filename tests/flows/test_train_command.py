@@ -202,3 +202,13 @@ def test_the_temporary_server_records_task_runs_in_batches_unless_the_environmen
     recorder = settings["server"]["services"]["task_run_recorder"]
     assert (recorder["batch_size"], recorder["flush_interval"]) == (100, 3.0)
     assert settings["server"]["ui"]["enabled"] is False
+
+
+def test_the_temporary_server_refuses_to_start_after_prefect_was_imported():
+    """Prefect reads PREFECT_API_URL when it is imported: set later, it would start a server of its
+    own and ours would sit idle."""
+    code = "import prefect\nfrom ppoflow.prefect_server import prefect_api\nwith prefect_api():\n    pass\n"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "prefect_api() must be entered before prefect is imported" in done.stderr

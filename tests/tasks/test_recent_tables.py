@@ -66,3 +66,28 @@ def test_a_verified_read_is_kept_for_the_next_one(tmp_path):
     recent_tables.forget_all()  # as in another process
     first = read_table(tmp_path, ref)
     assert read_table(tmp_path, ref) is first
+
+
+def test_an_in_place_rewrite_with_its_modification_time_set_back_is_verified_again(tmp_path):
+    ref = write_table(scores(0.5), tmp_path, REL)
+    path = tmp_path / REL
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the status-change time still moves
+    with pytest.raises(ArtifactCorrupt):
+        read_table(tmp_path, ref)
+
+
+def test_a_file_larger_than_the_memory_limit_is_hashed_in_chunks_and_never_held_whole(tmp_path, monkeypatch):
+    from ppoflow.tasks.storage import tables
+
+    ref = write_table(scores(0.5), tmp_path, REL)
+    recent_tables.forget_all()
+    monkeypatch.setattr(tables, "LIMIT_BYTES", 16)
+    assert read_table(tmp_path, ref).column("score").to_pylist() == [0.5] * 64
+    with open(tmp_path / REL, "r+b") as f:  # a planted sparse file under the table's name
+        f.truncate(1 << 40)
+    with pytest.raises(ArtifactCorrupt):
+        read_table(tmp_path, ref)
