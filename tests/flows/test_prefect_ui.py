@@ -73,4 +73,3 @@ def test_every_task_run_is_named_by_its_stage(small_run):
     names = set(task_states(small_run[2]))
     assert "prepare_model" in names and "prompts-train" in names
     assert [n for n in names if not re.fullmatch(r"[a-z_]+-(step\d+|train|val)|prepare_model", n)] == []
-
