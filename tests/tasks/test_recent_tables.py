@@ -87,7 +87,8 @@ def test_a_file_larger_than_the_memory_limit_is_hashed_in_chunks_and_never_held_
     recent_tables.forget_all()
     monkeypatch.setattr(tables, "LIMIT_BYTES", 16)
     assert read_table(tmp_path, ref).column("score").to_pylist() == [0.5] * 64
-    with open(tmp_path / REL, "r+b") as f:  # a planted sparse file under the table's name
-        f.truncate(1 << 40)
+    assert recent_tables.recall(tmp_path / REL, ref.digest) is None  # not kept either
+    with open(tmp_path / REL, "r+b") as f:  # grown past the limit: a sparse 64 MiB file
+        f.truncate(64 << 20)
     with pytest.raises(ArtifactCorrupt):
         read_table(tmp_path, ref)
