@@ -4,9 +4,9 @@ The stages of an iteration read what the stages before them wrote: the rollouts 
 by the rewards, advantages, update and metrics stages. `read_table` (tasks/storage/tables.py) takes
 a table from here while its file is still the one whose digest was checked: the same device, inode,
 size, and modification and status-change times (nanoseconds; the latter no call can set back) as
-when it was written or read. Any other file (written by
-another process, or changed since) is read and verified from disk. At most LIMIT_BYTES of tables are
-kept, the least recently used dropped first.
+when it was written or read. Any other file (written by another process, or changed since) is read
+and verified from disk. At most LIMIT_BYTES of tables are kept, the least recently used dropped
+first.
 """
 
 from __future__ import annotations
@@ -78,10 +78,12 @@ def recall(path: str | Path, digest: str) -> pa.Table | None:
     except OSError:
         unchanged = False
     with _lock:
+        current = _entries.get(key) is entry  # not replaced by another thread meanwhile
         if not unchanged:
-            _drop(key)
+            if current:
+                _drop(key)
             return None
-        if key in _entries:
+        if current:
             _entries.move_to_end(key)
     return entry.table
 

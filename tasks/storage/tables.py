@@ -216,28 +216,28 @@ def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) ->
     """Read a referenced parquet file; with `verify`, raise ArtifactCorrupt unless its digest matches."""
     path = Path(run_dir) / ref.path
     if not verify:
-        # A file, not a dataset: no partition columns are inferred from the iter= folder.
-        with pq.ParquetFile(path) as parquet:
-            return parquet.read()
+        return _read_parquet(path)
     recent = recall(path, ref.digest)
     if recent is not None:
         return recent
     with _open_regular(path) as f:
         identity = file_identity(f.fileno())
-        data = f.read() if identity[2] <= LIMIT_BYTES else None
-    if data is None:  # a large file (or a planted sparse one) is hashed in chunks, never held whole
-        actual = file_digest(path)
-        if actual != ref.digest:
-            raise ArtifactCorrupt(path, ref.digest, actual)
-        with pq.ParquetFile(path) as parquet:
-            return parquet.read()
-    actual = _digest(data)
+        size = identity[2]
+        data = f.read() if size <= LIMIT_BYTES else None  # larger: hashed in chunks, never held whole
+    actual = _digest(data) if data is not None else file_digest(path)
     if actual != ref.digest:
         raise ArtifactCorrupt(path, ref.digest, actual)
-    with pq.ParquetFile(pa.BufferReader(data)) as parquet:
-        table = parquet.read()
+    if data is None:
+        return _read_parquet(path)
+    table = _read_parquet(pa.BufferReader(data))
     remember(path, actual, identity, table)
     return table
+
+
+def _read_parquet(source: Path | pa.BufferReader) -> pa.Table:
+    # A file, not a dataset: no partition columns are inferred from the iter= folder.
+    with pq.ParquetFile(source) as parquet:
+        return parquet.read()
 
 
 def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
