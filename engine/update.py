@@ -211,7 +211,7 @@ def update_actor(
             denominator=denominator,
         )
         entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
-        loss = pg_loss - s.entropy_coeff * entropy_loss if s.entropy_coeff != 0 else pg_loss
+        loss = pg_loss - s.entropy_coeff * entropy_loss  # with coefficient 0: no graph, pg_loss exactly
         summed = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
         if s.use_kl_loss:
             kl_loss = agg_loss(

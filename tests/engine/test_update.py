@@ -24,7 +24,7 @@ def batch(tiny_model_dir):
     return build_sequence_batch(prompts, responses, pad_token_id=tokenizer.pad_token_id)
 
 
-def _sgd_actor_step(model, batch, micro, mode, advantages):
+def _sgd_actor_step(model, batch, micro, mode, advantages, entropy_coeff=0.01):
     old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = actor_settings(
@@ -32,7 +32,7 @@ def _sgd_actor_step(model, batch, micro, mode, advantages):
         mini_batch_size=8,
         micro_batch_size=micro,
         loss_agg_mode=mode,
-        entropy_coeff=0.01,
+        entropy_coeff=entropy_coeff,
         grad_clip=1e9,
     )
     metrics = update_actor(
@@ -221,14 +221,9 @@ def test_an_entropy_bonus_still_reaches_the_gradient(tiny_model_dir, batch):
     """entropy_coeff ≠ 0 backpropagates through the entropy: other weights than without it."""
     advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(2))
     base = load_actor(tiny_model_dir)
-    old = compute_log_probs(base, batch, temperature=1.0, micro_batch_size=8)
     trained = []
     for coeff in (0.0, 0.5):
         model = copy.deepcopy(base)
-        settings = actor_settings(mini_batch_size=8, micro_batch_size=8, entropy_coeff=coeff, grad_clip=1e9)
-        update_actor(
-            model, torch.optim.SGD(model.parameters(), lr=0.1), batch, old_log_probs=old,
-            advantages=advantages, ref_log_probs=None, settings=settings, seed=0,
-        )  # fmt: skip
+        _sgd_actor_step(model, batch, 8, "token-mean", advantages, entropy_coeff=coeff)
         trained.append(next(model.parameters()).detach().clone())
     assert not torch.equal(*trained)
