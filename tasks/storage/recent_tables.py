@@ -5,8 +5,9 @@ by the rewards, advantages, update and metrics stages. `read_table` (tasks/stora
 a table from here while its file is still the one whose digest was checked: the same device, inode,
 size, and modification and status-change times (nanoseconds; the latter no call can set back) as
 when it was written or read. Any other file (written by another process, or changed since) is read
-and verified from disk. At most LIMIT_BYTES of tables are kept, the least recently used dropped
-first.
+and verified from disk. (A same-size rewrite in place within the filesystem's timestamp granularity
+of the write, one clock tick on kernels before 6.13, would keep the identity.) At most LIMIT_BYTES
+of tables are kept, the least recently used dropped first.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Tables kept in memory after a write or a verified read: served only while the file is unchanged."""
 
 import os
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -10,6 +11,9 @@ from ppoflow.tasks.storage import recent_tables
 from ppoflow.tasks.storage.tables import ArtifactCorrupt, read_table, write_table
 
 REL = "iter=000001/rewards/part-00000.parquet"
+TICK_S = 0.05
+"""Longer than a file timestamp's granularity (one clock tick, up to 10 ms, on kernels before 6.13):
+a rewrite in place within one tick of the write would keep the file's identity."""
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +51,7 @@ def test_a_file_rewritten_in_place_is_verified_again(tmp_path):
     path = tmp_path / REL
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
+    time.sleep(TICK_S)
     path.write_bytes(bytes(data))  # the same inode and size
     with pytest.raises(ArtifactCorrupt):
         read_table(tmp_path, ref)
@@ -74,6 +79,7 @@ def test_an_in_place_rewrite_with_its_modification_time_set_back_is_verified_aga
     before = path.stat()
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
+    time.sleep(TICK_S)
     path.write_bytes(bytes(data))
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # the status-change time still moves
     with pytest.raises(ArtifactCorrupt):
