@@ -40,9 +40,11 @@ STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEO
 
 
 @contextlib.contextmanager
-def prefect_api() -> Iterator[None]:
+def prefect_api(*, deliver_on_exit: bool = True) -> Iterator[None]:
     """The user's Prefect API when PREFECT_API_URL is set, else a temporary server of our own for
-    the duration of the block (how `ppoflow train` runs a flow)."""
+    the duration of the block (how `ppoflow train` runs a flow). With `deliver_on_exit`, Prefect's
+    pending logs and events go to the server before it stops (`ppoflow train` delivers them itself,
+    while its log file still takes what Prefect prints)."""
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
@@ -53,7 +55,8 @@ def prefect_api() -> Iterator[None]:
         try:
             yield
         finally:
-            deliver_prefect_logs_and_events()
+            if deliver_on_exit:
+                deliver_prefect_logs_and_events()
             os.environ.pop("PREFECT_API_URL", None)
 
 

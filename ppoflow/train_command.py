@@ -33,7 +33,7 @@ def run_training(config_file: str | None, overrides: list[str], run_dir: Path, v
     log_file = run_dir.resolve() / LOG_NAME
     ctrl_c = _CtrlC()
     try:
-        with ctrl_c, prefect_api(), _logging_to(log_file, verbose):
+        with ctrl_c, prefect_api(deliver_on_exit=False), _logging_to(log_file, verbose):
             try:
                 return _train(config_file, overrides, log_file, resume, ctrl_c)
             finally:
