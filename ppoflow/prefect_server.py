@@ -6,6 +6,8 @@ record that the flow was interrupted; a trainer killed with SIGKILL leaves it ru
 is the same program (uvicorn serving Prefect's API on loopback, without the UI) started in a
 session of its own, so Ctrl-C reaches only the trainer, which reports to a live server and stops it
 on the way out; the kernel stops it if the trainer dies without doing so (tasks/stages/processes.py).
+What the server prints goes to a file (RUN_DIR/logs/prefect-server.log for `ppoflow train`), never
+to the trainer's terminal: the server's own shutdown notes would follow the trainer's last line.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import importlib.util
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -36,21 +40,23 @@ SERVER_DEFAULTS = {
 second late). Prefect's default writes each task-run event in a transaction of its own; with five
 stages an iteration that kept the server busy for ~40% of a core, taken from training on a
 2-core machine (a GRPO iteration of the tiny model, as benchmarks/vs_trl.py runs it: 0.46 → 0.42 s)."""
-STARTUP_TIMEOUT_S = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", 120))
+STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+STARTUP_TIMEOUT_S = float(os.environ.get(STARTUP_TIMEOUT_SETTING, 120))
 
 
 @contextlib.contextmanager
-def prefect_api(*, deliver_on_exit: bool = True) -> Iterator[None]:
+def prefect_api(*, deliver_on_exit: bool = True, server_log: Path | None = None) -> Iterator[None]:
     """The user's Prefect API when PREFECT_API_URL is set, else a temporary server of our own for
-    the duration of the block (how `ppoflow train` runs a flow). With `deliver_on_exit`, Prefect's
-    pending logs and events go to the server before it stops (`ppoflow train` delivers them itself,
-    while its log file still takes what Prefect prints)."""
+    the duration of the block (how `ppoflow train` runs a flow), which appends its output to
+    `server_log` (else to a file that is removed with it). With `deliver_on_exit`, Prefect's pending
+    logs and events go to the server before it stops (`ppoflow train` delivers them itself, while
+    its log file still takes what Prefect prints)."""
     if os.environ.get("PREFECT_API_URL"):
         yield
         return
     if "prefect" in sys.modules:  # its settings were read at import: it would start a server of its own
         raise RuntimeError("prefect_api() must be entered before prefect is imported")
-    with TemporaryServer() as url:
+    with TemporaryServer(server_log) as url:
         os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
         try:
             yield
@@ -77,17 +83,30 @@ class ServerDidNotStart(RuntimeError):
 
 
 class TemporaryServer:
-    """`with TemporaryServer() as api_url:` a Prefect API on 127.0.0.1 for the duration of the block."""
+    """`with TemporaryServer(log_file) as api_url:` a Prefect API on 127.0.0.1 for the duration of
+    the block; its output is appended to `log_file` (its folder made if need be; a link there is
+    refused), or kept in a temporary file only long enough to quote if it fails to start."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_file: Path | None = None) -> None:
+        self.log_file = log_file
         self.process: subprocess.Popen | None = None
+        self.output = None
         self.url = ""
 
     def __enter__(self) -> str:
+        self.output = _open_output(self.log_file)
+        try:
+            return self._start()
+        except BaseException:
+            self.output.close()
+            raise
+
+    def _start(self) -> str:
         for _ in range(3):  # another process may take the free port before uvicorn binds it
             port = _free_port()
             self.url = f"http://127.0.0.1:{port}/api"
-            self.process = _start(port)
+            printed = self.output.seek(0, os.SEEK_END)
+            self.process = _start(port, self.output)
             try:
                 healthy = _wait_healthy(self.url, self.process)
             except BaseException:  # Ctrl-C while it starts
@@ -95,14 +114,22 @@ class TemporaryServer:
                 raise
             if healthy:
                 return self.url
+            exit_code = self.process.poll()
             self.stop()
+            if not _lost_port(self.output, printed):
+                break
+        if exit_code is not None:
+            failed = f"exited with code {exit_code}"
+        else:
+            failed = f"did not answer within {STARTUP_TIMEOUT_S:g} s ({STARTUP_TIMEOUT_SETTING})"
+        said = f"its output is in {self.log_file}" if self.log_file else _last_line(self.output)
         raise ServerDidNotStart(
-            f"the temporary Prefect server did not start within {STARTUP_TIMEOUT_S:g} s (set "
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or PREFECT_API_URL to use a running server)"
+            f"the temporary Prefect server {failed}; {said} (or set PREFECT_API_URL to use a running server)"
         )
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        self.output.close()
 
     def stop(self) -> None:
         """SIGTERM (uvicorn shuts down in well under a second), SIGKILL after 5 s."""
@@ -117,7 +144,37 @@ class TemporaryServer:
         self.process = None
 
 
-def _start(port: int) -> subprocess.Popen:
+def _open_output(log_file: Path | None):
+    if log_file is None:
+        return tempfile.TemporaryFile()  # (read and write)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # (a FIFO would block)
+    try:
+        descriptor = os.open(log_file, flags, 0o644)
+    except OSError as error:
+        raise OSError(f"cannot write the Prefect server's log {log_file}: {error.strerror}") from error
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise OSError(f"cannot write the Prefect server's log {log_file}: not a regular file")
+    return os.fdopen(descriptor, "a+b")
+
+
+def _lost_port(output, since: int) -> bool:
+    """Whether the server, since offset `since` of its output, said another process had its port."""
+    output.flush()
+    output.seek(since)
+    return b"address already in use" in output.read().lower()
+
+
+def _last_line(output) -> str:
+    """The last line a server that did not start printed, for its one-line error."""
+    output.flush()
+    output.seek(max(0, output.seek(0, os.SEEK_END) - 4096))
+    lines = [line.strip() for line in output.read().decode(errors="replace").splitlines() if line.strip()]
+    return f"it said: {lines[-1][:400]}" if lines else "it printed nothing"
+
+
+def _start(port: int, output) -> subprocess.Popen:
     prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
     parent = os.getpid()
     env = SERVER_DEFAULTS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
@@ -130,6 +187,8 @@ def _start(port: int) -> subprocess.Popen:
         command,
         env=env,
         stdin=subprocess.DEVNULL,
+        stdout=output,
+        stderr=subprocess.STDOUT,
         start_new_session=True,
         preexec_fn=lambda: exit_with_parent(parent, signal.SIGKILL),
     )

@@ -3,7 +3,8 @@
 Prefect's tracebacks go to RUN_DIR/logs/train.log (and to the terminal only with -v): a failed
 stage ends in one line that says what failed, where the full log is, and that running the same
 command again resumes. Without PREFECT_API_URL, the flow reports to a temporary server of its own
-(ppoflow.prefect_server) that Ctrl-C does not reach, so one Ctrl-C stops training in seconds.
+(ppoflow.prefect_server) that Ctrl-C does not reach, so one Ctrl-C stops training in seconds; what
+that server prints goes to RUN_DIR/logs/prefect-server.log.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -23,17 +25,28 @@ from pathlib import Path
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
 
 LOG_NAME = "logs/train.log"
+SERVER_LOG_NAME = "logs/prefect-server.log"
 EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
 
 
 def run_training(config_file: str | None, overrides: list[str], run_dir: Path, verbose: bool) -> int:
     """Train as configured; returns the exit code (0 done, 1 failed, 3 locked or no usable state,
-    130 interrupted)."""
-    resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
+    130 interrupted). After ppoflow's last line, what the interpreter still prints on its way out (a
+    library's thread or exit hook) goes to the run's log, not under that line."""
     log_file = run_dir.resolve() / LOG_NAME
+    code = _run_training(config_file, overrides, run_dir, log_file, verbose)
+    _send_the_rest_to(log_file)
+    return code
+
+
+def _run_training(
+    config_file: str | None, overrides: list[str], run_dir: Path, log_file: Path, verbose: bool
+) -> int:
+    resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
     ctrl_c = _CtrlC()
     try:
-        with ctrl_c, prefect_api(deliver_on_exit=False), _logging_to(log_file, verbose):
+        server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
+        with ctrl_c, server, _logging_to(log_file, verbose):
             try:
                 return _train(config_file, overrides, log_file, resume, ctrl_c)
             finally:
@@ -148,12 +161,14 @@ def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
     ours.setLevel(logging.INFO)
     ours.propagate = False  # the step lines are on stdout already; to the file only
     ours.info("ppoflow train %s (pid %d, %s)", shlex.join(sys.argv[2:]), os.getpid(), time.strftime("%c"))
+    logging.captureWarnings(True)  # a library's warnings too (to the terminal only with -v)
     try:
         yield
     except KeyboardInterrupt:
         ours.warning("interrupted (Ctrl-C)")
         raise
     finally:
+        logging.captureWarnings(False)
         root.removeHandler(handler)
         ours.removeHandler(handler)
         ours.propagate = True
@@ -174,6 +189,20 @@ class _LogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.failed = True
+
+
+def _send_the_rest_to(log_file: Path) -> None:
+    """Point this process's stderr at `log_file` when it is a regular file ppoflow can append to."""
+    try:
+        descriptor = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        if stat.S_ISREG(os.fstat(descriptor).st_mode):
+            sys.stderr.flush()
+            os.dup2(descriptor, sys.stderr.fileno())
+    finally:
+        os.close(descriptor)
 
 
 def _say(line: str) -> None:

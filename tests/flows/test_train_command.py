@@ -130,14 +130,34 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
             os.killpg(trainer.pid, signal.SIGKILL)
     assert trainer.returncode == 130, err[-3000:]
     assert stopped_after < 20, f"took {stopped_after:.1f} s to stop"
-    [line] = [line for line in err.splitlines() if line.strip()]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err[-3000:]
+    [line] = lines
     assert line.startswith("ppoflow: interrupted; step") and f"finished and kept in {tmp_path};" in line
     assert line.endswith(
         "resume with: ppoflow train " + " ".join(_command(tmp_path)[4:]) + " trainer.total_training_steps=20"
     )
     assert "Traceback" not in out + err
     assert "interrupted (Ctrl-C)" in (tmp_path / "logs/train.log").read_text()
+    assert (tmp_path / "logs/prefect-server.log").is_file()  # what the server said, kept off the terminal
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
+
+
+def test_what_prints_on_the_way_out_goes_to_the_log_not_under_the_last_line(tiny_model_dir, tmp_path):
+    """A library's exit hook that prints (here one registered before ppoflow ran, so it runs last)."""
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('a late word from a library', file=sys.stderr))\n"
+        "from ppoflow.cli import main\n"
+        f"sys.exit(main({_command(tmp_path, 'trainer.total_training_steps=1')[3:]!r}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(own_server=True), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr == ""
+    assert done.stdout.splitlines()[-1].startswith("try ")
+    assert (tmp_path / "logs/train.log").read_text().endswith("a late word from a library\n")
 
 
 def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_path):
@@ -212,3 +232,51 @@ def test_the_temporary_server_refuses_to_start_after_prefect_was_imported():
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "prefect_api() must be entered before prefect is imported" in done.stderr
+
+
+def test_a_server_that_does_not_start_is_one_line_that_names_its_log(tmp_path):
+    env = _env(own_server=True) | {"PREFECT_API_DATABASE_CONNECTION_URL": "nosuchdatabase://"}
+    failed = subprocess.run(_command(tmp_path), env=env, capture_output=True, text=True, timeout=300)
+    server_log = tmp_path / "logs/prefect-server.log"
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines() == [
+        f"ppoflow: the temporary Prefect server exited with code 1; its output is in {server_log} "
+        "(or set PREFECT_API_URL to use a running server)"
+    ]
+    assert "Can't load plugin: sqlalchemy.dialects:nosuchdatabase" in server_log.read_text()
+    assert server_log.read_text().count("Traceback") == 1  # one try: a server that crashes is not retried
+
+
+def test_without_a_log_file_the_error_quotes_the_servers_last_line(monkeypatch):
+    from ppoflow.prefect_server import ServerDidNotStart, TemporaryServer
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "nosuchdatabase://")
+    with pytest.raises(ServerDidNotStart) as failed, TemporaryServer():
+        pass
+    assert str(failed.value) == (
+        "the temporary Prefect server exited with code 1; it said: sqlalchemy.exc.NoSuchModuleError: "
+        "Can't load plugin: sqlalchemy.dialects:nosuchdatabase "
+        "(or set PREFECT_API_URL to use a running server)"
+    )
+
+
+@pytest.mark.parametrize("planted", ["link", "fifo"])
+def test_a_planted_server_log_is_refused_before_anything_starts(tmp_path, planted):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the run's\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    server_log = run_dir / "logs/prefect-server.log"
+    if planted == "link":
+        server_log.symlink_to(outside)
+    else:
+        os.mkfifo(server_log)
+    failed = subprocess.run(
+        _command(run_dir), env=_env(own_server=True), capture_output=True, text=True, timeout=120
+    )
+    assert failed.returncode == 1
+    [line] = failed.stderr.splitlines()
+    assert line.startswith(f"ppoflow: cannot write the Prefect server's log {server_log}: ")
+    assert outside.read_text() == "not the run's\n"
+    assert not (run_dir / "logs/train.log").exists()
