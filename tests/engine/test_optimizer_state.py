@@ -4,6 +4,7 @@ tensors and JSON only, and a damaged or planted state is refused with the file n
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -60,6 +61,35 @@ def test_a_restored_state_continues_training_bit_for_bit(tmp_path):
     for (name, a), b in zip(model.named_parameters(), copy.parameters(), strict=True):
         assert torch.equal(a, b), name
     assert copy_optimizer.state[next(iter(copy.parameters()))]["step"].item() == 5.0
+
+
+def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_byte(tmp_path):
+    """save_moments writes a single process's file itself (without DCP's planning): the same bytes
+    as DCP's Hugging Face writer, header sorted as for every rank, so any world size reads it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    from ppoflow.engine.optimizer_state import _sort_header, save_moments
+
+    generator = torch.Generator().manual_seed(3)
+    moments = {
+        "embed.weight.exp_avg": torch.randn(20, 8, generator=generator),
+        "embed.weight.exp_avg_sq": torch.rand(20, 8, generator=generator),
+        "head.bias.exp_avg": torch.randn(3, generator=generator),
+        "a.scale.exp_avg": torch.randn(1, 2, 3, generator=generator),
+        "half.weight.exp_avg": torch.randn(4, 4, generator=generator).to(torch.bfloat16),
+    }
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    save_moments(ours, moments, distributed=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (that it saves in a single process)
+        dcp.save(moments, storage_writer=HuggingFaceStorageWriter(str(theirs)), no_dist=True)
+    for path in theirs.glob("*.safetensors"):
+        _sort_header(path)
+    assert sorted(p.name for p in ours.iterdir()) == sorted(p.name for p in theirs.iterdir())
+    for path in theirs.iterdir():
+        assert (ours / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 def test_the_files_are_tensors_keyed_by_parameter_and_json(tmp_path):
