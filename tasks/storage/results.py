@@ -13,11 +13,13 @@ A result that is ours is reused only while everything it points at is intact: it
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
 import math
 import shutil
+import threading
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,9 +55,51 @@ RESULT_TYPES: dict[str, type] = {
 """The only classes a stored result can rebuild."""
 
 
-STAGE_OUTPUTS = (ArtifactRef, ModelState, StageResult, StepResults)
-"""What stages hand each other: passed to Prefect unquoted (it may link them to the task runs that
-returned them)."""
+class _Producers:
+    """The task run that returned each stage output this process has seen (the newest LIMIT, by
+    value): a stage's task run names the runs whose outputs it takes, and Prefect's run graph
+    draws those edges without searching the stage's parameters for them."""
+
+    LIMIT = 512
+
+    def __init__(self) -> None:
+        self._states: collections.OrderedDict[Any, State] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, result: Any, state: State) -> None:
+        with self._lock:
+            for output in _outputs(result):
+                self._states[output] = state
+                self._states.move_to_end(output)
+            while len(self._states) > self.LIMIT:
+                self._states.popitem(last=False)
+
+    def of(self, parameters: dict[str, Any]) -> list[State]:
+        """The task runs that returned the stage outputs among `parameters`, each once."""
+        found: dict[int, State] = {}
+        with self._lock:
+            for value in parameters.values():
+                for output in _outputs(value):
+                    state = self._states.get(output)
+                    if state is not None:
+                        found.setdefault(id(state), state)
+        return list(found.values())
+
+
+def _outputs(value: Any) -> list[Any]:
+    """The stage outputs in a result or a parameter: model states, stage results and their tables."""
+    if isinstance(value, tuple) and not isinstance(value, ArtifactRef):
+        return [output for item in value for output in _outputs(item)]
+    if isinstance(value, StepResults):
+        return [output for result in value.finished() for output in _outputs(result)]
+    if isinstance(value, StageResult):
+        return [value, *value.refs]
+    if isinstance(value, (ArtifactRef, ModelState)):
+        return [value]
+    return []
+
+
+_producers = _Producers()
 
 
 class UnreadableResult(ValueError):
@@ -302,21 +346,21 @@ def run_stage(task, run: Run, **parameters: Any):
     safely, or whose files are gone or altered, is a miss: the task runs again. Returns
     (result, was_cached).
 
-    Parameters other than earlier stages' outputs go to Prefect quoted: Prefect searches every
-    nested dataclass of a parameter for futures and for the results of other task runs (~10 ms an
-    iteration over the run and the settings); the task receives and keys its cache on the same
+    Parameters go to Prefect quoted, and the task runs that returned the earlier stages' outputs
+    among them as `wait_for`: unquoted, Prefect searches every nested dataclass of a parameter for
+    futures and for the results of other task runs (~20 ms an iteration) and still finds no edge
+    for a table reference taken from a result. The task receives and keys its cache on the same
     values either way."""
     discard_unreadable_result(run, task, parameters)
     bound = _with_storage(task, run.path / RESULTS_DIR, run.recompute or None)
-    quoted = {
-        name: value if isinstance(value, STAGE_OUTPUTS) else quote(value)
-        for name, value in (("run", run), *parameters.items())
-    }
-    state = bound(**quoted, return_state=True)
+    quoted = {name: quote(value) for name, value in (("run", run), *parameters.items())}
+    upstream = _producers.of(parameters)
+    state = bound(**quoted, return_state=True, wait_for=upstream)
     result = _state_value(state)
     if state.name == "Cached" and not outputs_valid(run, result):
-        state = bound.with_options(refresh_cache=True)(**quoted, return_state=True)
+        state = bound.with_options(refresh_cache=True)(**quoted, return_state=True, wait_for=upstream)
         result = _state_value(state)
+    _producers.record(result, state)
     return result, state.name == "Cached"
 
 

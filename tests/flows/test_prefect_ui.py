@@ -73,3 +73,31 @@ def test_every_task_run_is_named_by_its_stage(small_run):
     names = set(task_states(small_run[2]))
     assert "prepare_model" in names and "prompts-train" in names
     assert [n for n in names if not re.fullmatch(r"[a-z_]+-(step\d+|train|val)|prepare_model", n)] == []
+
+
+def test_the_run_graph_links_each_stage_to_the_stages_whose_outputs_it_takes(small_run):
+    """The UI's run graph draws a task run's inputs: each stage's edges come from the task runs that
+    returned the tables and model states it takes, across iterations too."""
+    flow_run_id = small_run[2]
+    task_states(flow_run_id)  # every task run recorded
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    names = {run.id: run.name for run in runs}
+    upstream = {
+        run.name: {names.get(getattr(i, "id", None)) for inputs in run.task_inputs.values() for i in inputs}
+        for run in runs
+    }
+    assert upstream["rollouts-step1"] >= {"prepare_model", "prompts-train"}
+    assert upstream["rewards-step1"] >= {"rollouts-step1", "prompts-train"}
+    assert upstream["advantages-step1"] >= {"rollouts-step1", "rewards-step1"}
+    assert upstream["critic_update-step1"] >= {"rollouts-step1", "advantages-step1"}
+    assert upstream["actor_update-step1"] >= {"rollouts-step1", "advantages-step1"}
+    assert upstream["rollouts-step2"] >= {"actor_update-step1"}
+    assert upstream["advantages-step2"] >= {"rollouts-step2", "actor_update-step1", "critic_update-step1"}
+    assert upstream["metrics-step2"] >= {
+        "rollouts-step2",
+        "rewards-step2",
+        "advantages-step2",
+        "critic_update-step2",
+        "actor_update-step2",
+    }
