@@ -13,13 +13,11 @@ A result that is ours is reused only while everything it points at is intact: it
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import json
 import math
 import shutil
-import threading
 import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from prefect.client.schemas.objects import State
 from prefect.results import ResultRecord
 from prefect.serializers import Serializer
-from prefect.utilities.annotations import quote
+from prefect.utilities.annotations import opaque, quote
+from prefect.utilities.engine import link_state_to_task_run_result
 from pydantic import Field
 
 from ppoflow.engine.lora import LoraSpec
@@ -55,51 +54,32 @@ RESULT_TYPES: dict[str, type] = {
 """The only classes a stored result can rebuild."""
 
 
-class _Producers:
-    """The task run that returned each stage output this process has seen (the newest LIMIT, by
-    value): a stage's task run names the runs whose outputs it takes, and Prefect's run graph
-    draws those edges without searching the stage's parameters for them."""
-
-    LIMIT = 512
-
-    def __init__(self) -> None:
-        self._states: collections.OrderedDict[Any, State] = collections.OrderedDict()
-        self._lock = threading.Lock()
-
-    def record(self, result: Any, state: State) -> None:
-        with self._lock:
-            for output in _outputs(result):
-                self._states[output] = state
-                self._states.move_to_end(output)
-            while len(self._states) > self.LIMIT:
-                self._states.popitem(last=False)
-
-    def of(self, parameters: dict[str, Any]) -> list[State]:
-        """The task runs that returned the stage outputs among `parameters`, each once."""
-        found: dict[int, State] = {}
-        with self._lock:
-            for value in parameters.values():
-                for output in _outputs(value):
-                    state = self._states.get(output)
-                    if state is not None:
-                        found.setdefault(id(state), state)
-        return list(found.values())
-
-
-def _outputs(value: Any) -> list[Any]:
-    """The stage outputs in a result or a parameter: model states, stage results and their tables."""
+def _outputs(value: Any) -> tuple[Any, ...]:
+    """The stage outputs a result holds: model states, stage results and their tables."""
     if isinstance(value, tuple) and not isinstance(value, ArtifactRef):
-        return [output for item in value for output in _outputs(item)]
-    if isinstance(value, StepResults):
-        return [output for result in value.finished() for output in _outputs(result)]
+        return tuple(output for item in value for output in _outputs(item))
     if isinstance(value, StageResult):
-        return [value, *value.refs]
+        return (value, *value.refs)
     if isinstance(value, (ArtifactRef, ModelState)):
-        return [value]
-    return []
+        return (value,)
+    return ()
 
 
-_producers = _Producers()
+class _Outputs(list):
+    """The outputs to link to a task run. Prefect links a value and its items (not theirs), by
+    identity, checked through a weak reference where the type allows one: a plain list or tuple
+    would stay linked by its id alone, which a later object may reuse."""
+
+
+def _for_prefect(value: Any) -> Any:
+    """A parameter as Prefect gets it: an earlier stage's output `opaque` (Prefect links it to the
+    task run that returned it, and looks no further into it), a step's results as they are (each
+    linked likewise), anything else quoted (Prefect need not search plain values for futures)."""
+    if isinstance(value, (ArtifactRef, ModelState, StageResult)):
+        return opaque(value)
+    if isinstance(value, StepResults):
+        return value
+    return quote(value)
 
 
 class UnreadableResult(ValueError):
@@ -346,21 +326,21 @@ def run_stage(task, run: Run, **parameters: Any):
     safely, or whose files are gone or altered, is a miss: the task runs again. Returns
     (result, was_cached).
 
-    Parameters go to Prefect quoted, and the task runs that returned the earlier stages' outputs
-    among them as `wait_for`: unquoted, Prefect searches every nested dataclass of a parameter for
-    futures and for the results of other task runs (~20 ms an iteration) and still finds no edge
-    for a table reference taken from a result. The task receives and keys its cache on the same
+    Prefect's run graph links a task run to the runs whose results it takes, by object identity:
+    each result's tables and model states are linked to the run that returned them (a table taken
+    from a result is a new edge), and passed on `opaque`. Every other parameter goes to Prefect
+    quoted: unquoted, Prefect searches every nested dataclass of it (the run, the settings) for
+    futures and results, ~10 ms an iteration. The task receives and keys its cache on the same
     values either way."""
     discard_unreadable_result(run, task, parameters)
     bound = _with_storage(task, run.path / RESULTS_DIR, run.recompute or None)
-    quoted = {name: quote(value) for name, value in (("run", run), *parameters.items())}
-    upstream = _producers.of(parameters)
-    state = bound(**quoted, return_state=True, wait_for=upstream)
+    passed = {"run": quote(run)} | {name: _for_prefect(value) for name, value in parameters.items()}
+    state = bound(**passed, return_state=True)
     result = _state_value(state)
     if state.name == "Cached" and not outputs_valid(run, result):
-        state = bound.with_options(refresh_cache=True)(**quoted, return_state=True, wait_for=upstream)
+        state = bound.with_options(refresh_cache=True)(**passed, return_state=True)
         result = _state_value(state)
-    _producers.record(result, state)
+    link_state_to_task_run_result(state, _Outputs(_outputs(result)))
     return result, state.name == "Cached"
 
 
