@@ -17,7 +17,6 @@ import importlib.util
 import os
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.tasks.stages.processes import exit_with_parent
+from ppoflow.tasks.storage.regular_files import open_regular_file
 
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 """As Prefect starts its own temporary server: no UI."""
@@ -148,14 +148,10 @@ def _open_output(log_file: Path | None):
     if log_file is None:
         return tempfile.TemporaryFile()  # (read and write)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # (a FIFO would block)
     try:
-        descriptor = os.open(log_file, flags, 0o644)
+        descriptor = open_regular_file(log_file, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     except OSError as error:
         raise OSError(f"cannot write the Prefect server's log {log_file}: {error.strerror}") from error
-    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-        os.close(descriptor)
-        raise OSError(f"cannot write the Prefect server's log {log_file}: not a regular file")
     return os.fdopen(descriptor, "a+b")
 
 

@@ -16,7 +16,6 @@ import os
 import shlex
 import shutil
 import signal
-import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -193,14 +192,15 @@ class _LogFile(logging.FileHandler):
 
 def _send_the_rest_to(log_file: Path) -> None:
     """Point this process's stderr at `log_file` when it is a regular file ppoflow can append to."""
+    from ppoflow.tasks.storage.regular_files import open_regular_file
+
     try:
-        descriptor = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK)
+        descriptor = open_regular_file(log_file, os.O_WRONLY | os.O_APPEND)
     except OSError:
         return
     try:
-        if stat.S_ISREG(os.fstat(descriptor).st_mode):
-            sys.stderr.flush()
-            os.dup2(descriptor, sys.stderr.fileno())
+        sys.stderr.flush()
+        os.dup2(descriptor, sys.stderr.fileno())
     finally:
         os.close(descriptor)
 

@@ -36,11 +36,12 @@ import fcntl
 import json
 import os
 import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from ppoflow.tasks.storage.regular_files import open_regular_file
 
 LOCK_NAME = ".lock"
 
@@ -97,15 +98,10 @@ def _open_lock_file(path: Path) -> int:
     """The lock file, created if needed; never through a link (the holder truncates and writes it,
     which through a planted link would clobber another file) and never anything but a regular file
     (a FIFO would block)."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK  # no O_TRUNC: only the holder writes
     try:
-        fd = os.open(path, flags, 0o644)
+        return open_regular_file(path, os.O_RDWR | os.O_CREAT)  # no O_TRUNC: only the holder writes
     except OSError as error:
         raise RunLocked(f"{path} cannot be the run's lock file ({error.strerror}); remove it") from error
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RunLocked(f"{path} cannot be the run's lock file (not a regular file); remove it")
-    return fd
 
 
 def release_run_lock(run_dir: Path) -> None:
