@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
+    args.program = argv is None  # the `ppoflow` program (its own process), not a call from Python
     match args.command:
         case "train":
             return _train(args)
@@ -190,7 +191,7 @@ def _train(args) -> int:
         return 2
     from ppoflow.train_command import run_training
 
-    return run_training(args.config, args.overrides, cfg.run_dir, args.verbose)
+    return run_training(args.config, args.overrides, cfg.run_dir, args.verbose, program=args.program)
 
 
 def _config(args) -> int:

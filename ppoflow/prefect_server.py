@@ -84,8 +84,9 @@ class ServerDidNotStart(RuntimeError):
 
 class TemporaryServer:
     """`with TemporaryServer(log_file) as api_url:` a Prefect API on 127.0.0.1 for the duration of
-    the block; its output is appended to `log_file` (its folder made if need be; a link there is
-    refused), or kept in a temporary file only long enough to quote if it fails to start."""
+    the block; its output is appended to `log_file` (its folder made if need be; the file itself
+    never through a link), or kept in a temporary file only long enough to quote if it fails to
+    start."""
 
     def __init__(self, log_file: Path | None = None) -> None:
         self.log_file = log_file
@@ -95,6 +96,9 @@ class TemporaryServer:
 
     def __enter__(self) -> str:
         self.output = _open_output(self.log_file)
+        if self.log_file is not None:  # the file takes every run's server: where this one starts
+            self.output.write(f"--- {time.strftime('%c')}: Prefect server of pid {os.getpid()}\n".encode())
+            self.output.flush()
         try:
             return self._start()
         except BaseException:

@@ -22,19 +22,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
+from ppoflow.tasks.storage.regular_files import open_regular_file
 
 LOG_NAME = "logs/train.log"
 SERVER_LOG_NAME = "logs/prefect-server.log"
 EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
 
 
-def run_training(config_file: str | None, overrides: list[str], run_dir: Path, verbose: bool) -> int:
+def run_training(
+    config_file: str | None, overrides: list[str], run_dir: Path, verbose: bool, *, program: bool = False
+) -> int:
     """Train as configured; returns the exit code (0 done, 1 failed, 3 locked or no usable state,
-    130 interrupted). After ppoflow's last line, what the interpreter still prints on its way out (a
-    library's thread or exit hook) goes to the run's log, not under that line."""
+    130 interrupted). As the `ppoflow` program, what the interpreter still prints on its way out
+    after ppoflow's last line (a library's thread or exit hook) goes to the run's log, not under
+    that line (a Python caller keeps its stderr)."""
     log_file = run_dir.resolve() / LOG_NAME
     code = _run_training(config_file, overrides, run_dir, log_file, verbose)
-    _send_the_rest_to(log_file)
+    if program:
+        _send_the_rest_to(log_file)
     return code
 
 
@@ -44,6 +49,7 @@ def _run_training(
     resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
     ctrl_c = _CtrlC()
     try:
+        _logs_folder(log_file.parent)
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
         with ctrl_c, server, _logging_to(log_file, verbose):
             try:
@@ -139,6 +145,16 @@ def _finished(run_dir: Path) -> str:
     return f"{done} finished and kept in {run_dir}"
 
 
+def _logs_folder(folder: Path) -> None:
+    """RUN_DIR/logs, made if need be: a folder of the run's own (a planted link would send the logs
+    elsewhere; a file there says plainly that it is in the way)."""
+    if folder.is_symlink():
+        raise OSError(f"{folder} is a link, not the run's logs folder; remove it")
+    if folder.exists() and not folder.is_dir():
+        raise OSError(f"{folder} is not a folder (ppoflow keeps the run's logs there); remove it")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
 @contextlib.contextmanager
 def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
     """Everything logged (Prefect's task and flow errors with their tracebacks, library warnings,
@@ -182,6 +198,14 @@ class _LogFile(logging.FileHandler):
 
     failed = False
 
+    def _open(self):
+        """The log file, opened as every file a run directory holds (no link, no FIFO)."""
+        try:
+            descriptor = open_regular_file(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except OSError as error:
+            raise OSError(f"cannot write the run's log {self.baseFilename}: {error.strerror}") from error
+        return open(descriptor, self.mode, encoding=self.encoding, errors=self.errors)
+
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
             super().emit(record)
@@ -192,8 +216,6 @@ class _LogFile(logging.FileHandler):
 
 def _send_the_rest_to(log_file: Path) -> None:
     """Point this process's stderr at `log_file` when it is a regular file ppoflow can append to."""
-    from ppoflow.tasks.storage.regular_files import open_regular_file
-
     try:
         descriptor = open_regular_file(log_file, os.O_WRONLY | os.O_APPEND)
     except OSError:

@@ -143,21 +143,30 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
 
 
-def test_what_prints_on_the_way_out_goes_to_the_log_not_under_the_last_line(tiny_model_dir, tmp_path):
-    """A library's exit hook that prints (here one registered before ppoflow ran, so it runs last)."""
+@pytest.mark.parametrize("caller", ["program", "python"])
+def test_what_prints_on_the_way_out_goes_to_the_log_not_under_the_last_line(tiny_model_dir, tmp_path, caller):
+    """A library's exit hook that prints (here one registered before ppoflow ran, so it runs last):
+    the `ppoflow` program sends it to the run's log; a Python caller of main() keeps its stderr."""
+    arguments = _command(tmp_path, "trainer.total_training_steps=1")[3:]
+    program = f"sys.argv = {['ppoflow', *arguments]!r}\n" if caller == "program" else ""
     code = (
         "import atexit, sys\n"
         "atexit.register(lambda: print('a late word from a library', file=sys.stderr))\n"
         "from ppoflow.cli import main\n"
-        f"sys.exit(main({_command(tmp_path, 'trainer.total_training_steps=1')[3:]!r}))\n"
+        f"{program}sys.exit(main({'' if program else repr(arguments)}))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], env=_env(own_server=True), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr == ""
     assert done.stdout.splitlines()[-1].startswith("try ")
-    assert (tmp_path / "logs/train.log").read_text().endswith("a late word from a library\n")
+    log = (tmp_path / "logs/train.log").read_text()
+    if caller == "program":
+        assert done.stderr == ""
+        assert log.endswith("a late word from a library\n")
+    else:
+        assert done.stderr == "a late word from a library\n"
+        assert "a late word" not in log
 
 
 def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_path):
@@ -245,6 +254,7 @@ def test_a_server_that_does_not_start_is_one_line_that_names_its_log(tmp_path):
     ]
     assert "Can't load plugin: sqlalchemy.dialects:nosuchdatabase" in server_log.read_text()
     assert server_log.read_text().count("Traceback") == 1  # one try: a server that crashes is not retried
+    assert server_log.read_text().startswith("--- ")  # where this run's server starts in the file
 
 
 def test_without_a_log_file_the_error_quotes_the_servers_last_line(monkeypatch):
@@ -262,21 +272,42 @@ def test_without_a_log_file_the_error_quotes_the_servers_last_line(monkeypatch):
 
 
 @pytest.mark.parametrize("planted", ["link", "fifo"])
-def test_a_planted_server_log_is_refused_before_anything_starts(tmp_path, planted):
+@pytest.mark.parametrize("name", ["prefect-server.log", "train.log"])
+def test_a_planted_log_file_is_refused_before_anything_is_written_through_it(tmp_path, planted, name):
     outside = tmp_path / "outside.txt"
     outside.write_text("not the run's\n")
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    server_log = run_dir / "logs/prefect-server.log"
+    log = run_dir / "logs" / name
     if planted == "link":
-        server_log.symlink_to(outside)
+        log.symlink_to(outside)
     else:
-        os.mkfifo(server_log)
+        os.mkfifo(log)
     failed = subprocess.run(
         _command(run_dir), env=_env(own_server=True), capture_output=True, text=True, timeout=120
     )
     assert failed.returncode == 1
     [line] = failed.stderr.splitlines()
-    assert line.startswith(f"ppoflow: cannot write the Prefect server's log {server_log}: ")
+    which = "the Prefect server's log" if name == "prefect-server.log" else "the run's log"
+    assert line.startswith(f"ppoflow: cannot write {which} {log}: ")
     assert outside.read_text() == "not the run's\n"
-    assert not (run_dir / "logs/train.log").exists()
+
+
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_a_logs_folder_that_is_a_link_or_a_file_is_refused(tmp_path, planted):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if planted == "link":
+        (run_dir / "logs").symlink_to(elsewhere)
+    else:
+        (run_dir / "logs").write_text("x")
+    failed = subprocess.run(
+        _command(run_dir), env=_env(own_server=True), capture_output=True, text=True, timeout=120
+    )
+    assert failed.returncode == 1
+    why = "is a link, not the run's logs folder" if planted == "link" else "is not a folder"
+    [line] = failed.stderr.splitlines()
+    assert line.startswith(f"ppoflow: {run_dir / 'logs'} {why}")
+    assert list(elsewhere.iterdir()) == []
