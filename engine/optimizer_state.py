@@ -62,8 +62,8 @@ INDEX_FILE = "model.safetensors.index.json"
 
 def _write_one_file(directory: Path, moments: dict[str, torch.Tensor]) -> None:
     """What torch.distributed.checkpoint's Hugging Face writer saves for one process, byte for byte
-    (the data file synced to disk, as it does), without its planning, which costs four times the
-    write itself for a small model (tests/engine/test_optimizer_state.py checks the bytes)."""
+    (the data file synced to disk, as it does), without its planning: a third of the save for the
+    tiny model, 12.0 → 8 ms (tests/engine/test_optimizer_state.py checks the bytes)."""
     from safetensors.torch import save
 
     whole = {name: {"saved_offsets": [0] * tensor.dim()} for name, tensor in moments.items()}
