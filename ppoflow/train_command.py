@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
+from ppoflow.tasks.storage.lock import RunLocked, acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import open_regular_file
 
 LOG_NAME = "logs/train.log"
@@ -49,15 +50,17 @@ def _run_training(
     resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
     ctrl_c = _CtrlC()
     try:
-        _logs_folder(log_file.parent)
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
-        with ctrl_c, server, _logging_to(log_file, verbose):
+        with ctrl_c, _run_lock(run_dir), server, _logging_to(log_file, verbose):
             try:
                 return _train(config_file, overrides, log_file, resume, ctrl_c)
             finally:
                 deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
         pass
+    except RunLocked as error:  # another process trains this run: its logs are left alone
+        _say(f"ppoflow: {error}")
+        return EXIT_LOCKED
     except BrokenPipeError:  # the reader of the output left: main's exit 141
         raise
     except (ServerDidNotStart, OSError) as error:  # no server, or no writable run directory
@@ -145,6 +148,21 @@ def _finished(run_dir: Path) -> str:
     return f"{done} finished and kept in {run_dir}"
 
 
+@contextlib.contextmanager
+def _run_lock(run_dir: Path) -> Iterator[None]:
+    """The run's lock (tasks/storage/lock.py) for the whole command, taken before its logs are
+    opened or its server started: a second `ppoflow train` of a run in progress writes nothing
+    there. The flow takes it again (re-entrant) when it opens the run."""
+    path = run_dir.resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    acquire_run_lock(path)
+    try:
+        _logs_folder(path / "logs")
+        yield
+    finally:
+        release_run_lock(path)
+
+
 def _logs_folder(folder: Path) -> None:
     """RUN_DIR/logs, made if need be: a folder of the run's own (a planted link would send the logs
     elsewhere; a file there says plainly that it is in the way)."""
@@ -212,6 +230,18 @@ class _LogFile(logging.FileHandler):
 
     def handleError(self, record: logging.LogRecord) -> None:
         self.failed = True
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:  # what is still buffered when the disk fills
+            self.failed = True
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            self.failed = True
 
 
 def _send_the_rest_to(log_file: Path) -> None:

@@ -311,3 +311,20 @@ def test_a_logs_folder_that_is_a_link_or_a_file_is_refused(tmp_path, planted):
     [line] = failed.stderr.splitlines()
     assert line.startswith(f"ppoflow: {run_dir / 'logs'} {why}")
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_run_in_progress_is_refused_in_one_line_and_its_logs_are_left_alone(tmp_path):
+    """The lock is taken before the logs are opened or a server started."""
+    from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+
+    acquire_run_lock(tmp_path)  # this process trains it
+    try:
+        refused = subprocess.run(
+            _command(tmp_path), env=_env(own_server=True), capture_output=True, text=True, timeout=120
+        )
+    finally:
+        release_run_lock(tmp_path)
+    assert refused.returncode == 3
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"ppoflow: run directory {tmp_path} is being written by process {os.getpid()} ")
+    assert not (tmp_path / "logs").exists()
