@@ -10,10 +10,12 @@ import stat
 from pathlib import Path
 
 
-def open_regular_file(path: Path, flags: int, mode: int = 0o644) -> int:
-    """`os.open(path, flags)` with O_NOFOLLOW and O_NONBLOCK; OSError (its `strerror` says why in
-    words) when it cannot be opened or is not a regular file."""
-    descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+def open_regular_file(path: str | Path, flags: int, mode: int = 0o644, *, follow_links: bool = False) -> int:
+    """`os.open(path, flags)` with O_NONBLOCK and (unless `follow_links`, for a reader of files a
+    link may rightly name) O_NOFOLLOW; OSError (its `strerror` says why in words) when it cannot be
+    opened or is not a regular file."""
+    nofollow = 0 if follow_links else os.O_NOFOLLOW
+    descriptor = os.open(path, flags | nofollow | os.O_NONBLOCK, mode)
     if not stat.S_ISREG(os.fstat(descriptor).st_mode):
         os.close(descriptor)
         raise OSError(errno.EINVAL, "not a regular file", str(path))

@@ -56,7 +56,7 @@ RESULT_TYPES: dict[str, type] = {
 
 def _outputs(value: Any) -> tuple[Any, ...]:
     """The stage outputs a result holds: model states, stage results and their tables."""
-    if isinstance(value, tuple) and not isinstance(value, ArtifactRef):
+    if isinstance(value, tuple):
         return tuple(output for item in value for output in _outputs(item))
     if isinstance(value, StageResult):
         return (value, *value.refs)

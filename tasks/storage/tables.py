@@ -17,7 +17,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.recent_tables import LIMIT_BYTES, file_identity, recall, remember
+from ppoflow.tasks.storage.regular_files import open_regular_file
 
 __all__ = [
     "MANIFEST_NAME",
@@ -141,21 +141,21 @@ def _digest(data: bytes | pa.Buffer) -> str:
 def file_digest(path: str | Path) -> str:
     """'sha256:<hex>' of a regular file's bytes, read in 1 MiB chunks (an OSError for anything else:
     a FIFO planted under an artifact's name would block the read forever)."""
-    sha = hashlib.sha256()
     with _open_regular(path) as f:
-        while chunk := f.read(_CHUNK):
-            sha.update(chunk)
+        return _stream_digest(f)
+
+
+def _stream_digest(f: BinaryIO) -> str:
+    sha = hashlib.sha256()
+    while chunk := f.read(_CHUNK):
+        sha.update(chunk)
     return f"sha256:{sha.hexdigest()}"
 
 
 def _open_regular(path: str | Path) -> BinaryIO:
     """`path` opened for reading if it is a regular file; an OSError otherwise. Opened without
     blocking, so that a FIFO planted under a file's name cannot stall the run."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return open(fd, "rb")
+    return open(open_regular_file(path, os.O_RDONLY, follow_links=True), "rb")
 
 
 def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -222,19 +222,22 @@ def read_table(run_dir: str | Path, ref: ArtifactRef, *, verify: bool = True) ->
         return recent
     with _open_regular(path) as f:
         identity = file_identity(f.fileno())
-        size = identity[2]
-        data = f.read() if size <= LIMIT_BYTES else None  # larger: hashed in chunks, never held whole
-    actual = _digest(data) if data is not None else file_digest(path)
+        if identity[2] > LIMIT_BYTES:  # hashed in chunks and parsed from the same open file
+            actual = _stream_digest(f)
+            if actual != ref.digest:
+                raise ArtifactCorrupt(path, ref.digest, actual)
+            f.seek(0)
+            return _read_parquet(f)
+        data = f.read()
+    actual = _digest(data)
     if actual != ref.digest:
         raise ArtifactCorrupt(path, ref.digest, actual)
-    if data is None:
-        return _read_parquet(path)
     table = _read_parquet(pa.BufferReader(data))
     remember(path, actual, identity, table)
     return table
 
 
-def _read_parquet(source: Path | pa.BufferReader) -> pa.Table:
+def _read_parquet(source: Path | pa.BufferReader | BinaryIO) -> pa.Table:
     # A file, not a dataset: no partition columns are inferred from the iter= folder.
     with pq.ParquetFile(source) as parquet:
         return parquet.read()
