@@ -43,14 +43,19 @@ def main() -> None:
     from transformers.utils import logging as transformers_logging
 
     import ppoflow.engine.models  # noqa: F401  (torch and transformers: imported before the clock)
-    from ppoflow.prefect_server import prefect_api
 
     # the base model is built once per machine (not part of the timing), in a process of its own:
     # this one must not import prefect before prefect_api() has set PREFECT_API_URL
     build = "from ppoflow.tasks.stages.prepare_model import build_tiny_base; build_tiny_base(seed=1)"
     subprocess.run([sys.executable, "-c", build], check=True)
     transformers_logging.disable_progress_bar()
-    run_dir = Path(tempfile.mkdtemp(prefix="ppoflow-bench-")) / "run"
+    with tempfile.TemporaryDirectory(prefix="ppoflow-bench-") as scratch:  # the run is removed after
+        run_and_report(args, Path(scratch) / "run")
+
+
+def run_and_report(args, run_dir: Path) -> None:
+    from ppoflow.prefect_server import prefect_api
+
     overrides = [f"trainer.total_training_steps={args.iterations}", f"trainer.default_local_dir={run_dir}"]
     if args.threads:
         overrides.append(f"trainer.num_threads={args.threads}")

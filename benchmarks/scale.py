@@ -199,7 +199,8 @@ def pipeline(steps: int) -> None:
     ]
     results = {}
     for world in (1, 2):
-        run_dir = Path(tempfile.mkdtemp(prefix="ppoflow-scale-")) / "run"
+        scratch = tempfile.TemporaryDirectory(prefix="ppoflow-scale-")  # removed with the object
+        run_dir = Path(scratch.name) / "run"
         extra = (
             []
             if world == 1

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-os.environ.setdefault("PPOFLOW_CACHE", tempfile.mkdtemp(prefix="ppoflow-cache-"))
+if "PPOFLOW_CACHE" not in os.environ:  # a private cache, removed when the session ends
+    _PRIVATE_CACHE = tempfile.TemporaryDirectory(prefix="ppoflow-cache-")
+    os.environ["PPOFLOW_CACHE"] = _PRIVATE_CACHE.name
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
