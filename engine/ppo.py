@@ -35,7 +35,7 @@ def build_sequence_batch(
 def unpad(values: torch.Tensor, response_mask: torch.Tensor) -> list[list[float]]:
     """(N, T) → per-row lists of the valid positions (the parquet list-column form)."""
     lengths = response_mask.sum(-1).long().tolist()
-    return [values[i, :n].tolist() for i, n in enumerate(lengths)]
+    return [row[:n] for row, n in zip(values.tolist(), lengths, strict=True)]
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -86,10 +86,11 @@ def generate_rollouts(
     seeds = [sample_seed(seed, first_prompt + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     started = time.perf_counter()
     out = engine.generate(repeated, params, seeds=seeds, on_batch=on_batch, on_tokens=on_tokens)
-    batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     temperature = params.logit_temperature
     generated = time.perf_counter()
     seconds = {"gen": generated - started}
+    if recompute_old_log_probs or reference is not None:  # the padded batch the trainer's passes take
+        batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     if recompute_old_log_probs:
         old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
         old_log_probs = unpad(old, batch.response_mask)

@@ -268,10 +268,10 @@ def right_pad(rows: Sequence[Sequence[float]], pad_value, *, width: int | None =
 
 
 def _collect(tokens, log_probs, lengths, done) -> RolloutOutput:
-    out = RolloutOutput()
-    for i in range(tokens.shape[0]):
-        n = int(lengths[i])
-        out.response_ids.append(tokens[i, :n].tolist())
-        out.rollout_log_probs.append(log_probs[i, :n].tolist())
-        out.finish_reasons.append("stop" if bool(done[i]) else "length")
-    return out
+    """Each row cut to its length, as Python lists (each tensor converted once, not row by row)."""
+    cut = lengths.tolist()
+    return RolloutOutput(
+        response_ids=[row[:n] for row, n in zip(tokens.tolist(), cut, strict=True)],
+        rollout_log_probs=[row[:n] for row, n in zip(log_probs.tolist(), cut, strict=True)],
+        finish_reasons=["stop" if stopped else "length" for stopped in done.tolist()],
+    )
