@@ -186,9 +186,6 @@ def _free_port() -> int:
 
 
 def pipeline(steps: int) -> None:
-    import duckdb
-
-    from ppoflow.flows.train import ppo_train
 
     print(f"pipeline: the embedded default, {steps} iterations, one torch thread per process")
     common = [
@@ -199,31 +196,8 @@ def pipeline(steps: int) -> None:
     ]
     results = {}
     for world in (1, 2):
-        scratch = tempfile.TemporaryDirectory(prefix="ppoflow-scale-")  # removed with the object
-        run_dir = Path(scratch.name) / "run"
-        extra = (
-            []
-            if world == 1
-            else [
-                "trainer.n_gpus_per_node=2",
-                "actor_rollout_ref.actor.strategy=fsdp2",
-                "critic.strategy=fsdp2",
-            ]
-        )
-        started = time.perf_counter()
-        ppo_train(None, [*common, f"trainer.default_local_dir={run_dir}", *extra])
-        wall = time.perf_counter() - started
-        rows = duckdb.sql(
-            f'SELECT iter, "timing_s/update_actor", "timing_s/update_critic", "timing_s/step" '
-            f"FROM read_parquet('{run_dir}/iter=*/metrics/*.parquet') ORDER BY iter"
-        ).fetchall()
-        later = rows[1:] or rows  # the first iteration also loads the models
-        results[world] = {
-            "actor": statistics.median(r[1] for r in later),
-            "critic": statistics.median(r[2] for r in later),
-            "step": statistics.median(r[3] for r in later),
-            "wall": wall,
-        }
+        with tempfile.TemporaryDirectory(prefix="ppoflow-scale-") as scratch:  # the run is removed after
+            results[world] = _pipeline_run(common, world, Path(scratch) / "run")
     print(f"  {'':<12}{'update_actor s':>16}{'update_critic s':>17}{'step s':>9}{'run wall s':>12}")
     for world, r in results.items():
         print(f"  world {world:<6}{r['actor']:>16.3f}{r['critic']:>17.3f}{r['step']:>9.3f}{r['wall']:>12.1f}")
@@ -231,6 +205,36 @@ def pipeline(steps: int) -> None:
     for name in ("actor", "critic"):
         print(f"  scaling efficiency, {name} update: {one[name] / (2 * two[name]):.2f}")
     print()
+
+
+def _pipeline_run(common: list[str], world: int, run_dir: Path) -> dict[str, float]:
+    import duckdb
+
+    from ppoflow.flows.train import ppo_train
+
+    extra = (
+        []
+        if world == 1
+        else [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.strategy=fsdp2",
+            "critic.strategy=fsdp2",
+        ]
+    )
+    started = time.perf_counter()
+    ppo_train(None, [*common, f"trainer.default_local_dir={run_dir}", *extra])
+    wall = time.perf_counter() - started
+    rows = duckdb.sql(
+        f'SELECT iter, "timing_s/update_actor", "timing_s/update_critic", "timing_s/step" '
+        f"FROM read_parquet('{run_dir}/iter=*/metrics/*.parquet') ORDER BY iter"
+    ).fetchall()
+    later = rows[1:] or rows  # the first iteration also loads the models
+    return {
+        "actor": statistics.median(r[1] for r in later),
+        "critic": statistics.median(r[2] for r in later),
+        "step": statistics.median(r[3] for r in later),
+        "wall": wall,
+    }
 
 
 # ---- ray ---------------------------------------------------------------------------------------

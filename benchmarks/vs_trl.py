@@ -248,10 +248,13 @@ def main() -> None:
         system = SYSTEMS[args.run]
         with tempfile.TemporaryDirectory(prefix="vs-trl-") as scratch:
             tempfile.tempdir = scratch  # the run's folders (ppoflow's run, TRL's output, data) go with it
-            if system.save_freq is None:
-                seconds = _trl(args.model, shape, iterations, args.threads, system.checkpointing)
-            else:
-                seconds = _ppoflow(args.model, shape, iterations, args.threads, system)
+            try:
+                if system.save_freq is None:
+                    seconds = _trl(args.model, shape, iterations, args.threads, system.checkpointing)
+                else:
+                    seconds = _ppoflow(args.model, shape, iterations, args.threads, system)
+            finally:
+                tempfile.tempdir = None
         print(json.dumps({"seconds": seconds, "peak_gb": _peak_rss_gb()}))
         return
     env = {"PREFECT_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error", "PPOFLOW_PROGRESS": "0"}

@@ -16,7 +16,7 @@ import torch
 from .advantages import AdvEstimator, compute_advantages
 from .forward import SequenceBatch, compute_log_probs
 from .kl import KLPenalty, apply_kl_penalty
-from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad, sample_seed
+from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad, row_prefixes, sample_seed
 
 
 def build_sequence_batch(
@@ -34,8 +34,7 @@ def build_sequence_batch(
 
 def unpad(values: torch.Tensor, response_mask: torch.Tensor) -> list[list[float]]:
     """(N, T) → per-row lists of the valid positions (the parquet list-column form)."""
-    lengths = response_mask.sum(-1).long().tolist()
-    return [row[:n] for row, n in zip(values.tolist(), lengths, strict=True)]
+    return row_prefixes(values, response_mask.sum(-1).long().tolist())
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import accumulate, chain
 from typing import Protocol
 
 import torch
@@ -267,11 +267,19 @@ def right_pad(rows: Sequence[Sequence[float]], pad_value, *, width: int | None =
     return values, mask.float()
 
 
+def row_prefixes(values: torch.Tensor, lengths: Sequence[int]) -> list[list]:
+    """The first `lengths[i]` values of each row i of (N, T) `values`, as Python lists: the valid
+    values are gathered and converted at once (neither row by row nor with the padding)."""
+    ends = torch.tensor(lengths, dtype=torch.long, device=values.device)
+    flat = values[torch.arange(values.shape[1], device=values.device) < ends[:, None]].tolist()
+    starts = [0, *accumulate(min(n, values.shape[1]) for n in lengths)]
+    return [flat[a:b] for a, b in zip(starts, starts[1:], strict=False)]
+
+
 def _collect(tokens, log_probs, lengths, done) -> RolloutOutput:
-    """Each row cut to its length, as Python lists (each tensor converted once, not row by row)."""
     cut = lengths.tolist()
     return RolloutOutput(
-        response_ids=[row[:n] for row, n in zip(tokens.tolist(), cut, strict=True)],
-        rollout_log_probs=[row[:n] for row, n in zip(log_probs.tolist(), cut, strict=True)],
+        response_ids=row_prefixes(tokens, cut),
+        rollout_log_probs=row_prefixes(log_probs, cut),
         finish_reasons=["stop" if stopped else "length" for stopped in done.tolist()],
     )

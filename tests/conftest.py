@@ -10,7 +10,7 @@ import pytest
 import torch
 
 if "PPOFLOW_CACHE" not in os.environ:  # a private cache, removed when the session ends
-    _PRIVATE_CACHE = tempfile.TemporaryDirectory(prefix="ppoflow-cache-")
+    _PRIVATE_CACHE = tempfile.TemporaryDirectory(prefix="ppoflow-cache-", ignore_cleanup_errors=True)
     os.environ["PPOFLOW_CACHE"] = _PRIVATE_CACHE.name
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")

@@ -20,7 +20,7 @@ from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
-from ppoflow.tasks.storage.checkpoints import directory_digest
+from ppoflow.tasks.storage.checkpoints import directory_digest, readable_files, readable_folder
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import leads_outside
 
@@ -76,9 +76,10 @@ def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda
     """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
     leaves the old folder or none, never a part of one (unless `unless()` holds by then)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = readable_folder(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
+        readable_files(staging)
         if unless():
             shutil.rmtree(staging)
             return target

@@ -192,6 +192,7 @@ def write_checkpoint(
     optim_staging = readable_folder(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
     try:
         fill(staging, optim_staging)
+        readable_files(staging, optim_staging)
         inject_fault("checkpoint", step)
         remove_from_run(root, final)
         remove_from_run(root, optimizer_dir(final))
@@ -206,10 +207,34 @@ def write_checkpoint(
 
 def readable_folder(path: str) -> Path:
     """A staging folder readable as the umask allows (mkdtemp makes it private to its owner)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
+    os.chmod(path, 0o777 & ~_umask())
     return Path(path)
+
+
+def readable_files(*folders: Path) -> None:
+    """The files of staged folders readable as the umask allows, like every other run file:
+    safetensors writes a weights or optimizer file under a private temporary name (mode 0600) and
+    renames it into place."""
+    mode = 0o666 & ~_umask()
+    for folder in folders:
+        for entry in os.scandir(folder):
+            if entry.is_file(follow_symlinks=False):
+                os.chmod(entry.path, mode)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux): to read it,
+    os.umask must set one, and a file another thread creates meanwhile gets that one."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o077)  # the strictest while it is read
+    os.umask(umask)
+    return umask
 
 
 def save_checkpoint(

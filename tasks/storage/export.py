@@ -24,6 +24,7 @@ from ppoflow.tasks.storage.checkpoints import (
     checkpoint_digest,
     directory_digest,
     holds_model,
+    readable_files,
     readable_folder,
 )
 from ppoflow.tasks.storage.tables import read_json
@@ -118,6 +119,7 @@ def _write(target: Path, fill) -> None:
     staging = readable_folder(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
+        readable_files(staging)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -6,6 +6,7 @@ the adapters (`ppoflow show` and the evaluate flow read LoRA checkpoints too).""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pyarrow.parquet as pq
@@ -141,6 +142,10 @@ def test_export_writes_the_merged_model_and_the_adapters(lora_run, tmp_path, cap
     assert {"adapter_model.safetensors", "adapter_config.json", "tokenizer.json"} == {
         p.name for p in adapter_dir.iterdir() if p.name != "tokenizer_config.json"
     }
+    umask = os.umask(0o077)
+    os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [*model_dir.iterdir(), *adapter_dir.iterdir()]}
+    assert modes == dict.fromkeys(modes, oct(0o666 & ~umask))  # weights too, not 0600
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(run_dir / "model/base")
     batch, _, _ = _rollouts_of_step_3(run_dir)

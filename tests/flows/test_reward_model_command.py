@@ -4,6 +4,7 @@ model and its inputs are what a run feeds it; bad input is one line and exit 2."
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 
@@ -32,6 +33,10 @@ def test_a_reward_model_trained_from_a_jsonl_file_is_saved_and_loads(tiny_model_
     model = load_reward_model(out)
     assert torch.count_nonzero(model.score.weight) > 0  # the zero head moved
     assert json.loads((out / "reward_model_training.json").read_text())["recipe"]["steps"] == 3
+    umask = os.umask(0o077)
+    os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [out, *out.iterdir()]}
+    assert modes == {p: oct((0o777 if p == "rm" else 0o666) & ~umask) for p in modes}  # as the umask allows
     assert main([*args, "--steps", "3"]) == 2  # the folder is not overwritten
     assert "exists and is not an empty folder" in capsys.readouterr().err
 

@@ -48,6 +48,12 @@ def test_actor_and_critic_parameters_changed(small_run):
     run_dir, summary, _ = small_run
     base = load_file(run_dir / "model/base/model.safetensors")
     final = load_file(run_dir / "checkpoints/iter=000002/actor/model.safetensors")
+    umask = os.umask(0o077)
+    os.umask(umask)
+    weights = ("model/base/model.safetensors", "checkpoints/iter=000002/actor/model.safetensors")
+    for path in ("model/base", *weights):
+        mode = (run_dir / path).stat().st_mode & 0o777  # readable as the umask allows, like every run file
+        assert mode == (0o777 if (run_dir / path).is_dir() else 0o666) & ~umask, path
     assert summary["actor_checkpoint"] == str(run_dir / "checkpoints/iter=000002/actor")
     assert any(not torch.equal(base[k], final[k]) for k in base)
     critic = load_file(run_dir / "checkpoints/iter=000002/critic/model.safetensors")

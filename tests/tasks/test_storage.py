@@ -8,6 +8,7 @@ import pickle
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from ppoflow.tasks.storage import tables
 from ppoflow.tasks.storage.schemas import SCHEMAS
@@ -348,3 +349,38 @@ def test_the_io_clock_adds_each_call_to_its_kind(tmp_path):
         pass
     assert set(clock.by_kind) == {"tables", "checkpoints"}
     assert clock.seconds == pytest.approx(sum(clock.by_kind.values()))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_checkpoint_files_are_readable_as_the_umask_allows(tmp_path, tiny_model_dir, umask):
+    """Weights and optimizer state included: safetensors writes them under a private temporary
+    name (0600) and renames it into place."""
+    from ppoflow.engine.models import load_actor, load_tokenizer
+    from ppoflow.engine.optim import build_optimizer
+    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.storage.checkpoints import Trainable, optimizer_dir, save_checkpoint
+
+    from ..engine.settings import optim_settings
+
+    model = load_actor(tiny_model_dir)
+    optimizer, scheduler = build_optimizer(model, optim_settings(lr=0.01))
+    model(input_ids=torch.ones(1, 3, dtype=torch.long)).logits.sum().backward()
+    optimizer.step()
+    previous = os.umask(umask)
+    try:
+        relative, _, _ = save_checkpoint(
+            Run(str(tmp_path)),
+            "actor",
+            1,
+            Trainable(model, optimizer, scheduler),
+            load_tokenizer(tiny_model_dir),
+        )
+    finally:
+        os.umask(previous)
+    folder = tmp_path / relative
+    files = [*folder.iterdir(), *optimizer_dir(folder).iterdir()]
+    assert {"model.safetensors", "model-00001-of-00001.safetensors"} <= {f.name for f in files}
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in files} == {
+        f.name: oct(0o666 & ~umask) for f in files
+    }
+    assert oct(folder.stat().st_mode & 0o777) == oct(0o777 & ~umask)
