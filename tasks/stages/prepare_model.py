@@ -76,9 +76,10 @@ def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda
     """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
     leaves the old folder or none, never a part of one (unless `unless()` holds by then)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = readable_folder(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
+        readable_folder(staging)  # after fill: a copied folder takes its source's modes
         readable_files(staging)
         if unless():
             shutil.rmtree(staging)

@@ -205,7 +205,7 @@ def write_checkpoint(
     return relative, checkpoint_digest(final), optimizer_digest(final)
 
 
-def readable_folder(path: str) -> Path:
+def readable_folder(path: str | Path) -> Path:
     """A staging folder readable as the umask allows (mkdtemp makes it private to its owner)."""
     os.chmod(path, 0o777 & ~_umask())
     return Path(path)

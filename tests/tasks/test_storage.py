@@ -384,3 +384,23 @@ def test_checkpoint_files_are_readable_as_the_umask_allows(tmp_path, tiny_model_
         f.name: oct(0o666 & ~umask) for f in files
     }
     assert oct(folder.stat().st_mode & 0o777) == oct(0o777 & ~umask)
+
+
+def test_a_model_copied_into_the_run_is_readable_as_the_umask_allows(tmp_path, tiny_model_dir):
+    """model/base is a copy of the base model's folder (the ppoflow cache's, or a user's private
+    one): the copy's folder and files take the umask's modes, not the source's."""
+    import shutil
+
+    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.stages.prepare_model import _install_copy
+
+    private = tmp_path / "private-model"
+    shutil.copytree(tiny_model_dir, private)
+    private.chmod(0o700)
+    for path in private.iterdir():
+        path.chmod(0o600)
+    copy = _install_copy(private, Run(str(tmp_path / "run")), "model/base")
+    umask = os.umask(0o077)
+    os.umask(umask)
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [copy, *copy.iterdir()]}
+    assert modes == {n: oct((0o777 if n == "base" else 0o666) & ~umask) for n in modes}
