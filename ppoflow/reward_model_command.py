@@ -55,7 +55,7 @@ def train_reward_model_dir(out: Path, recipe: RewardModelRecipe) -> dict[str, fl
     from ppoflow.engine.models import load_tokenizer, reward_model_from_policy
     from ppoflow.engine.reward_model import train_reward_model
     from ppoflow.tasks.stages.prepare_model import build_tiny_base
-    from ppoflow.tasks.storage.checkpoints import readable_files, readable_folder
+    from ppoflow.tasks.storage.checkpoints import readable_as_the_umask_allows
 
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -73,12 +73,12 @@ def train_reward_model_dir(out: Path, recipe: RewardModelRecipe) -> dict[str, fl
     report = {"train": float(len(train)), "loss_first": losses[0], "loss_last": sum(tail) / len(tail)}
     report |= held_out_report(model, test_batch, test_labels)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = readable_folder(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / "reward_model_training.json").write_text(json.dumps({**report, "recipe": vars(recipe)}))
-        readable_files(staging)
+        readable_as_the_umask_allows(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)

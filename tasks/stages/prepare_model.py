@@ -20,7 +20,7 @@ from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
-from ppoflow.tasks.storage.checkpoints import directory_digest, readable_files, readable_folder
+from ppoflow.tasks.storage.checkpoints import directory_digest, readable_as_the_umask_allows
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import leads_outside
 
@@ -79,8 +79,7 @@ def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
-        readable_folder(staging)  # after fill: a copied folder takes its source's modes
-        readable_files(staging)
+        readable_as_the_umask_allows(staging)
         if unless():
             shutil.rmtree(staging)
             return target

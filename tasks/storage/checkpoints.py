@@ -188,11 +188,11 @@ def write_checkpoint(
     root = run.path / "checkpoints"
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
         remove_from_run(root, leftover)
-    staging = readable_folder(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
-    optim_staging = readable_folder(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))
+    optim_staging = Path(tempfile.mkdtemp(prefix=f".{role}.optim.", dir=final.parent))
     try:
         fill(staging, optim_staging)
-        readable_files(staging, optim_staging)
+        readable_as_the_umask_allows(staging, optim_staging)
         inject_fault("checkpoint", step)
         remove_from_run(root, final)
         remove_from_run(root, optimizer_dir(final))
@@ -205,21 +205,17 @@ def write_checkpoint(
     return relative, checkpoint_digest(final), optimizer_digest(final)
 
 
-def readable_folder(path: str | Path) -> Path:
-    """A staging folder readable as the umask allows (mkdtemp makes it private to its owner)."""
-    os.chmod(path, 0o777 & ~_umask())
-    return Path(path)
-
-
-def readable_files(*folders: Path) -> None:
-    """The files of staged folders readable as the umask allows, like every other run file:
-    safetensors writes a weights or optimizer file under a private temporary name (mode 0600) and
-    renames it into place."""
-    mode = 0o666 & ~_umask()
+def readable_as_the_umask_allows(*folders: Path) -> None:
+    """Filled staging folders and their files given the modes the umask allows, like every other
+    run file, before they are renamed into place: mkdtemp makes a folder private to its owner (and
+    copytree gives it its source's mode), and safetensors writes a weights or optimizer file under
+    a private temporary name (0600) and renames it."""
+    umask = _umask()
     for folder in folders:
+        os.chmod(folder, 0o777 & ~umask)
         for entry in os.scandir(folder):
             if entry.is_file(follow_symlinks=False):
-                os.chmod(entry.path, mode)
+                os.chmod(entry.path, 0o666 & ~umask)
 
 
 def _umask() -> int:

@@ -24,8 +24,7 @@ from ppoflow.tasks.storage.checkpoints import (
     checkpoint_digest,
     directory_digest,
     holds_model,
-    readable_files,
-    readable_folder,
+    readable_as_the_umask_allows,
 )
 from ppoflow.tasks.storage.tables import read_json
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
@@ -116,10 +115,10 @@ def _copy_adapter(actor: Path, directory: Path, tokenizer) -> None:
 def _write(target: Path, fill) -> None:
     """`fill` a staging folder beside `target`, then rename it into place."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = readable_folder(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
-        readable_files(staging)
+        readable_as_the_umask_allows(staging)
         os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
