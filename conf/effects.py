@@ -176,10 +176,12 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "each rank generates and trains on contiguous shares of the batch; weights stay in memory",
     ),
     NoEffect(
-        (
-            "*.use_remove_padding",
-            "actor_rollout_ref.actor.use_torch_compile",
-        ),
+        ("*.use_remove_padding",),
+        "every micro-batch is always run without the columns that are padding in all of its rows "
+        "(the same results, up to float rounding)",
+    ),
+    NoEffect(
+        ("actor_rollout_ref.actor.use_torch_compile",),
         "a speed or memory setting of verl's training backend; results are the same without it",
     ),
     NoEffect(

@@ -29,7 +29,8 @@ class ModelSource(Section):
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory to run."""
     use_remove_padding: bool = False
-    """Pack sequences without padding tokens; changes speed, not results."""
+    """verl's packing of sequences without padding tokens. ppoflow always leaves out, in every
+    micro-batch, the columns that are padding in all of its rows; this setting changes nothing."""
     enable_gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them: less memory
     in training, more time, the same numbers (verl turns it on for the actor by default)."""

@@ -95,7 +95,8 @@ class RewardModelModelConfig(Section):
     external_lib: str | None = None
     """Python module imported before loading, to register a custom architecture."""
     use_remove_padding: bool = False
-    """Pack sequences without padding tokens; changes speed, not results."""
+    """verl's packing of sequences without padding tokens. ppoflow always leaves out, in every
+    micro-batch, the columns that are padding in all of its rows; this setting changes nothing."""
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
     """FSDP settings (the reward model runs unsharded in the trainer's process)."""
 

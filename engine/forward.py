@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .logits import entropy_from_logits, logprobs_from_logits
 
@@ -38,6 +39,25 @@ class SequenceBatch:
     def select(self, rows: torch.Tensor | slice) -> SequenceBatch:
         return SequenceBatch(
             self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows]
+        )
+
+    def without_padding(self) -> SequenceBatch:
+        """The same rows without the columns that are padding in all of them: leading prompt
+        columns and trailing response columns (a side with no valid token at all is kept whole).
+        Every row keeps its tokens, positions and attention, so its outputs are the same up to float
+        rounding (shorter shapes can change a kernel's blocking); a micro-batch of one prompt's
+        responses then costs its own length, not that of the batch's longest prompt and response."""
+        prompt_columns = (self.prompt_mask != 0).any(dim=0).nonzero()
+        response_columns = (self.response_mask != 0).any(dim=0).nonzero()
+        first = int(prompt_columns[0]) if len(prompt_columns) else 0
+        width = int(response_columns[-1]) + 1 if len(response_columns) else self.response_ids.shape[1]
+        if first == 0 and width == self.response_ids.shape[1]:
+            return self
+        return SequenceBatch(
+            self.prompt_ids[:, first:],
+            self.prompt_mask[:, first:],
+            self.response_ids[:, :width],
+            self.response_mask[:, :width],
         )
 
     def to(self, device: torch.device | str) -> SequenceBatch:
@@ -143,14 +163,18 @@ def _in_eval_micro_batches(
     micro_batch_size: int,
     forward: Callable[[SequenceBatch], torch.Tensor],
 ) -> list[torch.Tensor]:
-    """`forward` of each micro-batch of `batch` with `model` in eval mode (its mode restored after)."""
+    """`forward` of each micro-batch of `batch`, without its padding columns (`without_padding`),
+    with `model` in eval mode (its mode restored after). Per-token outputs narrower than the batch's
+    responses are padded back to its width with zeros."""
     was_training = model.training
     model.eval()
+    width = batch.response_ids.shape[1]
     try:
         starts = range(0, len(batch), micro_batch_size)
-        return [forward(batch.select(slice(i, i + micro_batch_size))) for i in starts]
+        outputs = [forward(batch.select(slice(i, i + micro_batch_size)).without_padding()) for i in starts]
     finally:
         model.train(was_training)
+    return [out if out.dim() < 2 else F.pad(out, (0, width - out.shape[1])) for out in outputs]
 
 
 @torch.no_grad()

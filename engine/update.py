@@ -97,10 +97,10 @@ def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: in
             yield epoch, index, rows
 
 
-MicroLoss = Callable[
-    [torch.Tensor, SequenceBatch, float], tuple[torch.Tensor, dict[str, float], dict[str, float]]
-]
-"""(micro-batch row ids, its rows, the mini-batch denominator) →
+Cells = tuple[torch.Tensor, slice]
+MicroLoss = Callable[[Cells, SequenceBatch, float], tuple[torch.Tensor, dict[str, float], dict[str, float]]]
+"""(the micro-batch's cells of the mini-batch's (N, T) per-token tensors: its row ids and its
+response columns; its rows without padding columns; the mini-batch denominator) →
 (loss, summed metrics, token-mean metrics)."""
 
 
@@ -155,8 +155,9 @@ def _optimize(
             step: dict[str, float] = defaultdict(float)
             micros = rows.chunk(stepper.world)[stepper.rank].split(s.micro_batch_size)
             for position, micro in enumerate(micros):
-                part = batch.select(micro).to(device)
-                loss, summed, token_means = micro_loss(micro, part, denominator)
+                part = batch.select(micro).without_padding().to(device)
+                cells = (micro, slice(0, part.response_ids.shape[1]))
+                loss, summed, token_means = micro_loss(cells, part, denominator)
                 stepper.backward(loss, last=position == len(micros) - 1)
                 share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
                 for name, value in summed.items():
@@ -195,14 +196,14 @@ def update_actor(
     old_log_probs, advantages = old_log_probs.to(device), advantages.to(device)
     ref_log_probs = ref_log_probs.to(device) if ref_log_probs is not None else None
 
-    def micro_loss(micro, part, denominator):
+    def micro_loss(cells, part, denominator):
         log_probs, entropy = policy_forward(
             model, part, temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0
         )
         pg_loss, pg_metrics = compute_policy_loss(
-            old_log_probs[micro],
+            old_log_probs[cells],
             log_probs,
-            advantages[micro],
+            advantages[cells],
             part.response_mask,
             clip_ratio_low=s.clip_ratio_low,
             clip_ratio_high=s.clip_ratio_high,
@@ -215,7 +216,7 @@ def update_actor(
         summed = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
         if s.use_kl_loss:
             kl_loss = agg_loss(
-                kl_penalty(log_probs, ref_log_probs[micro], s.kl_loss_type),
+                kl_penalty(log_probs, ref_log_probs[cells], s.kl_loss_type),
                 part.response_mask,
                 s.loss_agg_mode,
                 denominator,
@@ -246,12 +247,12 @@ def update_critic(
     device = model_device(critic)
     values, returns = values.to(device), returns.to(device)
 
-    def micro_loss(micro, part, denominator):
+    def micro_loss(cells, part, denominator):
         vpreds = value_forward(critic, part)
         vf_loss, vf_metrics = compute_value_loss(
             vpreds,
-            values[micro],
-            returns[micro],
+            values[cells],
+            returns[cells],
             part.response_mask,
             cliprange_value=s.cliprange_value,
             loss_agg_mode=s.loss_agg_mode,
