@@ -158,19 +158,23 @@ class HFRolloutEngine:
         tokens, log_probs = [], []
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        distinct = _distinct_prompts(prompts)
         cache, step_ids = None, input_ids
         for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
-            result = self.model(
-                input_ids=step_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                **{self._cache_kw: cache},
-                **self._last_logits,
-            )
-            cache = getattr(result, self._cache_kw)
-            logits = result.logits[:, -1, :].float() / params.logit_temperature
+            if step == 0 and distinct is not None:
+                cache, logits = self._shared_prefill(input_ids, attention_mask, position_ids, *distinct)
+            else:
+                result = self.model(
+                    input_ids=step_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    **{self._cache_kw: cache},
+                    **self._last_logits,
+                )
+                cache, logits = getattr(result, self._cache_kw), result.logits[:, -1, :]
+            logits = logits.float() / params.logit_temperature
             next_ids = self._pick(logits, params, streams, params.max_new_tokens - step)
             next_ids = torch.where(done, torch.full_like(next_ids, self.pad_token_id), next_ids)
             token_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, next_ids[:, None])[:, 0]
@@ -186,6 +190,33 @@ class HFRolloutEngine:
             step_ids = next_ids[:, None]
             attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=-1)
         return _collect(torch.stack(tokens, 1), torch.stack(log_probs, 1), lengths, done)
+
+    def _shared_prefill(self, input_ids, attention_mask, position_ids, firsts, rows):
+        """The prompts' forward pass once per distinct prompt (`firsts`: the first row of each), its
+        KV cache and last logits then given to every row (`rows`: each row's distinct prompt): the
+        n responses of a prompt share its prefill, as vLLM's prefix cache does."""
+        device = input_ids.device
+        firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
+        result = self.model(
+            input_ids=input_ids[firsts],
+            attention_mask=attention_mask[firsts],
+            position_ids=position_ids[firsts],
+            use_cache=True,
+            **{self._cache_kw: None},
+            **self._last_logits,
+        )
+        cache = getattr(result, self._cache_kw)
+        if not hasattr(cache, "reorder_cache"):  # a cache that cannot be indexed: a prefill per row
+            result = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                **self._last_logits,
+            )
+            return getattr(result, self._cache_kw), result.logits[:, -1, :]
+        cache.reorder_cache(rows)  # index_select over the batch: each row gets its prompt's keys and values
+        return cache, result.logits[:, -1, :][rows]
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, streams: RowStreams, steps_left: int):
         if not params.do_sample or params.temperature <= 0:
@@ -230,6 +261,19 @@ class RowStreams:
         noise = self._noise[:, self._next]
         self._next += 1
         return (probs / noise).argmax(dim=-1)
+
+
+def _distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
+    """(the first row of each distinct prompt, each row's index among them), or None when no two
+    rows share a prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    rows = [index.setdefault(tuple(prompt), len(index)) for prompt in prompts]
+    if len(index) == len(rows):
+        return None
+    firsts = [0] * len(index)
+    for row, distinct in reversed(list(enumerate(rows))):
+        firsts[distinct] = row
+    return firsts, rows
 
 
 def pad_flat(

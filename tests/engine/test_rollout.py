@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ppoflow.engine import rollout
 from ppoflow.engine.forward import compute_log_probs
 from ppoflow.engine.models import load_actor, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch, pad_rows
@@ -160,6 +161,43 @@ def test_a_response_does_not_depend_on_its_batch(setup):
     assert len(set(map(tuple, whole.response_ids))) > 1
     same = sum(a == b for a, b in zip(whole.response_ids, reordered.response_ids[::-1], strict=True))
     assert same >= len(prompts) - 2  # only padding-width numerics can flip a near-tie
+
+
+def test_the_responses_of_a_prompt_share_its_prefill_and_sample_what_a_prefill_per_row_samples(
+    setup, monkeypatch
+):
+    """n responses per prompt (rollout.n): the prompts' forward pass runs once per distinct prompt
+    and its KV cache is given to each of its rows; the responses and their log-probs are those of a
+    prefill per row (float32, within 1e-5: the smaller batch may round differently)."""
+    _, model, engine, prompts = setup
+    prompts = [p for p in prompts[:6] for _ in range(4)]  # 6 prompts, the longest first, 4 samples each
+    seeds = [sample_seed(5, i // 4, i % 4) for i in range(len(prompts))]
+    params = SamplingParams(max_new_tokens=4, temperature=1.5)
+    widths = []
+    hook = model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        shared = engine.generate(prompts, params, seeds=seeds)
+        first_calls = widths[:2]
+        monkeypatch.setattr(rollout, "_distinct_prompts", lambda prompts: None)
+        widths.clear()
+        each = engine.generate(prompts, params, seeds=seeds)
+    finally:
+        hook.remove()
+    longest = max(map(len, prompts))
+    assert first_calls == [(4, longest), (16, 1)]  # generation batches of 16 rows: 4 prompts first
+    assert widths[0] == (16, longest)
+    assert shared.response_ids == each.response_ids
+    assert len(set(map(tuple, shared.response_ids))) > 6  # the samples of a prompt differ
+    for a, b in zip(shared.rollout_log_probs, each.rollout_log_probs, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+def test_distinct_prompts_name_each_prompt_by_its_first_row():
+    assert rollout._distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([0, 1, 4], [0, 1, 0, 1, 2])
+    assert rollout._distinct_prompts([[1, 2], [3], [2, 1]]) is None  # no two rows share a prompt
+    assert rollout._distinct_prompts([]) is None
 
 
 def test_one_seed_per_response_is_required(setup):
