@@ -128,6 +128,7 @@ class HFRolloutEngine:
         self._cache_kw = cache_keyword(model)
         # Only the last position's logits are sampled from: the prompt's (P, V) logits are not made.
         self._last_logits = {"logits_to_keep": 1} if keeps_logits(model) else {}
+        self._shares_prefill = True  # until the model's cache turns out not to be a DynamicCache
 
     @torch.no_grad()
     def generate(self, prompt_ids, params, *, seeds, on_batch=None, on_tokens=None) -> RolloutOutput:
@@ -158,7 +159,7 @@ class HFRolloutEngine:
         tokens, log_probs = [], []
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        distinct = _distinct_prompts(prompts)
+        distinct = _distinct_prompts(prompts) if self._shares_prefill else None
         cache, step_ids = None, input_ids
         for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
@@ -194,7 +195,12 @@ class HFRolloutEngine:
     def _shared_prefill(self, input_ids, attention_mask, position_ids, firsts, rows):
         """The prompts' forward pass once per distinct prompt (`firsts`: the first row of each), its
         KV cache and last logits then given to every row (`rows`: each row's distinct prompt): the
-        n responses of a prompt share its prefill, as vLLM's prefix cache does."""
+        n responses of a prompt share its prefill, as vLLM's prefix cache does. Only a
+        transformers DynamicCache is shared: other caches may keep state that `reorder_cache` does
+        not index (MiniMax's linear-attention states); for those this prefill is run again for every
+        row, and later batches prefill every row at once."""
+        from transformers import DynamicCache
+
         device = input_ids.device
         firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
         result = self.model(
@@ -206,7 +212,8 @@ class HFRolloutEngine:
             **self._last_logits,
         )
         cache = getattr(result, self._cache_kw)
-        if not hasattr(cache, "reorder_cache"):  # a cache that cannot be indexed: a prefill per row
+        if type(cache) is not DynamicCache:
+            self._shares_prefill = False
             result = self.model(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

@@ -194,6 +194,42 @@ def test_the_responses_of_a_prompt_share_its_prefill_and_sample_what_a_prefill_p
         assert a == pytest.approx(b, abs=1e-5)
 
 
+def test_a_cache_with_state_outside_its_layers_is_not_shared_but_prefilled_per_row(monkeypatch):
+    """MiniMax's cache keeps its linear-attention states beside the layers that `reorder_cache`
+    indexes: its prompts are prefilled row by row (from the first batch on), as before sharing."""
+    from transformers import MiniMaxConfig, MiniMaxForCausalLM
+
+    torch.manual_seed(0)
+    config = MiniMaxConfig(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        layer_types=["linear_attention", "full_attention"],
+        block_size=4,
+    )
+    model = MiniMaxForCausalLM(config).eval()
+    prompts = [[5, 6, 7, 8]] * 3 + [[9, 10, 11]] * 3
+    params = SamplingParams(max_new_tokens=5, temperature=1.5)
+
+    def generate():
+        engine = HFRolloutEngine(model, eos_token_ids=[1], pad_token_id=0, batch_size=8)
+        return engine, engine.generate(prompts, params, seeds=list(range(6)))
+
+    engine, first = generate()
+    assert not engine._shares_prefill
+    again = engine.generate(prompts, params, seeds=list(range(6)))
+    monkeypatch.setattr(rollout, "_distinct_prompts", lambda prompts: None)
+    _, per_row = generate()
+    assert first.response_ids == again.response_ids == per_row.response_ids
+    assert first.rollout_log_probs == again.rollout_log_probs == per_row.rollout_log_probs
+
+
 def test_distinct_prompts_name_each_prompt_by_its_first_row():
     assert rollout._distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([0, 1, 4], [0, 1, 0, 1, 2])
     assert rollout._distinct_prompts([[1, 2], [3], [2, 1]]) is None  # no two rows share a prompt
