@@ -163,18 +163,10 @@ class HFRolloutEngine:
         cache, step_ids = None, input_ids
         for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+            shared = None
             if step == 0 and distinct is not None:
-                cache, logits = self._shared_prefill(input_ids, attention_mask, position_ids, *distinct)
-            else:
-                result = self.model(
-                    input_ids=step_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                    **self._last_logits,
-                )
-                cache, logits = getattr(result, self._cache_kw), result.logits[:, -1, :]
+                shared = self._shared_prefill(input_ids, attention_mask, position_ids, *distinct)
+            cache, logits = shared or self._forward(step_ids, attention_mask, position_ids, cache)
             logits = logits.float() / params.logit_temperature
             next_ids = self._pick(logits, params, streams, params.max_new_tokens - step)
             next_ids = torch.where(done, torch.full_like(next_ids, self.pad_token_id), next_ids)
@@ -192,38 +184,35 @@ class HFRolloutEngine:
             attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=-1)
         return _collect(torch.stack(tokens, 1), torch.stack(log_probs, 1), lengths, done)
 
+    def _forward(self, input_ids, attention_mask, position_ids, cache):
+        """One forward pass with the KV cache: (the cache, the last position's logits)."""
+        result = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            **{self._cache_kw: cache},
+            **self._last_logits,
+        )
+        return getattr(result, self._cache_kw), result.logits[:, -1, :]
+
     def _shared_prefill(self, input_ids, attention_mask, position_ids, firsts, rows):
         """The prompts' forward pass once per distinct prompt (`firsts`: the first row of each), its
         KV cache and last logits then given to every row (`rows`: each row's distinct prompt): the
         n responses of a prompt share its prefill, as vLLM's prefix cache does. Only a
         transformers DynamicCache is shared: other caches may keep state that `reorder_cache` does
-        not index (MiniMax's linear-attention states); for those this prefill is run again for every
-        row, and later batches prefill every row at once."""
+        not index (MiniMax's linear-attention states); for those it returns None (the caller
+        prefills every row) and later batches do not try."""
         from transformers import DynamicCache
 
         device = input_ids.device
         firsts, rows = torch.tensor(firsts, device=device), torch.tensor(rows, device=device)
-        result = self.model(
-            input_ids=input_ids[firsts],
-            attention_mask=attention_mask[firsts],
-            position_ids=position_ids[firsts],
-            use_cache=True,
-            **{self._cache_kw: None},
-            **self._last_logits,
-        )
-        cache = getattr(result, self._cache_kw)
+        cache, logits = self._forward(input_ids[firsts], attention_mask[firsts], position_ids[firsts], None)
         if type(cache) is not DynamicCache:
             self._shares_prefill = False
-            result = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                **self._last_logits,
-            )
-            return getattr(result, self._cache_kw), result.logits[:, -1, :]
+            return None
         cache.reorder_cache(rows)  # index_select over the batch: each row gets its prompt's keys and values
-        return cache, result.logits[:, -1, :][rows]
+        return cache, logits[rows]
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, streams: RowStreams, steps_left: int):
         if not params.do_sample or params.temperature <= 0:
@@ -274,13 +263,14 @@ def _distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list
     """(the first row of each distinct prompt, each row's index among them), or None when no two
     rows share a prompt."""
     index: dict[tuple[int, ...], int] = {}
-    rows = [index.setdefault(tuple(prompt), len(index)) for prompt in prompts]
-    if len(index) == len(rows):
-        return None
-    firsts = [0] * len(index)
-    for row, distinct in reversed(list(enumerate(rows))):
-        firsts[distinct] = row
-    return firsts, rows
+    firsts, rows = [], []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in index:
+            index[key] = len(firsts)
+            firsts.append(row)
+        rows.append(index[key])
+    return (firsts, rows) if len(firsts) < len(rows) else None
 
 
 def pad_flat(
