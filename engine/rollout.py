@@ -12,7 +12,6 @@ the sampled token, *before* top-k / top-p filtering, which is what the trainer r
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
@@ -20,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from .forward import inner_model, keeps_logits
+from .forward import cache_keyword, distinct_prompts, keeps_logits
 from .names import FinishReason
 
 
@@ -91,14 +90,6 @@ def filter_logits(logits: torch.Tensor, *, top_k: int, top_p: float) -> torch.Te
     return logits
 
 
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The KV-cache argument name of `model.forward` (of the model a peft model wraps, which passes
-    it on): transformers 5 renamed `past_key_values` to `cache`; accept either so a pinned older
-    release keeps working."""
-    params = inspect.signature(inner_model(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
     """The random stream of one response: sample `sample_index` of the prompt at `prompt_index` in
     a step's batch, under the step's `seed`. Independent of how the batch is split over devices."""
@@ -159,7 +150,7 @@ class HFRolloutEngine:
         tokens, log_probs = [], []
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        distinct = _distinct_prompts(prompts) if self._shares_prefill else None
+        distinct = distinct_prompts(prompts) if self._shares_prefill else None
         cache, step_ids = None, input_ids
         for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
@@ -257,20 +248,6 @@ class RowStreams:
         noise = self._noise[:, self._next]
         self._next += 1
         return (probs / noise).argmax(dim=-1)
-
-
-def _distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
-    """(the first row of each distinct prompt, each row's index among them), or None when no two
-    rows share a prompt."""
-    index: dict[tuple[int, ...], int] = {}
-    firsts, rows = [], []
-    for row, prompt in enumerate(prompts):
-        key = tuple(prompt)
-        if key not in index:
-            index[key] = len(firsts)
-            firsts.append(row)
-        rows.append(index[key])
-    return (firsts, rows) if len(firsts) < len(rows) else None
 
 
 def pad_flat(

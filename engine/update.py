@@ -53,6 +53,10 @@ class ActorUpdateSettings:
     gradient_checkpointing: bool = field(default=False, metadata={"cache_key": False})
     """model.enable_gradient_checkpointing: each layer's activations are recomputed in the backward
     pass instead of kept (memory for time; the same numbers, so no part of the cache key)."""
+    share_prompts: bool = field(default=False, metadata={"cache_key": False})
+    """actor.use_prefix_grouper: the rows of a micro-batch that hold the same prompt share one
+    forward pass of it (`forward.shared_prompt_logits`; the same numbers up to float rounding, so
+    no part of the cache key)."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,12 @@ def update_actor(
 
     def micro_loss(cells, part, denominator):
         log_probs, entropy = policy_forward(
-            model, part, temperature=s.temperature, with_entropy=True, entropy_grad=s.entropy_coeff != 0
+            model,
+            part,
+            temperature=s.temperature,
+            with_entropy=True,
+            entropy_grad=s.entropy_coeff != 0,
+            share_prompts=s.share_prompts,
         )
         pg_loss, pg_metrics = compute_policy_loss(
             old_log_probs[cells],

@@ -392,6 +392,7 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         grad_clip=actor.grad_clip,
         shuffle=actor.shuffle,
         gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        share_prompts=actor.use_prefix_grouper and cfg.world_size == 1,  # conf/effects.py
     )
 
 

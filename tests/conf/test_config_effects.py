@@ -164,6 +164,7 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
             "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
             "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+            "actor_rollout_ref.actor.use_prefix_grouper=true",
             *MICRO,
         ],
         check_paths=False,
@@ -191,6 +192,22 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
         (
             ["reward_model.enable=true", "reward_model.model.path=/rm", "reward_model.strategy=fsdp2"],
             "runs unsharded in the trainer's process",
+        ),
+        (
+            [
+                "trainer.n_gpus_per_node=2",
+                "actor_rollout_ref.actor.strategy=fsdp2",
+                "critic.strategy=fsdp2",
+                "actor_rollout_ref.actor.use_prefix_grouper=true",
+            ],
+            "runs every row whole",
+        ),
+        (
+            [
+                "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+                "actor_rollout_ref.actor.use_prefix_grouper=true",
+            ],
+            "keeps no KV cache",
         ),
     ],
 )
