@@ -182,11 +182,6 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda cfg: cfg.world_size > 1,
     ),
     NoEffect(
-        ("actor_rollout_ref.actor.use_prefix_grouper",),
-        "gradient checkpointing keeps no KV cache, so every row runs whole",
-        lambda cfg: cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
-    ),
-    NoEffect(
         ("*.use_remove_padding",),
         "every micro-batch is always run without the columns that are padding in all of its rows "
         "(the same results, up to float rounding)",

@@ -223,14 +223,22 @@ def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor
 
 @torch.no_grad()
 def compute_log_probs(
-    model: torch.nn.Module, batch: SequenceBatch, *, temperature: float, micro_batch_size: int
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    temperature: float,
+    micro_batch_size: int,
+    share_prompts: bool = False,
 ) -> torch.Tensor:
-    """log_probs (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
+    """log_probs (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions.
+    `share_prompts`: as `policy_forward`'s."""
     parts = _in_eval_micro_batches(
         model,
         batch,
         micro_batch_size,
-        lambda part: policy_forward(model, part, temperature=temperature, with_entropy=False)[0],
+        lambda part: policy_forward(
+            model, part, temperature=temperature, with_entropy=False, share_prompts=share_prompts
+        )[0],
     )
     return torch.cat(parts).cpu() * batch.response_mask
 

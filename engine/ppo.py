@@ -70,17 +70,20 @@ def generate_rollouts(
     micro_batch_size: int,
     ref_micro_batch_size: int | None = None,
     recompute_old_log_probs: bool = True,
+    share_prompts: bool = False,
     first_prompt: int = 0,
     on_batch: Callable[[int], None] | None = None,
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
-    trainer's forward pass at the sampling temperature, `micro_batch_size` (and
-    `ref_micro_batch_size`, default the same) sequences at a time. Without
-    `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
-    engine's own, and there is no actor pass (no old_log_prob timer). Response j of prompt i samples
-    from `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt`
-    on of a step's batch generates what one device given the whole batch would."""
+        trainer's forward pass at the sampling temperature, `micro_batch_size` (and
+        `ref_micro_batch_size`, default the same) sequences at a time. Without
+        `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
+        engine's own, and there is no actor pass (no old_log_prob timer). `share_prompts`
+    (actor.use_prefix_grouper): a prompt's n responses share its forward pass in both passes
+    (`forward.shared_prompt_logits`). Response j of prompt i samples
+        from `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt`
+        on of a step's batch generates what one device given the whole batch would."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
     seeds = [sample_seed(seed, first_prompt + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     started = time.perf_counter()
@@ -91,7 +94,13 @@ def generate_rollouts(
     if recompute_old_log_probs or reference is not None:  # the padded batch the trainer's passes take
         batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
     if recompute_old_log_probs:
-        old = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=micro_batch_size)
+        old = compute_log_probs(
+            actor,
+            batch,
+            temperature=temperature,
+            micro_batch_size=micro_batch_size,
+            share_prompts=share_prompts,
+        )
         old_log_probs = unpad(old, batch.response_mask)
         seconds["old_log_prob"] = time.perf_counter() - generated
     else:
@@ -105,6 +114,7 @@ def generate_rollouts(
                 batch,
                 temperature=temperature,
                 micro_batch_size=ref_micro_batch_size or micro_batch_size,
+                share_prompts=share_prompts,
             ),
             batch.response_mask,
         )

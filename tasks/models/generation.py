@@ -30,6 +30,8 @@ class RolloutRequest:
     ref_log_prob_micro_batch_size: int
     recompute_old_log_probs: bool = True
     """False: the engine's log-probs are the old log-probs (rollout_correction.bypass_mode)."""
+    share_prompts: bool = False
+    """actor.use_prefix_grouper: a prompt's responses share its forward pass in the log-prob passes."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm)."""
 
@@ -124,6 +126,7 @@ def rollout_share(
         micro_batch_size=request.log_prob_micro_batch_size,
         ref_micro_batch_size=request.ref_log_prob_micro_batch_size,
         recompute_old_log_probs=request.recompute_old_log_probs,
+        share_prompts=request.share_prompts,
         first_prompt=first_prompt,
         on_batch=on_batch,
         on_tokens=on_tokens,

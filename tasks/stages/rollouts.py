@@ -83,6 +83,7 @@ def rollouts(
         log_prob_micro_batch_size=settings.log_prob_micro_batch_size,
         ref_log_prob_micro_batch_size=settings.ref_log_prob_micro_batch_size,
         recompute_old_log_probs=settings.recompute_old_log_probs,
+        share_prompts=settings.share_prompts,
         vllm=settings.vllm,
     )
     with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:

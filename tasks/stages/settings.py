@@ -72,6 +72,9 @@ class RolloutSettings:
     """The vLLM engine's options (rollout.name=vllm; None for hf)."""
     recompute_old_log_probs: bool = True
     """False with algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones."""
+    share_prompts: bool = field(default=False, metadata={"cache_key": False})
+    """actor.use_prefix_grouper (one process only): a prompt's responses share its forward pass in
+    the old and reference log-prob passes (the same numbers up to float rounding)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         greedy_baseline=algorithm.adv_estimator == "remax",
         vllm=vllm_options(cfg),
         recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
+        share_prompts=_shares_prompts(cfg),
     )
     validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
@@ -371,6 +375,11 @@ def sampling_params(source, response_length: int) -> SamplingParams:
     )
 
 
+def _shares_prompts(cfg: PPOFlowConfig) -> bool:
+    """actor.use_prefix_grouper, in one process (sharded ranks run every row whole: conf/effects.py)."""
+    return cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.world_size == 1
+
+
 def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdateSettings:
     """`temperature`: the one the rollouts' old log-probs were computed at (1.0 for greedy)."""
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
@@ -392,7 +401,7 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         grad_clip=actor.grad_clip,
         shuffle=actor.shuffle,
         gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
-        share_prompts=actor.use_prefix_grouper and cfg.world_size == 1,  # conf/effects.py
+        share_prompts=_shares_prompts(cfg),
     )
 
 

@@ -202,13 +202,6 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
             ],
             "runs every row whole",
         ),
-        (
-            [
-                "actor_rollout_ref.model.enable_gradient_checkpointing=true",
-                "actor_rollout_ref.actor.use_prefix_grouper=true",
-            ],
-            "keeps no KV cache",
-        ),
     ],
 )
 def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):

@@ -108,6 +108,18 @@ def test_an_update_with_shared_prompts_equals_one_without(tiny_model_dir):
         assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=1e-5), key
 
 
+def test_log_prob_passes_share_prompts_too(tiny_model_dir):
+    """The old- and reference-log-prob passes (no gradient, eval mode): micro-batches of 3, each one
+    prompt's responses, run as its prompt once and its rows on the cache."""
+    model, batch = load_actor(tiny_model_dir), _batch()
+    calls = _calls(model)
+    shared = forward.compute_log_probs(model, batch, temperature=0.7, micro_batch_size=3, share_prompts=True)
+    assert calls == [(1, 4), (3, 4), (1, 2), (3, 4)]
+    whole = forward.compute_log_probs(model, batch, temperature=0.7, micro_batch_size=3)
+    torch.testing.assert_close(shared, whole, rtol=0, atol=1e-5)
+    assert bool((shared[batch.response_mask == 0] == 0).all())
+
+
 @pytest.mark.parametrize(
     "prompts",
     [
