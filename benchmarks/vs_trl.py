@@ -87,7 +87,7 @@ SYSTEMS = {
     "ppoflow-bypass-shared": System("ppoflow bypass, prefix grouper", -1, bypass=True, share_prompts=True),
 }
 RUNS = {
-    "tiny": ("trl", "ppoflow", "ppoflow-bypass", "ppoflow-bypass-nosave"),
+    "tiny": ("trl", "ppoflow", "ppoflow-bypass", "ppoflow-bypass-nosave", "ppoflow-bypass-shared"),
     # a SmolLM2 checkpoint is 1.6 GB with its optimizer state: none is saved
     "smollm2": ("trl", "ppoflow-bypass-nosave", "ppoflow-bypass-shared", "trl-ckpt", "ppoflow-bypass-ckpt"),
 }

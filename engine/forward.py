@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -168,14 +168,13 @@ def shared_prompt_logits(
     inner = inner_model(model)
     if type(inner) in _UNSHARED or _checkpoints_activations(inner) or not keeps_logits(model):
         return None
-    prompts = [ids[mask != 0].tolist() for ids, mask in zip(batch.prompt_ids, batch.prompt_mask, strict=True)]
-    groups = distinct_prompts(prompts)
-    if groups is None or min(map(len, prompts)) < 2:
+    groups = _prompt_groups(batch)
+    if groups is None:
         return None
     from transformers import DynamicCache
 
     device = model_device(model)
-    firsts, rows = (torch.tensor(index, device=device) for index in groups)
+    firsts, rows = (index.to(device) for index in groups)
     inputs = batch.to(device).model_inputs()
     head = batch.prompt_ids.shape[1] - 1  # the columns of the shared pass
     end = head + batch.response_ids.shape[1]  # the last response token predicts nothing
@@ -196,6 +195,22 @@ def shared_prompt_logits(
         **{cache_kw: cache},
     )
     return _scaled(own.logits, temperature)
+
+
+def _prompt_groups(batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(a row of each distinct prompt, each row's index among them) of a left-padded batch, or None
+    when no two rows share a prompt or a prompt has fewer than two tokens. Rows of the same prompt
+    are the same padded row (as the rollout engine's `_distinct_prompts`, without a Python loop over rows)."""
+    valid = batch.prompt_mask != 0
+    if len(batch) < 2 or int(valid.sum(dim=1).min()) < 2:
+        return None
+    _, rows = torch.unique(torch.cat([batch.prompt_ids, valid.long()], dim=1), dim=0, return_inverse=True)
+    distinct = int(rows.max()) + 1
+    if distinct == len(batch):
+        return None
+    positions = torch.arange(len(batch))
+    firsts = torch.full((distinct,), len(batch)).scatter_reduce_(0, rows, positions, "amin")
+    return firsts, rows
 
 
 def _checkpoints_activations(model: torch.nn.Module) -> bool:
@@ -293,17 +308,3 @@ def compute_scores(model: torch.nn.Module, batch: SequenceBatch, *, micro_batch_
     the CPU."""
     parts = _in_eval_micro_batches(model, batch, micro_batch_size, lambda part: score_forward(model, part))
     return torch.cat(parts).cpu() if parts else torch.zeros(0)
-
-
-def distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
-    """(the first row of each distinct prompt, each row's index among them), or None when no two
-    rows share a prompt."""
-    index: dict[tuple[int, ...], int] = {}
-    firsts, rows = [], []
-    for row, prompt in enumerate(prompts):
-        key = tuple(prompt)
-        if key not in index:
-            index[key] = len(firsts)
-            firsts.append(row)
-        rows.append(index[key])
-    return (firsts, rows) if len(firsts) < len(rows) else None

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from .forward import cache_keyword, distinct_prompts, keeps_logits
+from .forward import cache_keyword, keeps_logits
 from .names import FinishReason
 
 
@@ -150,7 +150,7 @@ class HFRolloutEngine:
         tokens, log_probs = [], []
         done = torch.zeros(batch, dtype=torch.bool, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        distinct = distinct_prompts(prompts) if self._shares_prefill else None
+        distinct = _distinct_prompts(prompts) if self._shares_prefill else None
         cache, step_ids = None, input_ids
         for step in range(params.max_new_tokens):
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
@@ -248,6 +248,20 @@ class RowStreams:
         noise = self._noise[:, self._next]
         self._next += 1
         return (probs / noise).argmax(dim=-1)
+
+
+def _distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:
+    """(the first row of each distinct prompt, each row's index among them), or None when no two
+    rows share a prompt."""
+    index: dict[tuple[int, ...], int] = {}
+    firsts, rows = [], []
+    for row, prompt in enumerate(prompts):
+        key = tuple(prompt)
+        if key not in index:
+            index[key] = len(firsts)
+            firsts.append(row)
+        rows.append(index[key])
+    return (firsts, rows) if len(firsts) < len(rows) else None
 
 
 def pad_flat(

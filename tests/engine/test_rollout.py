@@ -180,7 +180,7 @@ def test_the_responses_of_a_prompt_share_its_prefill_and_sample_what_a_prefill_p
     try:
         shared = engine.generate(prompts, params, seeds=seeds)
         first_calls = widths[:2]
-        monkeypatch.setattr(rollout, "distinct_prompts", lambda prompts: None)
+        monkeypatch.setattr(rollout, "_distinct_prompts", lambda prompts: None)
         widths.clear()
         each = engine.generate(prompts, params, seeds=seeds)
     finally:
@@ -224,16 +224,16 @@ def test_a_cache_with_state_outside_its_layers_is_not_shared_but_prefilled_per_r
     engine, first = generate()
     assert not engine._shares_prefill
     again = engine.generate(prompts, params, seeds=list(range(6)))
-    monkeypatch.setattr(rollout, "distinct_prompts", lambda prompts: None)
+    monkeypatch.setattr(rollout, "_distinct_prompts", lambda prompts: None)
     _, per_row = generate()
     assert first.response_ids == again.response_ids == per_row.response_ids
     assert first.rollout_log_probs == again.rollout_log_probs == per_row.rollout_log_probs
 
 
 def test_distinct_prompts_name_each_prompt_by_its_first_row():
-    assert rollout.distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([0, 1, 4], [0, 1, 0, 1, 2])
-    assert rollout.distinct_prompts([[1, 2], [3], [2, 1]]) is None  # no two rows share a prompt
-    assert rollout.distinct_prompts([]) is None
+    assert rollout._distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([0, 1, 4], [0, 1, 0, 1, 2])
+    assert rollout._distinct_prompts([[1, 2], [3], [2, 1]]) is None  # no two rows share a prompt
+    assert rollout._distinct_prompts([]) is None
 
 
 def test_one_seed_per_response_is_required(setup):

@@ -120,6 +120,19 @@ def test_log_prob_passes_share_prompts_too(tiny_model_dir):
     assert bool((shared[batch.response_mask == 0] == 0).all())
 
 
+def test_prompt_groups_tell_a_pad_id_token_from_padding():
+    """[0, 4, 5] (token 0 is the pad id here) and [4, 5] padded to [0, 4, 5] are different prompts."""
+    prompts = [[3, 4], [0, 4, 5], [3, 4], [4, 5], [0, 4, 5]]
+    batch = build_sequence_batch(prompts, [[5]] * 5, pad_token_id=0)
+    assert batch.prompt_ids[1].tolist() == batch.prompt_ids[3].tolist() == [0, 4, 5]
+    firsts, rows = forward._prompt_groups(batch)
+    assert len(firsts) == 3 and len(rows) == 5
+    for row, group in enumerate(rows.tolist()):
+        assert prompts[int(firsts[group])] == prompts[row]
+    distinct = build_sequence_batch([[3, 4], [0, 4, 5], [4, 5]], [[5]] * 3, pad_token_id=0)
+    assert forward._prompt_groups(distinct) is None
+
+
 @pytest.mark.parametrize(
     "prompts",
     [
