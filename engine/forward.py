@@ -154,10 +154,12 @@ def shared_prompt_logits(
 ) -> torch.Tensor | None:
     """`response_logits` with each distinct prompt of `batch` run once: GRPO's n responses of a
     prompt then cost one prompt and n responses, not n whole sequences (verl's use_prefix_grouper;
-    here through the model's own KV cache, so for any transformers model whose cache is a
-    DynamicCache). None where it does not apply: no two rows share a prompt, a prompt has fewer
+    here through the model's own KV cache, so for any transformers model whose cache holds only
+    attention keys and values). None where it does not apply: no two rows share a prompt, a prompt has fewer
     than two tokens, gradient checkpointing is on (transformers then keeps no cache), the model's
-    forward takes no `logits_to_keep`, or its cache is of another type (`_UNSHARED`).
+    forward takes no `logits_to_keep`, its rotary frequencies depend on the sequence length
+    (`_length_dependent_rope`), or its cache holds more than attention keys and values
+    (`_attention_only`; the class is then remembered in `_UNSHARED`).
 
     Causal attention makes a prompt's keys and values the same in every row that holds it. The
     pass over all prompt tokens but the last runs on one row per prompt; its cache is indexed out
@@ -166,13 +168,16 @@ def shared_prompt_logits(
     positions that predict the response. The result equals `response_logits` up to float rounding
     (other shapes), and so do the gradients."""
     inner = inner_model(model)
-    if type(inner) in _UNSHARED or _checkpoints_activations(inner) or not keeps_logits(model):
+    if (
+        type(inner) in _UNSHARED
+        or (inner.training and _checkpoints_activations(inner))
+        or not keeps_logits(model)
+        or _length_dependent_rope(inner.config)
+    ):
         return None
     groups = _prompt_groups(batch)
     if groups is None:
         return None
-    from transformers import DynamicCache
-
     device = model_device(model)
     firsts, rows = (index.to(device) for index in groups)
     inputs = batch.to(device).model_inputs()
@@ -183,7 +188,7 @@ def shared_prompt_logits(
         **{name: value[firsts, :head] for name, value in inputs.items()}, use_cache=True, logits_to_keep=1
     )
     cache = getattr(shared, cache_kw)
-    if type(cache) is not DynamicCache:
+    if not _attention_only(cache):
         _UNSHARED.add(type(inner))
         return None
     cache.reorder_cache(rows)  # every row gets its prompt's keys and values
@@ -201,16 +206,49 @@ def _prompt_groups(batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor] | 
     """(a row of each distinct prompt, each row's index among them) of a left-padded batch, or None
     when no two rows share a prompt or a prompt has fewer than two tokens. Rows of the same prompt
     are the same padded row (as the rollout engine's `_distinct_prompts`, without a Python loop over rows)."""
-    valid = batch.prompt_mask != 0
+    valid = batch.prompt_mask.cpu() != 0
     if len(batch) < 2 or int(valid.sum(dim=1).min()) < 2:
         return None
-    _, rows = torch.unique(torch.cat([batch.prompt_ids, valid.long()], dim=1), dim=0, return_inverse=True)
+    keys = torch.cat([batch.prompt_ids.cpu(), valid.long()], dim=1)
+    _, rows = torch.unique(keys, dim=0, return_inverse=True)
     distinct = int(rows.max()) + 1
     if distinct == len(batch):
         return None
     positions = torch.arange(len(batch))
     firsts = torch.full((distinct,), len(batch)).scatter_reduce_(0, rows, positions, "amin")
     return firsts, rows
+
+
+def _attention_only(cache) -> bool:
+    """Whether `cache` holds only attention keys and values, which `reorder_cache` indexes and a
+    continuation of several tokens extends: a transformers DynamicCache of full or sliding-window
+    attention layers. Not a hybrid's linear-attention or state-space layers (Jamba's, Qwen3-Next's,
+    Mamba's), whose multi-token continuation drops or overwrites their recurrent state in place,
+    nor another cache class (MiniMax's)."""
+    from transformers import DynamicCache
+
+    if type(cache) is not DynamicCache:
+        return False
+    layers = getattr(cache, "layers", None)
+    if layers is None:  # a transformers release without per-layer cache classes: attention only
+        return True
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
+
+
+def _length_dependent_rope(config) -> bool:
+    """Whether the rotary frequencies depend on the length of each forward call (longrope, as
+    Phi-3.5 and Phi-4-mini; dynamic NTK scaling): a prompt-only pass could then rotate its keys
+    differently from a pass over the whole row."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("rope_parameters", "rope_scaling"):
+        params = getattr(config, name, None)
+        if isinstance(params, dict):
+            sets = [params, *(value for value in params.values() if isinstance(value, dict))]
+            if any(p.get("rope_type", p.get("type")) in ("longrope", "dynamic") for p in sets):
+                return True
+    return False
 
 
 def _checkpoints_activations(model: torch.nn.Module) -> bool:
@@ -221,7 +259,8 @@ def _checkpoints_activations(model: torch.nn.Module) -> bool:
 
 
 _UNSHARED: set[type] = set()
-"""Model classes whose cache turned out not to be a DynamicCache (`shared_prompt_logits`)."""
+"""Model classes whose cache turned out to hold more than attention keys and values
+(`shared_prompt_logits`, `_attention_only`)."""
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -59,6 +59,7 @@ class _TokenLogProbs(torch.autograd.Function):
         return picked - normalizer
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         logits, index, normalizer = ctx.saved_tensors
         dtype = _compute_dtype(logits)

@@ -146,8 +146,9 @@ def test_nothing_is_shared_where_no_prompt_is_repeated_or_a_prompt_is_one_token(
     assert shared_prompt_logits(load_actor(tiny_model_dir), batch, temperature=1.0) is None
 
 
-def test_nothing_is_shared_under_gradient_checkpointing(tiny_model_dir):
-    """transformers keeps no cache when it recomputes activations in training."""
+def test_the_update_runs_whole_rows_under_gradient_checkpointing_and_log_prob_passes_share(tiny_model_dir):
+    """transformers keeps no cache when it recomputes activations in training; in eval mode (the
+    log-prob passes) it does."""
     model = load_actor(tiny_model_dir).train()
     calls = _calls(model)
     with gradient_checkpointing(model, True):
@@ -155,8 +156,87 @@ def test_nothing_is_shared_under_gradient_checkpointing(tiny_model_dir):
         log_probs, _ = policy_forward(
             model, _batch(), temperature=1.0, with_entropy=False, share_prompts=True
         )
-    assert log_probs.shape == (6, 4)
-    assert calls == [(6, 9)]
+        assert log_probs.shape == (6, 4)
+        assert calls == [(6, 9)]
+        forward.compute_log_probs(model, _batch(), temperature=1.0, micro_batch_size=6, share_prompts=True)
+    assert calls[1:] == [(2, 4), (6, 4)]
+
+
+def _tiny(kind: str, **special):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(
+        kind,
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        **special,
+    )
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+HYBRIDS = {
+    # a DynamicCache whose layers keep a recurrent state: a continuation of several tokens starts
+    # Jamba's Mamba layers from no state, and Qwen3-Next's gated delta rule updates it in place
+    "jamba": dict(
+        attn_layer_period=2,
+        attn_layer_offset=1,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=2,
+        num_experts_per_tok=1,
+        mamba_d_state=4,
+        mamba_d_conv=3,
+        mamba_expand=2,
+        mamba_dt_rank=4,
+        use_mamba_kernels=False,
+    ),
+    "qwen3_next": dict(
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=3,
+        num_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        decoder_sparse_step=1,
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HYBRIDS))
+def test_a_cache_with_recurrent_state_runs_whole_rows(kind, monkeypatch):
+    model = _tiny(kind, **HYBRIDS[kind])
+    monkeypatch.setattr(forward, "_UNSHARED", set())
+    assert shared_prompt_logits(model, _batch(), temperature=1.0) is None
+    assert type(model) in forward._UNSHARED
+
+
+def test_rotary_frequencies_that_depend_on_the_length_run_whole_rows():
+    """Phi-3.5's longrope picks its factors from each call's length: a prompt-only pass could rotate
+    the prompt's keys with other factors than a pass over the whole row."""
+    rope = {"rope_theta": 10000.0, "original_max_position_embeddings": 8}
+    longrope = _tiny(
+        "phi3",
+        original_max_position_embeddings=8,
+        rope_parameters=rope | {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [4.0] * 4},
+    )
+    assert shared_prompt_logits(longrope, _batch(), temperature=1.0) is None
+    dynamic = _tiny("llama", rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    assert shared_prompt_logits(dynamic, _batch(), temperature=1.0) is None
+    plain = _tiny("phi3")
+    shared = shared_prompt_logits(plain, _batch(), temperature=1.0)
+    torch.testing.assert_close(shared, response_logits(plain, _batch(), temperature=1.0), rtol=0, atol=1e-5)
 
 
 def test_a_cache_other_than_dynamic_cache_runs_whole_rows(monkeypatch):
