@@ -19,6 +19,8 @@ from ppoflow.engine.rollout import (
 )
 from ppoflow.engine.tiny import all_addition_problems
 
+from .tiny_models import tiny_minimax
+
 
 def _seeds(prompts, seed: int) -> list[int]:
     return [sample_seed(seed, i, 0) for i in range(len(prompts))]
@@ -197,23 +199,7 @@ def test_the_responses_of_a_prompt_share_its_prefill_and_sample_what_a_prefill_p
 def test_a_cache_with_state_outside_its_layers_is_not_shared_but_prefilled_per_row(monkeypatch):
     """MiniMax's cache keeps its linear-attention states beside the layers that `reorder_cache`
     indexes: its prompts are prefilled row by row (from the first batch on), as before sharing."""
-    from transformers import MiniMaxConfig, MiniMaxForCausalLM
-
-    torch.manual_seed(0)
-    config = MiniMaxConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        layer_types=["linear_attention", "full_attention"],
-        block_size=4,
-    )
-    model = MiniMaxForCausalLM(config).eval()
+    model = tiny_minimax()
     prompts = [[5, 6, 7, 8]] * 3 + [[9, 10, 11]] * 3
     params = SamplingParams(max_new_tokens=5, temperature=1.5)
 

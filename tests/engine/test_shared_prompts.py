@@ -15,6 +15,7 @@ from ppoflow.engine.ppo import build_sequence_batch
 from ppoflow.engine.update import gradient_checkpointing, update_actor
 
 from .settings import actor_settings
+from .tiny_models import tiny_minimax
 
 # two prompts × three responses, as GRPO's rollout.n = 3; the second prompt is shorter (left
 # padding), the responses end at different lengths (right padding)
@@ -242,28 +243,12 @@ def test_rotary_frequencies_that_depend_on_the_length_run_whole_rows():
 def test_a_cache_other_than_dynamic_cache_runs_whole_rows(monkeypatch):
     """MiniMax's cache keeps linear-attention states that `reorder_cache` does not index: its rows
     run whole, and the class is remembered, so later micro-batches do not try."""
-    from transformers import MiniMaxConfig, MiniMaxForCausalLM
-
-    torch.manual_seed(0)
-    config = MiniMaxConfig(
-        vocab_size=32,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        num_local_experts=2,
-        num_experts_per_tok=1,
-        layer_types=["linear_attention", "full_attention"],
-        block_size=4,
-    )
-    model = MiniMaxForCausalLM(config).eval()
+    model = tiny_minimax()
     monkeypatch.setattr(forward, "_UNSHARED", set())
     calls = _calls(model)
     batch = _batch()
     assert shared_prompt_logits(model, batch, temperature=1.0) is None
-    assert MiniMaxForCausalLM in forward._UNSHARED
+    assert type(model) in forward._UNSHARED
     log_probs, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False, share_prompts=True)
     expected, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False)
     assert calls == [(2, 4), (6, 9), (6, 9)]  # the one try, then whole rows
