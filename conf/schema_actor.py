@@ -110,8 +110,8 @@ class ActorConfig(Section):
     """Responses of the same prompt in a micro-batch share one forward pass of that prompt (through
     the KV cache), in the update's forward and backward passes and in the old and reference
     log-prob passes: GRPO's rollout.n responses then cost one prompt and n responses. The same
-    results up to float rounding; one process only, and in the update not under gradient
-    checkpointing (which keeps no cache)."""
+    results up to float rounding; one process only, for models whose KV cache holds only attention
+    keys and values, and in the update not under gradient checkpointing (which keeps no cache)."""
     use_torch_compile: bool = False
     """Compile the loss computation with torch.compile."""
     ulysses_sequence_parallel_size: Literal[1] = 1

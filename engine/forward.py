@@ -155,11 +155,11 @@ def shared_prompt_logits(
     """`response_logits` with each distinct prompt of `batch` run once: GRPO's n responses of a
     prompt then cost one prompt and n responses, not n whole sequences (verl's use_prefix_grouper;
     here through the model's own KV cache, so for any transformers model whose cache holds only
-    attention keys and values). None where it does not apply: no two rows share a prompt, a prompt has fewer
-    than two tokens, gradient checkpointing is on (transformers then keeps no cache), the model's
-    forward takes no `logits_to_keep`, its rotary frequencies depend on the sequence length
-    (`_length_dependent_rope`), or its cache holds more than attention keys and values
-    (`_attention_only`; the class is then remembered in `_UNSHARED`).
+    attention keys and values). None where it does not apply: no two rows share a prompt, a prompt
+    has fewer than two tokens, the model trains under gradient checkpointing (transformers then
+    keeps no cache), the model's forward takes no `logits_to_keep`, its rotary frequencies depend
+    on the sequence length (`_length_dependent_rope`), or its cache holds more than attention keys
+    and values (`_attention_only`; the class is then remembered in `_UNSHARED`).
 
     Causal attention makes a prompt's keys and values the same in every row that holds it. The
     pass over all prompt tokens but the last runs on one row per prompt; its cache is indexed out
@@ -205,7 +205,8 @@ def shared_prompt_logits(
 def _prompt_groups(batch: SequenceBatch) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(a row of each distinct prompt, each row's index among them) of a left-padded batch, or None
     when no two rows share a prompt or a prompt has fewer than two tokens. Rows of the same prompt
-    are the same padded row (as the rollout engine's `_distinct_prompts`, without a Python loop over rows)."""
+    are the same padded row (as the rollout engine's `_distinct_prompts`, without a Python loop
+    over rows)."""
     valid = batch.prompt_mask.cpu() != 0
     if len(batch) < 2 or int(valid.sum(dim=1).min()) < 2:
         return None

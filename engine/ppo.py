@@ -76,14 +76,14 @@ def generate_rollouts(
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
-        trainer's forward pass at the sampling temperature, `micro_batch_size` (and
-        `ref_micro_batch_size`, default the same) sequences at a time. Without
-        `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
-        engine's own, and there is no actor pass (no old_log_prob timer). `share_prompts`
+    trainer's forward pass at the sampling temperature, `micro_batch_size` (and
+    `ref_micro_batch_size`, default the same) sequences at a time. Without
+    `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
+    engine's own, and there is no actor pass (no old_log_prob timer). `share_prompts`
     (actor.use_prefix_grouper): a prompt's n responses share its forward pass in both passes
-    (`forward.shared_prompt_logits`). Response j of prompt i samples
-        from `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt`
-        on of a step's batch generates what one device given the whole batch would."""
+    (`forward.shared_prompt_logits`). Response j of prompt i samples from
+    `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt` on of a
+    step's batch generates what one device given the whole batch would."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
     seeds = [sample_seed(seed, first_prompt + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     started = time.perf_counter()
