@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,11 +60,12 @@ INDEX_FILE = "model.safetensors.index.json"
 
 
 def _write_one_file(directory: Path, moments: dict[str, torch.Tensor]) -> None:
-    """What torch.distributed.checkpoint's Hugging Face writer saves for one process, byte for byte
-    (the data file synced to disk, as it does), without its planning, streamed to the file (the
-    tiny model's moments: 12.0 ms with DCP, 6.2 ms serialized to bytes first, 4.0 ms streamed;
-    tests/engine/test_optimizer_state.py checks the bytes). Serialized to bytes first, the state
-    took twice its size in memory more (SmolLM2-135M: +1.5 GB, the run's peak)."""
+    """What torch.distributed.checkpoint's Hugging Face writer saves for one process, byte for byte,
+    without its planning, streamed to the file (the tiny model's moments: 12.0 ms with DCP, 6.2 ms
+    serialized to bytes first, 4.0 ms streamed; tests/engine/test_optimizer_state.py checks the
+    bytes). Serialized to bytes first, the state took twice its size in memory more (SmolLM2-135M:
+    +1.5 GB, the run's peak). Not fsynced here: whoever keeps the file makes it durable (a run's
+    checkpoints are fsynced in the background, tasks/storage/durability.py)."""
     from safetensors.torch import save_file
 
     whole = {name: {"saved_offsets": [0] * tensor.dim()} for name, tensor in moments.items()}
@@ -75,11 +75,6 @@ def _write_one_file(directory: Path, moments: dict[str, torch.Tensor]) -> None:
         {name: tensor.detach().contiguous() for name, tensor in moments.items()}, path, metadata=metadata
     )
     _sort_header(path)
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
     index = {
         "metadata": {"total_size": sum(t.numel() * t.element_size() for t in moments.values())},
         "weight_map": dict.fromkeys(moments, ONE_FILE),

@@ -5,6 +5,7 @@ closed once per run by the flow."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +13,12 @@ from pathlib import Path
 from ppoflow.tasks.models.host import ModelHost
 from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.storage.catalog import refresh_catalog
+from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.results import RESULTS_DIR
 from ppoflow.tasks.storage.tables import IOClock, remove_stale_temp_files, write_text_atomic
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -76,11 +80,17 @@ def finish_run(run: Run) -> Run:
 
 
 def close_run(run: Run) -> None:
-    """Stop the run's workers and release the run directory's lock (also after a failure)."""
+    """Stop the run's workers, wait for the fsyncs of its last files and release the run directory's
+    lock (also after a failure)."""
     try:
         run.models.close()
     finally:
-        release_run_lock(run.path)
+        try:
+            wait_durable()
+        except OSError as error:  # files no committed step names: they are checked by digest if used
+            logger.warning("ppoflow: %s", error)
+        finally:
+            release_run_lock(run.path)
 
 
 def set_torch_threads(num_threads: int | None) -> None:

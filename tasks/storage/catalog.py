@@ -42,7 +42,7 @@ from ppoflow.tasks.storage.schemas import (
     TABLES,
     empty_table,
 )
-from ppoflow.tasks.storage.tables import read_json, timed_io, write_json_atomic
+from ppoflow.tasks.storage.tables import iteration_dir, read_json, timed_io, write_json_atomic
 
 __all__ = [
     "CATALOG_NAME",
@@ -69,23 +69,30 @@ _UPDATES = (
 
 
 @timed_io("catalog")
-def refresh_catalog_if_stale(run_dir: str | Path) -> Path:
+def refresh_catalog_if_stale(run_dir: str | Path, step: int | None = None) -> Path:
     """Refresh only when a table that had no files at the last refresh has some now: the views read
-    their globs at query time, so new iterations of a non-empty table appear without a refresh."""
+    their globs at query time, so new iterations of a non-empty table appear without a refresh.
+    With `step` (the step just committed), only its folder and the data files are looked at, not
+    every step's: a table's first files appear in the step that writes them."""
     run_dir = Path(run_dir).resolve()
     final = run_dir / CATALOG_NAME
-    if final.is_file() and _tables_with_files(run_dir) == _recorded_tables(run_dir):
-        return final
+    recorded = _recorded_tables(run_dir)
+    if final.is_file() and isinstance(recorded, list):
+        present = _tables_with_files(run_dir, step)
+        if present == recorded if step is None else set(present) <= set(recorded):
+            return final
     return refresh_catalog.__wrapped__(run_dir)  # undecorated: this call's time is already counted
 
 
-def _tables_with_files(run_dir: Path) -> list[str]:
+def _tables_with_files(run_dir: Path, step: int | None = None) -> list[str]:
+    """The tables with files: in any step's folder, or with `step`, in that step's folder only."""
+    steps = "iter=*" if step is None else iteration_dir(run_dir, step).name
     present = []
     for name in TABLES:
         if name in DATA_FILES:
             found = any((run_dir / f).is_file() for f in DATA_FILES[name])
         else:
-            found = next(run_dir.glob(f"iter=*/{name}/*.parquet"), None) is not None
+            found = next(run_dir.glob(f"{steps}/{name}/*.parquet"), None) is not None
         if found:
             present.append(name)
     return present

@@ -19,6 +19,7 @@ import torch
 from ppoflow.engine.lora import ADAPTER_CONFIG, LoraSpec, save_adapters
 from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
 from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import file_digest, leads_outside, remove_from_run, timed_io
 
@@ -181,7 +182,8 @@ def write_checkpoint(
     """Write checkpoints/iter=NNNNNN/<role>/ and <role>.optim/ with `fill(model directory,
     optimizer directory)`; returns (model directory relative to the run, its digest, the optimizer
     state's digest). Both are staged and renamed into place; a crash in between leaves files whose
-    digests do not match, which are never used."""
+    digests do not match, which are never used. Their files are fsynced in the background, and the
+    step's commit waits for them (durability.py)."""
     relative = f"checkpoints/iter={step:06d}/{role}"
     final = run.path / relative
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -202,6 +204,9 @@ def write_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(optim_staging, ignore_errors=True)
         raise
+    sync_tree_later(final)
+    sync_tree_later(optimizer_dir(final))
+    sync_later([final.parent, root])
     return relative, checkpoint_digest(final), optimizer_digest(final)
 
 

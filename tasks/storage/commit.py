@@ -1,7 +1,7 @@
-"""Committing a training step: once every stage of step k has written its files, its manifest
-(iter=k/_manifest.json: per stage its files with digests, rows, cache key and seconds) is written,
-last, and the DuckDB catalog picks up tables that appeared. A step without a manifest was not
-committed: readers and resume ignore its files."""
+"""Committing a training step: once every stage of step k has written its files, and they are
+fsynced, its manifest (iter=k/_manifest.json: per stage its files with digests, rows, cache key and
+seconds) is written, last, and the DuckDB catalog picks up tables that appeared. A step without a
+manifest was not committed: readers and resume ignore its files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
+from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.states import TIMING_PREFIX, StageResult
 from ppoflow.tasks.storage.tables import manifest_document, read_manifest, write_manifest
 
@@ -27,9 +28,11 @@ def commit_step(run: Run, step: int, results: list[StageResult]) -> None:
     except (OSError, ValueError):
         current = None
     wanted = json.loads(json.dumps(manifest_document(step, stages)))
+    with run.io.timing("sync"):  # the stages' files and checkpoints are on disk before a manifest names them
+        wait_durable()
     if _outputs(current) is None or _outputs(current) != _outputs(wanted):
         write_manifest(run.path, step, stages, clock=run.io)
-    refresh_catalog_if_stale(run.path, clock=run.io)
+    refresh_catalog_if_stale(run.path, step, clock=run.io)
 
 
 def _outputs(manifest: object) -> dict | None:

@@ -1,5 +1,6 @@
 """The DuckDB catalog over a hand-made two-iteration run written through write_table."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -265,6 +266,21 @@ def test_refresh_if_stale_skips_unless_a_table_got_its_first_files(tmp_path):
     write_table(pa.table(rejects), tmp_path, "data/rejects.parquet", SCHEMAS["rejects"])
     refresh_catalog_if_stale(tmp_path)
     assert query(tmp_path, "SELECT count(*) FROM rejects")[1] == [(1,)]
+
+
+def test_a_commit_looks_for_first_files_in_its_own_step_only(tmp_path):
+    write_run(tmp_path, iterations=(1,))
+    refresh_catalog_if_stale(tmp_path)
+    built = (tmp_path / "catalog.duckdb").stat().st_mtime_ns
+    recorded = json.loads((tmp_path / ".catalog-tables.json").read_text())
+    assert "reward_model" not in recorded
+    scored = {"prompt_id": "p0", "sample_idx": 0, "rm_score": 0.5, "input_length": 9}
+    rows = pa.Table.from_pylist([scored], schema=SCHEMAS["reward_model"])
+    write_table(rows, tmp_path, stage_path(2, "reward_model"), SCHEMAS["reward_model"])
+    assert refresh_catalog_if_stale(tmp_path, 1).stat().st_mtime_ns == built  # not step 1's table
+    refresh_catalog_if_stale(tmp_path, 2)
+    assert "reward_model" in json.loads((tmp_path / ".catalog-tables.json").read_text())
+    assert query(tmp_path, "SELECT iter, rm_score FROM reward_model")[1] == [(2, 0.5)]
 
 
 def _hold(path, read_only: bool) -> subprocess.Popen:

@@ -1,0 +1,112 @@
+"""Data files made durable behind the run, waited for before a record names them.
+
+A stage's parquet files and a checkpoint's files are named by digest wherever they are used: a file
+that a crash of the machine left short is found out and made again, never read. What must not
+happen is a committed step whose files never reached the disk. So their fsyncs run in a thread of
+their own (`sync_later`) while the next stages compute, and `commit_step` waits for them
+(`wait_durable`) before it writes the step's manifest, which, like every record ppoflow reads
+without a digest, is fsynced before it is renamed into place (`tables._atomic_write`).
+
+One thread per process, started on first use. A path that is gone by the time its turn comes (a
+run directory deleted meanwhile) has nothing to make durable and is not a failure; any other error
+is raised by the next `wait_durable`, naming the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["sync_later", "sync_tree_later", "wait_durable"]
+
+
+class _Syncer:
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._queue: deque[str] = deque()
+        self._syncing = 0  # paths taken from the queue and not yet synced
+        self._failures: list[OSError] = []
+        self._thread: threading.Thread | None = None
+
+    def add(self, paths: Iterable[str | Path]) -> None:
+        with self._changed:
+            self._queue.extend(os.fspath(p) for p in paths)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name="ppoflow-fsync", daemon=True)
+                self._thread.start()
+            self._changed.notify_all()
+
+    def wait(self) -> None:
+        with self._changed:
+            while self._queue or self._syncing:
+                self._changed.wait()
+            failures, self._failures = self._failures, []
+        if failures:
+            raise failures[0]
+
+    def _work(self) -> None:
+        while True:
+            with self._changed:
+                while not self._queue:
+                    self._changed.wait()
+                path = self._queue.popleft()
+                self._syncing += 1
+            failure = _fsync(path)
+            with self._changed:
+                self._syncing -= 1
+                if failure is not None:
+                    self._failures.append(failure)
+                self._changed.notify_all()
+
+
+def _fsync(path: str) -> OSError | None:
+    """fsync a file or folder; the error naming `path`, or None (also when `path` is gone). Opened
+    without following a link and without blocking: a FIFO planted under a data file's name would
+    stall the thread, and every wait on it, forever."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        return OSError(error.errno, f"{error.strerror}; could not make durable", path)
+    try:
+        os.fsync(descriptor)
+    except OSError as error:
+        return OSError(error.errno or errno.EIO, f"{error.strerror}; could not make durable", path)
+    finally:
+        os.close(descriptor)
+    return None
+
+
+_syncer = _Syncer()
+
+
+def _forget_after_fork() -> None:
+    global _syncer
+    _syncer = _Syncer()  # the parent's thread does not exist in the child
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def sync_later(paths: Iterable[str | Path]) -> None:
+    """fsync these files and folders, in this order, in the background. Name a file before the
+    folder that holds it, so that the folder's entry for it is synced after its data."""
+    _syncer.add(paths)
+
+
+def sync_tree_later(directory: Path) -> None:
+    """fsync every file directly in `directory`, then `directory` itself, in the background."""
+    sync_later(
+        [*(entry.path for entry in os.scandir(directory) if entry.is_file(follow_symlinks=False)), directory]
+    )
+
+
+def wait_durable() -> None:
+    """Return once every path passed so far is synced; raise the first failure (an OSError naming
+    its file) since the last call."""
+    _syncer.wait()
