@@ -92,6 +92,40 @@ def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_by
         assert (ours / path.name).read_bytes() == path.read_bytes(), path.name
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["all trained", "first layer frozen"])
+def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tiny_model_dir, frozen):
+    """A tied embedding, frozen parameters, LoRA adapters: the same names and the same tensors as
+    get_optimizer_state_dict, which a save in one process no longer calls."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from ppoflow.engine.lora import LoraSpec, add_adapters
+    from ppoflow.engine.models import load_actor
+    from ppoflow.engine.optimizer_state import _states_by_name
+
+    plain = load_actor(tiny_model_dir)
+    adapted = add_adapters(
+        load_actor(tiny_model_dir),
+        LoraSpec(rank=2, alpha=4, target_modules="all-linear", exclude_modules=None, seed=0),
+    )
+    assert plain.config.tie_word_embeddings
+    for model in (plain, adapted):
+        if frozen:
+            for parameter in next(m for n, m in model.named_modules() if n.endswith("layers.0")).parameters():
+                parameter.requires_grad_(False)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        optimizer, _ = build_optimizer(model, SETTINGS)
+        model(input_ids=torch.ones(1, 3, dtype=torch.long)).logits.sum().backward()
+        optimizer.step()
+        ours = _states_by_name(model, optimizer)
+        theirs = get_optimizer_state_dict(model, optimizer)["state"]
+        assert sorted(ours) == sorted(theirs) and len(ours) == len(trained)
+        for name, state in theirs.items():
+            assert all(ours[name][k] is v for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")), name
+    compiled_name = torch.nn.Module()
+    compiled_name._orig_mod = plain  # a torch.compile wrapper: DCP names these itself
+    assert _states_by_name(compiled_name, optimizer) is None
+
+
 MEMORY_PROBE = """
 import resource, sys, torch
 from pathlib import Path
