@@ -70,27 +70,28 @@ def run_and_report(args, run_dir: Path) -> None:
         io_between = _count_io_between_stages(iteration, train)
         summary = train.ppo_train(None, overrides)
     finished = time.time()
-    summary["io_between_stages"] = sum(io_between)
+    summary["io_between_stages"] = [a + b for a, b in zip(*io_between.values(), strict=True)]
     report(args, summary, run_dir, launched, finished, summary["io_seconds"], query)
 
 
-def _count_io_between_stages(iteration, train) -> list[float]:
+def _count_io_between_stages(iteration, train) -> dict[str, list[float]]:
     """The file IO of each step's commit (the fsync wait, the manifest, the catalog) and trainer
-    state happens between stages: it is counted once, as IO, not again in the time between stages."""
-    seconds: list[float] = []
+    state, one value a step each: it happens between stages, and is counted once, as IO, not again
+    in the time between stages."""
+    seconds: dict[str, list[float]] = {"commit": [], "trainer state": []}
 
-    def counted(fn):
+    def counted(fn, what: str):
         def wrapper(run, *args, **kwargs):
             before = run.io.seconds
             try:
                 return fn(run, *args, **kwargs)
             finally:
-                seconds.append(run.io.seconds - before)
+                seconds[what].append(run.io.seconds - before)
 
         return wrapper
 
-    iteration.commit_step = counted(iteration.commit_step)
-    train.record_trainer_state = counted(train.record_trainer_state)
+    iteration.commit_step = counted(iteration.commit_step, "commit")
+    train.record_trainer_state = counted(train.record_trainer_state, "trainer state")
     return seconds
 
 
@@ -123,8 +124,8 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         median = statistics.median(timing[stage])
         print(f"  {stage:<15}{median:>8.3f}   {median / median_wall:>6.1%}")
     stage_total = [sum(timing[s][i] for s in STAGES) for i in range(len(iteration_walls))]
-    io_between = summary["io_between_stages"] / max(1, args.iterations)
-    outside = [w - s - io_between for w, s in zip(iteration_walls, stage_total, strict=True)]
+    io_between = summary["io_between_stages"]  # one a step
+    outside = [w - s - io for w, s, io in zip(iteration_walls, stage_total, io_between, strict=True)]
     io_per_iteration = io_seconds / max(1, args.iterations)
     print(f"  {'iteration':<15}{median_wall:>8.3f}")
     print(

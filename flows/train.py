@@ -21,6 +21,7 @@ from ppoflow.tasks.stages.prepare_model import (
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
+from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
@@ -86,6 +87,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     try:
         if val_only or settings.val_before_train:  # verl validates a resumed model too, at its step
             record(first - 1, validate(run, settings, first - 1, state.actor, data)[0], None)
+            refresh_catalog_if_stale(run.path, first - 1, clock=run.io)  # no commit names this step
         for step in range(first, total + 1):
             position = data_position(
                 data.train.ref.rows,

@@ -74,7 +74,10 @@ def _require_results_folder(path: Path) -> None:
 
 
 def finish_run(run: Run) -> Run:
-    """Refresh the catalog once more (a fully cached run wrote no new iteration)."""
+    """Refresh the catalog once more (a fully cached run wrote no new iteration), once every file the
+    run wrote is on disk (also those no step commits: a validation-only run's tables)."""
+    with run.io.timing("sync"):
+        wait_durable(run.path)
     refresh_catalog(run.path, clock=run.io)
     return run
 
@@ -85,9 +88,9 @@ def close_run(run: Run) -> None:
     try:
         run.models.close()
     finally:
-        try:
-            wait_durable()
-        except OSError as error:  # files no committed step names: they are checked by digest if used
+        try:  # after a failure: what the failed run wrote last is checked by digest if it is used
+            wait_durable(run.path)
+        except OSError as error:
             logger.warning("ppoflow: %s", error)
         finally:
             release_run_lock(run.path)

@@ -201,7 +201,7 @@ def record_round(root: Path, number: int, files: list[DataFile], promotion: dict
         "files": [{"path": f.path, "sha256": f.sha256, "bytes": f.bytes} for f in files],
     } | promotion
     table = pa.concat_tables([_promotions(root), pa.Table.from_pylist([row], schema=PROMOTIONS_SCHEMA)])
-    write_table(table, root, PROMOTIONS, PROMOTIONS_SCHEMA)
+    write_table(table, root, PROMOTIONS, PROMOTIONS_SCHEMA, sync_now=True)  # read without a digest
     sync_champion_pointer(root)
     refresh_retrain_catalog(root)
     return row

@@ -77,7 +77,7 @@ def refresh_catalog_if_stale(run_dir: str | Path, step: int | None = None) -> Pa
     run_dir = Path(run_dir).resolve()
     final = run_dir / CATALOG_NAME
     recorded = _recorded_tables(run_dir)
-    if final.is_file() and isinstance(recorded, list):
+    if final.is_file() and recorded is not None:
         present = _tables_with_files(run_dir, step)
         if present == recorded if step is None else set(present) <= set(recorded):
             return final
@@ -99,10 +99,15 @@ def _tables_with_files(run_dir: Path, step: int | None = None) -> list[str]:
 
 
 def _recorded_tables(run_dir: Path) -> list[str] | None:
+    """The tables the last refresh found files of; None for a record that is not a list of table
+    names (a damaged or planted one: the catalog is refreshed)."""
     try:
-        return read_json(run_dir / CATALOG_TABLES)
+        recorded = read_json(run_dir / CATALOG_TABLES)
     except (OSError, ValueError):
         return None
+    if not isinstance(recorded, list) or not all(isinstance(t, str) and t in TABLES for t in recorded):
+        return None
+    return recorded
 
 
 @timed_io("catalog")

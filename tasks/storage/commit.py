@@ -29,7 +29,7 @@ def commit_step(run: Run, step: int, results: list[StageResult]) -> None:
         current = None
     wanted = json.loads(json.dumps(manifest_document(step, stages)))
     with run.io.timing("sync"):  # the stages' files and checkpoints are on disk before a manifest names them
-        wait_durable()
+        wait_durable(run.path)
     if _outputs(current) is None or _outputs(current) != _outputs(wanted):
         write_manifest(run.path, step, stages, clock=run.io)
     refresh_catalog_if_stale(run.path, step, clock=run.io)

@@ -5,23 +5,32 @@ that a crash of the machine left short is found out and made again, never read. 
 happen is a committed step whose files never reached the disk. So their fsyncs run in a thread of
 their own (`sync_later`) while the next stages compute, and `commit_step` waits for them
 (`wait_durable`) before it writes the step's manifest, which, like every record ppoflow reads
-without a digest, is fsynced before it is renamed into place (`tables._atomic_write`).
+without a digest, is fsynced before it is renamed into place (`tables._atomic_write`). A stage
+served from cache queues its files again (`results.run_stage`): a process that crashed may have
+left them unsynced.
 
 One thread per process, started on first use. A path that is gone by the time its turn comes (a
-run directory deleted meanwhile) has nothing to make durable and is not a failure; any other error
-is raised by the next `wait_durable`, naming the file.
+run directory deleted meanwhile) has nothing to make durable and is not a failure. A file whose
+fsync failed is removed by the `wait_durable` that reports it: its pages may hold data the disk
+does not, and a second fsync would report success (Linux clears the error), so its stage is made
+again rather than committed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
+import stat
 import threading
 from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["sync_later", "sync_tree_later", "wait_durable"]
+
+logger = logging.getLogger(__name__)
 
 
 class _Syncer:
@@ -40,13 +49,12 @@ class _Syncer:
                 self._thread.start()
             self._changed.notify_all()
 
-    def wait(self) -> None:
+    def wait(self) -> list[OSError]:
         with self._changed:
             while self._queue or self._syncing:
                 self._changed.wait()
             failures, self._failures = self._failures, []
-        if failures:
-            raise failures[0]
+        return failures
 
     def _work(self) -> None:
         while True:
@@ -55,7 +63,10 @@ class _Syncer:
                     self._changed.wait()
                 path = self._queue.popleft()
                 self._syncing += 1
-            failure = _fsync(path)
+            try:
+                failure = _fsync(path)
+            except Exception as error:  # never leave the count up: every wait would hang on it
+                failure = OSError(errno.EIO, f"{error}; could not make durable", path)
             with self._changed:
                 self._syncing -= 1
                 if failure is not None:
@@ -65,10 +76,17 @@ class _Syncer:
 
 def _fsync(path: str) -> OSError | None:
     """fsync a file or folder; the error naming `path`, or None (also when `path` is gone). Opened
-    without following a link and without blocking: a FIFO planted under a data file's name would
-    stall the thread, and every wait on it, forever."""
+    without blocking, so that a FIFO planted under a data file's name cannot stall the thread and
+    every wait on it, and without following a link, except to a folder (a run's checkpoints/ may
+    be a link to a larger disk)."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            descriptor = os.open(path, flags | os.O_NOFOLLOW)
+        except OSError as error:
+            if error.errno != errno.ELOOP or not os.path.isdir(path):
+                raise
+            descriptor = os.open(path, flags | os.O_DIRECTORY)
     except FileNotFoundError:
         return None
     except OSError as error:
@@ -100,13 +118,32 @@ def sync_later(paths: Iterable[str | Path]) -> None:
 
 
 def sync_tree_later(directory: Path) -> None:
-    """fsync every file directly in `directory`, then `directory` itself, in the background."""
-    sync_later(
-        [*(entry.path for entry in os.scandir(directory) if entry.is_file(follow_symlinks=False)), directory]
-    )
+    """fsync every file directly in `directory`, then `directory` itself, in the background (nothing
+    when it is gone)."""
+    try:
+        files = [entry.path for entry in os.scandir(directory) if entry.is_file(follow_symlinks=False)]
+    except FileNotFoundError:
+        return
+    sync_later([*files, directory])
 
 
-def wait_durable() -> None:
-    """Return once every path passed so far is synced; raise the first failure (an OSError naming
-    its file) since the last call."""
-    _syncer.wait()
+def wait_durable(root: Path) -> None:
+    """Return once every path queued so far is synced. A failure below `root` is raised (the first,
+    an OSError naming its file) after every failed file below `root` is removed; a failure elsewhere
+    (a file of another run, which nothing of this one names) is logged."""
+    failures = _syncer.wait()
+    root = Path(os.path.abspath(root))
+    ours = [f for f in failures if Path(os.path.abspath(f.filename)).is_relative_to(root)]
+    for failure in failures:
+        if failure not in ours:
+            logger.warning("ppoflow: %s", failure)
+    for failure in ours:
+        _remove_file(failure.filename)
+    if ours:
+        raise ours[0]
+
+
+def _remove_file(path: str) -> None:
+    with contextlib.suppress(OSError):  # already gone, or not ours to remove
+        if stat.S_ISREG(os.lstat(path).st_mode):  # a folder, or a link, stays
+            os.unlink(path)

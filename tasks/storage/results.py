@@ -33,7 +33,8 @@ from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.cache_keys import key_for
-from ppoflow.tasks.storage.checkpoints import state_files_intact
+from ppoflow.tasks.storage.checkpoints import optimizer_dir, state_files_intact
+from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
 from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
 
@@ -340,8 +341,26 @@ def run_stage(task, run: Run, **parameters: Any):
     if state.name == "Cached" and not outputs_valid(run, result):
         state = bound.with_options(refresh_cache=True)(**passed, return_state=True)
         result = _state_value(state)
+    if state.name == "Cached":
+        sync_outputs_later(run, result)
     link_state_to_task_run_result(state, _Outputs(_outputs(result)))
     return result, state.name == "Cached"
+
+
+def sync_outputs_later(run: Run, result: Any) -> None:
+    """Queue the fsync of a cached result's tables and checkpoints (durability.py): the process that
+    wrote them may have been killed before they reached the disk, and the step's commit is about to
+    name them."""
+    for output in _outputs(result):
+        if isinstance(output, ArtifactRef):
+            path = run.path / output.path
+            sync_later([path, path.parent])
+        elif (
+            isinstance(output, ModelState) and output.checkpoint and not Path(output.checkpoint).is_absolute()
+        ):
+            directory = run.path / output.checkpoint
+            sync_tree_later(directory)
+            sync_tree_later(optimizer_dir(directory))
 
 
 def _state_value(state: State) -> Any:

@@ -194,10 +194,16 @@ def conform_table(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 @timed_io("tables")
 def write_table(
-    table: pa.Table, run_dir: str | Path, relative_path: str, schema: pa.Schema | None = None
+    table: pa.Table,
+    run_dir: str | Path,
+    relative_path: str,
+    schema: pa.Schema | None = None,
+    *,
+    sync_now: bool = False,
 ) -> ArtifactRef:
-    """Write `table` as zstd parquet to run_dir/relative_path atomically (conformed to `schema`
-    when given) and return its reference."""
+    """Write `table` as parquet to run_dir/relative_path atomically (conformed to `schema` when
+    given; zstd from COMPRESS_FROM_BYTES) and return its reference. Its fsync is queued
+    (durability.py), unless `sync_now`: a table read without its digest is a record."""
     relative = _relative(relative_path)
     final = Path(run_dir) / relative
     if schema is not None:
@@ -213,7 +219,7 @@ def write_table(
         pq.write_table(table, sink, compression=compression)
     except Exception as exc:
         raise _naming_path(exc, final) from exc
-    digest = _atomic_write(final, sink.getvalue(), sync_now=False)
+    digest = _atomic_write(final, sink.getvalue(), sync_now=sync_now)
     with contextlib.suppress(OSError):  # kept for this process's next reads (recent_tables.py)
         remember(final, digest, file_identity(final), table)
     return ArtifactRef(path=relative, digest=digest, rows=table.num_rows)
@@ -338,9 +344,10 @@ def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
 
 
 def _atomic_write(path: Path, data: bytes | pa.Buffer, *, sync_now: bool = True) -> str:
-    """Write `data` to a temp file beside `path`, fsync, rename, fsync the folder; return the digest
-    of the bytes. Without `sync_now`, the file and its folder are fsynced in the background after
-    the rename (see durability.py). On any failure remove the temp file and re-raise naming `path`."""
+    """Write `data` to a temp file beside `path` and rename it into place; return the digest of the
+    bytes. With `sync_now` the file is fsynced before the rename and its folder after; without, both
+    are fsynced in the background after the rename (durability.py). On any failure remove the temp
+    file and re-raise naming `path`."""
     folder = path.parent
     # A dot name with a .tmp suffix: never matched by the catalog's '*.parquet' globs.
     tmp = folder / f".{path.name}.{secrets.token_hex(6)}.tmp"

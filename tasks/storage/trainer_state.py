@@ -49,7 +49,7 @@ def record_trainer_state(run: Run, step: int, state: TrainState, data_position: 
             return
     except (OSError, ValueError):
         pass
-    write_json_atomic(folder / STATE_FILE, record)
+    write_json_atomic(folder / STATE_FILE, record, clock=run.io)
 
 
 def data_position(n_rows: int, step: int, *, train_batch_size: int, shuffle: bool, seed: int) -> dict:

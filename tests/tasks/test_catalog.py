@@ -283,6 +283,25 @@ def test_a_commit_looks_for_first_files_in_its_own_step_only(tmp_path):
     assert query(tmp_path, "SELECT iter, rm_score FROM reward_model")[1] == [(2, 0.5)]
 
 
+@pytest.mark.parametrize("planted", ['[["metrics"]]', '{"rollouts": 1}', '["rollouts", "not a table"]'])
+def test_a_planted_table_record_is_refreshed_over(tmp_path, planted):
+    write_run(tmp_path, iterations=(1,))
+    refresh_catalog_if_stale(tmp_path)
+    (tmp_path / ".catalog-tables.json").write_text(planted)
+    refresh_catalog_if_stale(tmp_path, 1)
+    assert "rollouts" in json.loads((tmp_path / ".catalog-tables.json").read_text())
+    assert query(tmp_path, "SELECT count(DISTINCT iter) FROM rollouts")[1] == [(1,)]
+
+
+def test_validation_before_training_is_found_at_its_own_step(tmp_path):
+    """Step 0 (validation before training) is never committed: the flow checks its folder itself."""
+    write_run(tmp_path, iterations=())
+    refresh_catalog_if_stale(tmp_path)
+    write_table(table("validation", 0), tmp_path, stage_path(0, "validation"), SCHEMAS["validation"])
+    refresh_catalog_if_stale(tmp_path, 0)
+    assert query(tmp_path, "SELECT DISTINCT iter FROM validation")[1] == [(0,)]
+
+
 def _hold(path, read_only: bool) -> subprocess.Popen:
     code = f"""
         import duckdb, sys

@@ -14,15 +14,21 @@ import pytest
 import torch
 
 from ppoflow.tasks.run import Run
-from ppoflow.tasks.storage import durability
+from ppoflow.tasks.storage.checkpoints import optimizer_dir
 from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.durability import sync_later, wait_durable
 from ppoflow.tasks.storage.states import StageResult
-from ppoflow.tasks.storage.tables import read_manifest, stage_path, write_json_atomic, write_table
+from ppoflow.tasks.storage.tables import (
+    artifact_is_valid,
+    read_manifest,
+    stage_path,
+    write_json_atomic,
+    write_table,
+)
 
 
 @pytest.fixture
-def synced(monkeypatch):
+def synced(monkeypatch, tmp_path):
     """The (device, inode) of every file or folder fsynced from now on, by any thread."""
     seen: list[tuple[int, int]] = []
     real = os.fsync
@@ -32,10 +38,17 @@ def synced(monkeypatch):
         seen.append((info.st_dev, info.st_ino))
         real(descriptor)
 
-    wait_durable()  # nothing of an earlier test is still in the queue
+    wait_durable(tmp_path)  # nothing of an earlier test is still in the queue
     monkeypatch.setattr(os, "fsync", fsync)
     yield seen
-    wait_durable()
+    wait_durable(tmp_path)
+
+
+def failing_with(error: BaseException):
+    def fsync(descriptor):
+        raise error
+
+    return fsync
 
 
 def identity(path) -> tuple[int, int]:
@@ -53,7 +66,7 @@ def test_a_table_is_synced_in_the_background_and_waited_for(tmp_path, synced):
         gate.set()
     finally:
         os.fsync = real
-    wait_durable()
+    wait_durable(tmp_path)
     path = tmp_path / ref.path
     assert synced.index(identity(path)) < synced.index(identity(path.parent))
 
@@ -63,28 +76,91 @@ def test_a_record_is_synced_before_the_write_returns(tmp_path, synced):
     assert synced == [identity(tmp_path / "state.json"), identity(tmp_path)]
 
 
-def test_a_failed_fsync_fails_the_commit_and_writes_no_manifest(tmp_path, monkeypatch):
+def test_a_failed_fsync_fails_the_commit_removes_the_file_and_writes_no_manifest(tmp_path, monkeypatch):
+    """The file's pages may hold what the disk does not, and a second fsync would succeed: it is
+    removed, so that its stage is made again (its digest no longer matches), not committed."""
     run = Run(str(tmp_path))
-    wait_durable()
+    wait_durable(tmp_path)
 
-    def failing(descriptor):
-        raise OSError(errno.EIO, "Input/output error")
-
-    monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(os, "fsync", failing_with(OSError(errno.EIO, "Input/output error")))
     ref = write_table(pa.table({"x": [1, 2]}), tmp_path, stage_path(1, "rewards"))
     with pytest.raises(OSError, match="part-00000.parquet") as raised:
         commit_step(run, 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
     assert raised.value.errno == errno.EIO and "could not make durable" in str(raised.value)
     assert read_manifest(tmp_path, 1) is None
+    assert not (tmp_path / ref.path).exists() and not artifact_is_valid(tmp_path, ref)
+    assert (tmp_path / ref.path).parent.is_dir()  # a folder is never removed
     monkeypatch.undo()
-    commit_step(run, 1, [StageResult("rewards", (ref,), "key", 0.1, ())])  # reported once, then clean
+    again = write_table(pa.table({"x": [1, 2]}), tmp_path, stage_path(1, "rewards"))  # the stage, made again
+    commit_step(run, 1, [StageResult("rewards", (again,), "key", 0.1, ())])
     assert read_manifest(tmp_path, 1)["stages"]["rewards"]["cache_key"] == "key"
 
 
+def test_a_failure_of_another_runs_file_does_not_fail_this_runs_commit(tmp_path, monkeypatch, caplog):
+    other, ours = tmp_path / "other", tmp_path / "ours"
+    wait_durable(tmp_path)
+    monkeypatch.setattr(os, "fsync", failing_with(OSError(errno.EIO, "Input/output error")))
+    write_table(pa.table({"x": [1]}), other, stage_path(1, "rewards"))
+    monkeypatch.undo()
+    ref = write_table(pa.table({"x": [2]}), ours, stage_path(1, "rewards"))
+    with caplog.at_level("WARNING"):
+        commit_step(Run(str(ours)), 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
+    assert read_manifest(ours, 1) is not None
+    assert str(other / stage_path(1, "rewards")) in caplog.text
+    assert (other / stage_path(1, "rewards")).exists()  # not this run's to remove
+
+
+def test_an_unexpected_error_in_the_fsync_thread_fails_the_wait_instead_of_hanging_it(tmp_path, monkeypatch):
+    wait_durable(tmp_path)
+    monkeypatch.setattr(os, "fsync", failing_with(ValueError("odd")))
+    ref = write_table(pa.table({"x": [1]}), tmp_path, stage_path(1, "rewards"))
+    with pytest.raises(OSError, match="odd; could not make durable"):
+        wait_durable(tmp_path)
+    monkeypatch.undo()
+    assert not (tmp_path / ref.path).exists()
+    sync_later([tmp_path])
+    wait_durable(tmp_path)  # the thread lives on
+
+
+def test_a_table_read_without_its_digest_is_synced_before_the_write_returns(tmp_path, synced):
+    ref = write_table(pa.table({"x": [1]}), tmp_path, "promotions.parquet", sync_now=True)
+    assert synced == [identity(tmp_path / ref.path), identity(tmp_path)]
+
+
+def test_a_cached_results_files_are_synced_again(tmp_path, tiny_model_dir, synced):
+    """A process killed before its fsyncs leaves files a resumed run reuses from cache."""
+    from ppoflow.tasks.storage.results import sync_outputs_later
+    from ppoflow.tasks.storage.states import ModelState
+
+    run = Run(str(tmp_path))
+    ref = write_table(pa.table({"x": [1]}), tmp_path, stage_path(1, "rewards"))
+    relative = _saved_checkpoint(run, tiny_model_dir)
+    wait_durable(tmp_path)
+    synced.clear()
+    state = ModelState("actor", "lineage", 1, relative, "sha256:x", None, "sha256:y")
+    sync_outputs_later(run, (StageResult("rewards", (ref,), "key", 0.1, ()), state))
+    wait_durable(tmp_path)
+    folder = tmp_path / relative
+    for path in [tmp_path / ref.path, *folder.iterdir(), folder, *optimizer_dir(folder).iterdir()]:
+        assert identity(path) in synced, path.name
+
+
+def test_a_checkpoints_folder_that_is_a_link_to_another_disk_is_synced(tmp_path, tiny_model_dir, synced):
+    elsewhere = tmp_path / "larger-disk"
+    elsewhere.mkdir()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run/checkpoints").symlink_to(elsewhere)
+    run = Run(str(tmp_path / "run"))
+    relative = _saved_checkpoint(run, tiny_model_dir)
+    commit_step(run, 1, [])
+    assert identity(elsewhere) in synced
+    assert identity(tmp_path / "run" / relative / "model.safetensors") in synced
+
+
 def test_a_path_gone_before_its_fsync_is_not_a_failure(tmp_path):
-    wait_durable()
+    wait_durable(tmp_path)
     sync_later([tmp_path / "never-written.parquet"])
-    wait_durable()
+    wait_durable(tmp_path)
 
 
 def test_a_fifo_under_a_files_name_fails_the_wait_instead_of_blocking_it(tmp_path):
@@ -95,7 +171,7 @@ def test_a_fifo_under_a_files_name_fails_the_wait_instead_of_blocking_it(tmp_pat
     def wait() -> None:
         try:
             sync_later([fifo])
-            wait_durable()
+            wait_durable(tmp_path)
             outcome.append(None)
         except OSError as error:
             outcome.append(error)
@@ -108,10 +184,10 @@ def test_a_fifo_under_a_files_name_fails_the_wait_instead_of_blocking_it(tmp_pat
     assert isinstance(error, OSError) and str(fifo) in str(error)
 
 
-def test_a_checkpoints_files_are_synced_before_its_step_is_committed(tmp_path, tiny_model_dir, synced):
+def _saved_checkpoint(run, tiny_model_dir) -> str:
     from ppoflow.engine.models import load_actor, load_tokenizer
     from ppoflow.engine.optim import build_optimizer
-    from ppoflow.tasks.storage.checkpoints import Trainable, optimizer_dir, save_checkpoint
+    from ppoflow.tasks.storage.checkpoints import Trainable, save_checkpoint
 
     from ..engine.settings import optim_settings
 
@@ -119,10 +195,13 @@ def test_a_checkpoints_files_are_synced_before_its_step_is_committed(tmp_path, t
     optimizer, scheduler = build_optimizer(model, optim_settings(lr=0.01))
     model(input_ids=torch.ones(1, 3, dtype=torch.long)).logits.sum().backward()
     optimizer.step()
+    trainable = Trainable(model, optimizer, scheduler)
+    return save_checkpoint(run, "actor", 1, trainable, load_tokenizer(tiny_model_dir))[0]
+
+
+def test_a_checkpoints_files_are_synced_before_its_step_is_committed(tmp_path, tiny_model_dir, synced):
     run = Run(str(tmp_path))
-    relative, _, _ = save_checkpoint(
-        run, "actor", 1, Trainable(model, optimizer, scheduler), load_tokenizer(tiny_model_dir)
-    )
+    relative = _saved_checkpoint(run, tiny_model_dir)
     commit_step(run, 1, [])
     folder = tmp_path / relative
     files = [*folder.iterdir(), *optimizer_dir(folder).iterdir()]
@@ -144,7 +223,7 @@ def test_a_forked_child_starts_with_an_empty_queue(tmp_path):
             os.fsync = real
             signal.alarm(30)  # a child stuck waiting on its parent's queue is killed, and fails
             try:
-                wait_durable()  # returns at once: nothing of the parent's is the child's to wait for
+                wait_durable(tmp_path)  # returns at once: nothing of the parent's is the child's to wait for
                 os._exit(0)
             except BaseException:
                 os._exit(1)
@@ -153,6 +232,5 @@ def test_a_forked_child_starts_with_an_empty_queue(tmp_path):
     finally:
         os.fsync = real
         gate.set()
-    wait_durable()
+    wait_durable(tmp_path)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert durability._syncer._thread is not None
