@@ -100,10 +100,11 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
             state, metrics, cached = ppo_iteration(run, settings, step, state, data, position["epoch"])
             record_trainer_state(run, step, state, position)
             record(step, metrics, None if cached else time.perf_counter() - started)
+        finished = finish_run(run)  # waits for the last files' fsyncs, which can fail
     except BaseException:
         tracking.fail()
         raise
-    summary = report_run(finish_run(run), state.actor, history) | {
+    summary = report_run(finished, state.actor, history) | {
         "io_seconds": run.io.seconds,
         "io_seconds_by_kind": dict(run.io.by_kind),
     }

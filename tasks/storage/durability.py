@@ -38,7 +38,7 @@ class _Syncer:
         self._changed = threading.Condition()
         self._queue: deque[str] = deque()
         self._syncing = 0  # paths taken from the queue and not yet synced
-        self._failures: list[OSError] = []
+        self._failures: list[tuple[OSError, bool]] = []  # (error, whether fsync itself failed)
         self._thread: threading.Thread | None = None
 
     def add(self, paths: Iterable[str | Path]) -> None:
@@ -49,7 +49,7 @@ class _Syncer:
                 self._thread.start()
             self._changed.notify_all()
 
-    def wait(self) -> list[OSError]:
+    def wait(self) -> list[tuple[OSError, bool]]:
         with self._changed:
             while self._queue or self._syncing:
                 self._changed.wait()
@@ -66,7 +66,7 @@ class _Syncer:
             try:
                 failure = _fsync(path)
             except Exception as error:  # never leave the count up: every wait would hang on it
-                failure = OSError(errno.EIO, f"{error}; could not make durable", path)
+                failure = (OSError(errno.EIO, f"{error}; could not make durable", path), False)
             with self._changed:
                 self._syncing -= 1
                 if failure is not None:
@@ -74,27 +74,30 @@ class _Syncer:
                 self._changed.notify_all()
 
 
-def _fsync(path: str) -> OSError | None:
-    """fsync a file or folder; the error naming `path`, or None (also when `path` is gone). Opened
-    without blocking, so that a FIFO planted under a data file's name cannot stall the thread and
-    every wait on it, and without following a link, except to a folder (a run's checkpoints/ may
+def _fsync(path: str) -> tuple[OSError, bool] | None:
+    """fsync a file or folder: None, or the error naming `path` and whether fsync itself failed (not
+    the open). A path that is gone, or a link to a file (not one ppoflow wrote), is not a failure.
+    Opened without blocking, so that a FIFO planted under a data file's name cannot stall the thread
+    and every wait on it, and without following a link, except to a folder (a run's checkpoints/ may
     be a link to a larger disk)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         try:
             descriptor = os.open(path, flags | os.O_NOFOLLOW)
         except OSError as error:
-            if error.errno != errno.ELOOP or not os.path.isdir(path):
+            if error.errno != errno.ELOOP:
                 raise
+            if not os.path.isdir(path):
+                return None
             descriptor = os.open(path, flags | os.O_DIRECTORY)
     except FileNotFoundError:
         return None
     except OSError as error:
-        return OSError(error.errno, f"{error.strerror}; could not make durable", path)
+        return OSError(error.errno, f"{error.strerror}; could not make durable", path), False
     try:
         os.fsync(descriptor)
     except OSError as error:
-        return OSError(error.errno or errno.EIO, f"{error.strerror}; could not make durable", path)
+        return OSError(error.errno or errno.EIO, f"{error.strerror}; could not make durable", path), True
     finally:
         os.close(descriptor)
     return None
@@ -129,21 +132,29 @@ def sync_tree_later(directory: Path) -> None:
 
 def wait_durable(root: Path) -> None:
     """Return once every path queued so far is synced. A failure below `root` is raised (the first,
-    an OSError naming its file) after every failed file below `root` is removed; a failure elsewhere
-    (a file of another run, which nothing of this one names) is logged."""
+    an OSError naming its file) after every file below `root` whose fsync failed is removed; a
+    failure elsewhere (a file of another run, which nothing of this one names) is logged."""
     failures = _syncer.wait()
     root = Path(os.path.abspath(root))
-    ours = [f for f in failures if Path(os.path.abspath(f.filename)).is_relative_to(root)]
-    for failure in failures:
-        if failure not in ours:
-            logger.warning("ppoflow: %s", failure)
-    for failure in ours:
-        _remove_file(failure.filename)
+    ours = []
+    for error, fsync_failed in failures:
+        if not Path(os.path.abspath(error.filename)).is_relative_to(root):
+            logger.warning("ppoflow: %s", error)
+            continue
+        ours.append(error)
+        if fsync_failed:
+            _remove_file(root, error.filename)
     if ours:
         raise ours[0]
 
 
-def _remove_file(path: str) -> None:
-    with contextlib.suppress(OSError):  # already gone, or not ours to remove
+def _remove_file(root: Path, path: str) -> None:
+    """Remove a regular file of the run: below the run's own folder, or below its checkpoints/
+    folder (which may be a link to another disk), never through any other link."""
+    real = Path(os.path.realpath(path))
+    inside = (Path(os.path.realpath(root)), Path(os.path.realpath(root / "checkpoints")))
+    if not any(real.is_relative_to(folder) for folder in inside):
+        return
+    with contextlib.suppress(OSError):  # already gone
         if stat.S_ISREG(os.lstat(path).st_mode):  # a folder, or a link, stays
             os.unlink(path)

@@ -361,6 +361,7 @@ def sync_outputs_later(run: Run, result: Any) -> None:
             directory = run.path / output.checkpoint
             sync_tree_later(directory)
             sync_tree_later(optimizer_dir(directory))
+            sync_later([directory.parent, directory.parent.parent])  # their entries in iter=k/, checkpoints/
 
 
 def _state_value(state: State) -> Any:

@@ -18,7 +18,7 @@ from ppoflow.tasks.storage.catalog import (
     refresh_catalog_if_stale,
     table_violations,
 )
-from ppoflow.tasks.storage.schemas import SCHEMAS, empty_table, metrics_table
+from ppoflow.tasks.storage.schemas import SCHEMAS, TABLES, empty_table, metrics_table
 from ppoflow.tasks.storage.tables import stage_path, write_table
 
 KEYS = [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
@@ -283,13 +283,14 @@ def test_a_commit_looks_for_first_files_in_its_own_step_only(tmp_path):
     assert query(tmp_path, "SELECT iter, rm_score FROM reward_model")[1] == [(2, 0.5)]
 
 
-@pytest.mark.parametrize("planted", ['[["metrics"]]', '{"rollouts": 1}', '["rollouts", "not a table"]'])
+@pytest.mark.parametrize("planted", [[["metrics"]], {"rollouts": 1}, [*TABLES, "not a table"]])
 def test_a_planted_table_record_is_refreshed_over(tmp_path, planted):
     write_run(tmp_path, iterations=(1,))
     refresh_catalog_if_stale(tmp_path)
-    (tmp_path / ".catalog-tables.json").write_text(planted)
+    recorded = json.loads((tmp_path / ".catalog-tables.json").read_text())
+    (tmp_path / ".catalog-tables.json").write_text(json.dumps(planted))
     refresh_catalog_if_stale(tmp_path, 1)
-    assert "rollouts" in json.loads((tmp_path / ".catalog-tables.json").read_text())
+    assert json.loads((tmp_path / ".catalog-tables.json").read_text()) == recorded
     assert query(tmp_path, "SELECT count(DISTINCT iter) FROM rollouts")[1] == [(1,)]
 
 

@@ -101,13 +101,60 @@ def test_a_failure_of_another_runs_file_does_not_fail_this_runs_commit(tmp_path,
     wait_durable(tmp_path)
     monkeypatch.setattr(os, "fsync", failing_with(OSError(errno.EIO, "Input/output error")))
     write_table(pa.table({"x": [1]}), other, stage_path(1, "rewards"))
-    monkeypatch.undo()
-    ref = write_table(pa.table({"x": [2]}), ours, stage_path(1, "rewards"))
     with caplog.at_level("WARNING"):
-        commit_step(Run(str(ours)), 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
-    assert read_manifest(ours, 1) is not None
+        wait_durable(ours)  # takes the other run's failure: logged, not raised
+    monkeypatch.undo()
     assert str(other / stage_path(1, "rewards")) in caplog.text
     assert (other / stage_path(1, "rewards")).exists()  # not this run's to remove
+    ref = write_table(pa.table({"x": [2]}), ours, stage_path(1, "rewards"))
+    commit_step(Run(str(ours)), 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
+    assert read_manifest(ours, 1) is not None
+
+
+def test_an_open_error_fails_the_wait_but_removes_nothing(tmp_path, monkeypatch):
+    """Only a failed fsync makes a file suspect; a file that could not be opened (too many open
+    files, say) may be a committed step's good file, reused from cache."""
+    wait_durable(tmp_path)
+    ref = write_table(pa.table({"x": [1]}), tmp_path, stage_path(1, "rewards"))
+    wait_durable(tmp_path)
+    real_open = os.open
+
+    def no_descriptors(path, flags, *args, **kwargs):
+        if str(path).endswith(".parquet"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_descriptors)
+    sync_later([tmp_path / ref.path])
+    with pytest.raises(OSError, match="Too many open files; could not make durable"):
+        wait_durable(tmp_path)
+    monkeypatch.undo()
+    assert artifact_is_valid(tmp_path, ref)
+
+
+def test_a_failed_file_reached_through_a_planted_link_is_not_removed(tmp_path, monkeypatch):
+    outside, run_dir = tmp_path / "outside", tmp_path / "run"
+    outside.mkdir()
+    (outside / "victim.safetensors").write_bytes(b"not the run's")
+    (run_dir / "model").mkdir(parents=True)
+    (run_dir / "model/base").symlink_to(outside)
+    wait_durable(tmp_path)
+    monkeypatch.setattr(os, "fsync", failing_with(OSError(errno.EIO, "Input/output error")))
+    sync_later([run_dir / "model/base/victim.safetensors"])
+    with pytest.raises(OSError, match="victim.safetensors"):
+        wait_durable(run_dir)
+    monkeypatch.undo()
+    assert (outside / "victim.safetensors").read_bytes() == b"not the run's"
+
+
+def test_a_cached_table_that_is_a_link_is_not_a_failure(tmp_path):
+    target = tmp_path / "elsewhere.parquet"
+    target.write_bytes(b"PAR1")
+    (tmp_path / "iter=000001/rewards").mkdir(parents=True)
+    (tmp_path / stage_path(1, "rewards")).symlink_to(target)
+    wait_durable(tmp_path)
+    sync_later([tmp_path / stage_path(1, "rewards")])
+    wait_durable(tmp_path)
 
 
 def test_an_unexpected_error_in_the_fsync_thread_fails_the_wait_instead_of_hanging_it(tmp_path, monkeypatch):
@@ -117,7 +164,7 @@ def test_an_unexpected_error_in_the_fsync_thread_fails_the_wait_instead_of_hangi
     with pytest.raises(OSError, match="odd; could not make durable"):
         wait_durable(tmp_path)
     monkeypatch.undo()
-    assert not (tmp_path / ref.path).exists()
+    assert (tmp_path / ref.path).exists()  # removed only when fsync itself reports an OSError
     sync_later([tmp_path])
     wait_durable(tmp_path)  # the thread lives on
 
