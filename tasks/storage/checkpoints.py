@@ -204,10 +204,16 @@ def write_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         shutil.rmtree(optim_staging, ignore_errors=True)
         raise
-    sync_tree_later(final)
-    sync_tree_later(optimizer_dir(final))
-    sync_later([final.parent, root])
+    sync_checkpoint_later(final)
     return relative, checkpoint_digest(final), optimizer_digest(final)
+
+
+def sync_checkpoint_later(directory: Path) -> None:
+    """Queue the fsync of a checkpoint's model and optimizer folders, their files first, then of their
+    entries in iter=k/ and in checkpoints/ (durability.py)."""
+    sync_tree_later(directory)
+    sync_tree_later(optimizer_dir(directory))
+    sync_later([directory.parent, directory.parent.parent])
 
 
 def readable_as_the_umask_allows(*folders: Path) -> None:

@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 
+from ppoflow.tasks.storage.regular_files import leads_outside
+
 __all__ = ["sync_later", "sync_tree_later", "wait_durable"]
 
 logger = logging.getLogger(__name__)
@@ -149,11 +151,11 @@ def wait_durable(root: Path) -> None:
 
 
 def _remove_file(root: Path, path: str) -> None:
-    """Remove a regular file of the run: below the run's own folder, or below its checkpoints/
-    folder (which may be a link to another disk), never through any other link."""
-    real = Path(os.path.realpath(path))
-    inside = (Path(os.path.realpath(root)), Path(os.path.realpath(root / "checkpoints")))
-    if not any(real.is_relative_to(folder) for folder in inside):
+    """Remove a regular file of the run, never through a link (`leads_outside`) other than the run's
+    checkpoints/ folder itself, which may be a link to another disk."""
+    checkpoints = root / "checkpoints"
+    folder = checkpoints if Path(path).is_relative_to(checkpoints) else root
+    if leads_outside(folder, path):
         return
     with contextlib.suppress(OSError):  # already gone
         if stat.S_ISREG(os.lstat(path).st_mode):  # a folder, or a link, stays

@@ -33,8 +33,8 @@ from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.cache_keys import key_for
-from ppoflow.tasks.storage.checkpoints import optimizer_dir, state_files_intact
-from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
+from ppoflow.tasks.storage.checkpoints import state_files_intact, sync_checkpoint_later
+from ppoflow.tasks.storage.durability import sync_later
 from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
 
@@ -358,10 +358,7 @@ def sync_outputs_later(run: Run, result: Any) -> None:
         elif (
             isinstance(output, ModelState) and output.checkpoint and not Path(output.checkpoint).is_absolute()
         ):
-            directory = run.path / output.checkpoint
-            sync_tree_later(directory)
-            sync_tree_later(optimizer_dir(directory))
-            sync_later([directory.parent, directory.parent.parent])  # their entries in iter=k/, checkpoints/
+            sync_checkpoint_later(run.path / output.checkpoint)
 
 
 def _state_value(state: State) -> Any:

@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.durability import sync_later
 from ppoflow.tasks.storage.recent_tables import LIMIT_BYTES, file_identity, recall, remember
-from ppoflow.tasks.storage.regular_files import open_regular_file
+from ppoflow.tasks.storage.regular_files import leads_outside, open_regular_file
 
 __all__ = [
     "MANIFEST_NAME",
@@ -369,15 +369,6 @@ def _atomic_write(path: Path, data: bytes | pa.Buffer, *, sync_now: bool = True)
             raise
         raise _naming_path(exc, path) from exc
     return _digest(data)
-
-
-def leads_outside(root: str | Path, path: str | Path) -> bool:
-    """Whether `path`, below `root`, goes through a link on the way (so that it is not root's own):
-    what ppoflow deletes or replaces must not be what a planted link points at. `root` itself may be
-    a link (a checkpoints folder moved to a larger disk)."""
-    root = Path(root)
-    expected = os.path.join(os.path.realpath(root), os.path.relpath(path, root))
-    return os.path.realpath(path) != os.path.normpath(expected)
 
 
 def remove_from_run(root: str | Path, path: str | Path) -> None:
