@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ppoflow.engine.safetensors_files import streamable, write_safetensors
+
 MOMENTS = ("exp_avg", "exp_avg_sq")
 STATE_FILE = "state.json"
 FORMAT = 1
@@ -61,20 +63,22 @@ INDEX_FILE = "model.safetensors.index.json"
 
 def _write_one_file(directory: Path, moments: dict[str, torch.Tensor]) -> None:
     """What torch.distributed.checkpoint's Hugging Face writer saves for one process, byte for byte,
-    without its planning, streamed to the file (the tiny model's moments: 12.0 ms with DCP, 6.2 ms
-    serialized to bytes first, 4.0 ms streamed; tests/engine/test_optimizer_state.py checks the
-    bytes). Serialized to bytes first, the state took twice its size in memory more (SmolLM2-135M:
-    +1.5 GB, the run's peak). Not fsynced here: whoever keeps the file makes it durable (a run's
+    without its planning (tests/engine/test_optimizer_state.py checks the bytes): written from the
+    moments' memory (safetensors_files.py), or by `save_file` with its header sorted afterwards when
+    they are not of one dtype. Not fsynced here: whoever keeps the file makes it durable (a run's
     checkpoints are fsynced in the background, tasks/storage/durability.py)."""
     from safetensors.torch import save_file
 
     whole = {name: {"saved_offsets": [0] * tensor.dim()} for name, tensor in moments.items()}
     metadata = {"DCP_SHARDING_INFO": json.dumps(whole), "DCP_VERSION": "1.0", "format": "pt"}
     path = directory / ONE_FILE
-    save_file(
-        {name: tensor.detach().contiguous() for name, tensor in moments.items()}, path, metadata=metadata
-    )
-    _sort_header(path)
+    if streamable(moments, metadata):
+        write_safetensors(path, moments, metadata, sort_keys=True)
+    else:
+        save_file(
+            {name: tensor.detach().contiguous() for name, tensor in moments.items()}, path, metadata=metadata
+        )
+        _sort_header(path)
     index = {
         "metadata": {"total_size": sum(t.numel() * t.element_size() for t in moments.values())},
         "weight_map": dict.fromkeys(moments, ONE_FILE),

@@ -18,6 +18,7 @@ import torch
 
 from ppoflow.engine.lora import ADAPTER_CONFIG, LoraSpec, save_adapters
 from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
+from ppoflow.engine.pretrained_files import save_model_files
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
 from ppoflow.tasks.storage.states import ModelState
@@ -261,8 +262,7 @@ def save_checkpoint(
 
     def fill(directory: Path, optimizer_directory: Path) -> None:
         if base is None:
-            value.model.save_pretrained(directory)
-            tokenizer.save_pretrained(directory)
+            save_model_files(value.model, tokenizer, directory)
         else:
             save_adapters(value.model, directory, base_model_path=str(model_dir(run, base)))
             record = {

@@ -63,7 +63,8 @@ def test_a_restored_state_continues_training_bit_for_bit(tmp_path):
     assert copy_optimizer.state[next(iter(copy.parameters()))]["step"].item() == 5.0
 
 
-def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_byte(tmp_path):
+@pytest.mark.parametrize("mixed", [False, True], ids=["one dtype (streamed)", "two dtypes (save_file)"])
+def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_byte(tmp_path, mixed):
     """save_moments writes a single process's file itself (without DCP's planning): the same bytes
     as DCP's Hugging Face writer, header sorted as for every rank, so any world size reads it."""
     import torch.distributed.checkpoint as dcp
@@ -79,6 +80,8 @@ def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_by
         "a.scale.exp_avg": torch.randn(1, 2, 3, generator=generator),
         "half.weight.exp_avg": torch.randn(4, 4, generator=generator).to(torch.bfloat16),
     }
+    if not mixed:
+        moments["half.weight.exp_avg"] = moments["half.weight.exp_avg"].float()
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     ours.mkdir(), theirs.mkdir()
     save_moments(ours, moments, distributed=False)

@@ -1,0 +1,98 @@
+"""A model saved again as it trains: after the first save through transformers, the same files byte
+for byte without it, and transformers again whenever the recipe may no longer hold."""
+
+import pytest
+import torch
+
+from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
+from ppoflow.engine.pretrained_files import save_model_files
+
+
+def _transformers_saves(model, tokenizer, directory):
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def _files(directory) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
+
+
+def _train(model, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.01)
+
+
+class CountedSaves:
+    """Counts the saves that go through transformers."""
+
+    def __init__(self, model, monkeypatch):
+        self.count = 0
+        original = model.save_pretrained
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(model, "save_pretrained", counted)
+
+
+@pytest.mark.parametrize("load", [load_actor, load_critic], ids=["actor", "critic"])
+def test_later_saves_write_what_transformers_writes_without_it(tiny_model_dir, tmp_path, monkeypatch, load):
+    model, tokenizer = load(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    saves = CountedSaves(model, monkeypatch)
+    for step in range(3):
+        _train(model, seed=step)
+        ours, theirs = tmp_path / f"ours-{step}", tmp_path / f"theirs-{step}"
+        ours.mkdir(), theirs.mkdir()
+        save_model_files(model, tokenizer, ours)
+        _transformers_saves(model, tokenizer, theirs)
+        assert _files(ours) == _files(theirs), step
+    assert saves.count == 1 + 3  # the first save of save_model_files, and every _transformers_saves
+    restored = load(tmp_path / "ours-2")
+    pairs = zip(model.state_dict().values(), restored.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_a_changed_config_or_dtype_goes_through_transformers_again(tiny_model_dir, tmp_path, monkeypatch):
+    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    saves = CountedSaves(model, monkeypatch)
+    other_tokenizer = load_tokenizer(tiny_model_dir)
+    steps = [  # (what changes before the save, whether it goes through transformers)
+        ("first save", lambda: None, True),
+        ("weights only", lambda: _train(model, seed=1), False),
+        ("config", lambda: setattr(model.config, "use_cache", not model.config.use_cache), True),
+        ("generation config", lambda: setattr(model.generation_config, "max_new_tokens", 7), True),
+        ("weights only, again", lambda: _train(model, seed=2), False),
+        ("another tokenizer (saved by transformers every time)", lambda: None, False),
+        ("dtype", lambda: model.to(torch.bfloat16), True),
+        ("weights only, in bfloat16", lambda: _train(model, seed=3), False),
+    ]
+    for name, change, through_transformers in steps:
+        change()
+        if name.startswith("another tokenizer"):
+            tokenizer = other_tokenizer
+        ours, theirs = tmp_path / f"ours-{name}", tmp_path / f"theirs-{name}"
+        ours.mkdir(), theirs.mkdir()
+        before = saves.count
+        save_model_files(model, tokenizer, ours)
+        assert saves.count - before == through_transformers, name
+        _transformers_saves(model, tokenizer, theirs)
+        assert _files(ours) == _files(theirs), name
+
+
+def test_a_model_whose_save_is_not_reproduced_always_goes_through_transformers(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """Weights of two dtypes, which safetensors orders by dtype first: no recipe."""
+    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model.model.norm.to(torch.bfloat16)
+    saves = CountedSaves(model, monkeypatch)
+    for step in range(2):
+        ours, theirs = tmp_path / f"ours-{step}", tmp_path / f"theirs-{step}"
+        ours.mkdir(), theirs.mkdir()
+        save_model_files(model, tokenizer, ours)
+        _transformers_saves(model, tokenizer, theirs)
+        assert _files(ours) == _files(theirs)
+    assert saves.count == 2 + 2

@@ -1,0 +1,67 @@
+"""safetensors files written from the tensors' memory: the bytes safetensors' own save_file writes."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ppoflow.engine.safetensors_files import DTYPE_NAMES, streamable, write_safetensors
+
+
+def _tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(6, 5, generator=generator) * 20
+    if dtype == torch.bool:
+        return {"b.mask": values > 0, "a.flag": torch.tensor(True)}
+    return {
+        "layer.1.weight": values.to(dtype).clone(),
+        "layer.0.weight": values.t().to(dtype).clone(),  # transposed: not contiguous
+        "layer.0.bias": values[0].to(dtype).clone(),
+        "scale": torch.tensor(3).to(dtype),  # no dimensions
+        "empty": torch.zeros(0, 4, dtype=dtype),
+    }
+
+
+@pytest.mark.parametrize("dtype", list(DTYPE_NAMES), ids=[DTYPE_NAMES[d] for d in DTYPE_NAMES])
+@pytest.mark.parametrize("metadata", [None, {"format": "pt"}], ids=["bare", "metadata"])
+def test_the_file_is_the_one_save_file_writes(tmp_path, dtype, metadata):
+    tensors = _tensors(dtype)
+    assert dtype == torch.bool or not tensors["layer.0.weight"].is_contiguous()
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    write_safetensors(ours, tensors, metadata)
+    save_file({name: t.contiguous() for name, t in tensors.items()}, theirs, metadata=metadata)
+    assert ours.read_bytes() == theirs.read_bytes()
+    loaded = load_file(ours)
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_what_it_does_not_write_as_save_file_would_is_refused(tmp_path):
+    one = torch.ones(4)
+    refused = {
+        "two dtypes": {"a": one, "b": one.to(torch.float16)},  # save_file orders them by dtype first
+        "shared memory": {"a": one, "b": one[:2]},
+        "a name that is not ASCII": {"größe": one},
+        "a complex dtype": {"a": torch.ones(2, dtype=torch.complex64)},
+    }
+    for case, tensors in refused.items():
+        assert not streamable(tensors), case
+        with pytest.raises(ValueError, match="one dtype"):
+            write_safetensors(tmp_path / "x.safetensors", tensors, None)
+    for metadata in ({"note": "é"}, {"é": "pt"}):  # save_file writes them unescaped
+        assert not streamable({"a": one}, metadata)
+        with pytest.raises(ValueError, match="ASCII"):
+            write_safetensors(tmp_path / "x.safetensors", {"a": one}, metadata)
+    assert streamable({"a": one, "b": torch.zeros(3)})
+
+
+def test_sorted_keys_are_the_header_save_file_writes_once_sorted(tmp_path):
+    """Several metadata keys (save_file orders them differently in every process) and every level's
+    keys sorted: the file the optimizer state's writer makes of save_file's (optimizer_state.py)."""
+    from ppoflow.engine.optimizer_state import _sort_header
+
+    tensors = _tensors(torch.float32)
+    metadata = {"format": "pt", "DCP_VERSION": "1.0", "note": 'a "quoted" value'}
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    write_safetensors(ours, tensors, metadata, sort_keys=True)
+    save_file({name: t.contiguous() for name, t in tensors.items()}, theirs, metadata=metadata)
+    _sort_header(theirs)
+    assert ours.read_bytes() == theirs.read_bytes()
