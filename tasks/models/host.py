@@ -27,6 +27,7 @@ from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
 from ppoflow.tasks.models.replay import apply_update
+from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
     StateUnavailable,
@@ -59,7 +60,7 @@ class ModelHost:
         self.device = device
         self._live: dict[str, tuple[str, Trainable]] = {}  # role → (lineage, its trainable)
         self._reference: dict[str, torch.nn.Module] = {}  # lineage → frozen policy
-        self._tokenizers: dict[str, object] = {}  # checkpoint directory → tokenizer
+        self._tokenizers = RecentTokenizers()  # checkpoint directory → tokenizer
         self._trained: dict[str, Trainable] = {}  # role → trained by `train`, not yet kept
         self._reward_models: dict[str, tuple[torch.nn.Module, object]] = {}  # digest → model, tokenizer
         self._engines = RolloutEngines()
@@ -238,10 +239,7 @@ class ModelHost:
     def tokenizer(self, run: Run, state: ModelState):
         """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
         changes the tokenizer, and every checkpoint carries the base model's)."""
-        directory = str(saved_tokenizer_dir(run, state))
-        if directory not in self._tokenizers:
-            self._tokenizers[directory] = load_tokenizer(directory)
-        return self._tokenizers[directory]
+        return self._tokenizers.get(str(saved_tokenizer_dir(run, state)))
 
     def keep(self, state: ModelState, value: Trainable | None = None) -> None:
         """Hold `value` (by default what `train` produced for the role) as the newest state of its

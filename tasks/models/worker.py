@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ppoflow.engine.forward import SequenceBatch, compute_values
-from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
+from ppoflow.engine.models import load_actor, load_critic, load_reference
 from ppoflow.engine.names import RolloutEngineName, Strategy
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.optimizer_state import (
@@ -39,6 +39,7 @@ from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
 from ppoflow.tasks.models.replay import run_update
+from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.states import UpdateInputs
 
@@ -94,7 +95,7 @@ class ModelWorker:
         self._generator_version = 0  # counts the actor states the copy has held
         self._engines = RolloutEngines(in_process_group=True)
         self._reference: dict[str, torch.nn.Module] = {}
-        self._tokenizers: dict[str, object] = {}
+        self._tokenizers = RecentTokenizers()
 
     def pid(self) -> int:
         return os.getpid()
@@ -175,9 +176,7 @@ class ModelWorker:
         )
 
     def tokenizer(self, directory: str):
-        if directory not in self._tokenizers:
-            self._tokenizers[directory] = load_tokenizer(directory)
-        return self._tokenizers[directory]
+        return self._tokenizers.get(directory)
 
     def reference(self, lineage: str, directory: str) -> torch.nn.Module:
         if lineage not in self._reference:

@@ -30,6 +30,7 @@ from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
 from ppoflow.tasks.models.reaper import names_ray
+from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
@@ -171,7 +172,7 @@ class WorkerGroupHost:
         self._group: WorkerGroup | None = None
         self._layouts: dict[str, RoleLayout] = {}
         self._live: dict[str, str] = {}  # role → lineage its workers hold
-        self._tokenizers: dict[str, object] = {}
+        self._tokenizers = RecentTokenizers()
 
     def start(self, run: Run) -> None:
         """Start the workers and check that every rank reads and writes the run directory."""
@@ -195,12 +196,7 @@ class WorkerGroupHost:
         return self._group
 
     def tokenizer(self, run: Run, state: ModelState):
-        directory = str(saved_tokenizer_dir(run, state))
-        if directory not in self._tokenizers:
-            from ppoflow.engine.models import load_tokenizer
-
-            self._tokenizers[directory] = load_tokenizer(directory)
-        return self._tokenizers[directory]
+        return self._tokenizers.get(str(saved_tokenizer_dir(run, state)))
 
     def _ensure(self, run: Run, state: ModelState, what: str) -> None:
         """Make the workers hold `state`: already held, else its intact checkpoint (with its optimizer
