@@ -1,0 +1,115 @@
+"""Benchmark: what one Prefect task run costs by itself, the floor under each ppoflow stage.
+
+    python benchmarks/prefect_task_cost.py --calls 100
+
+Calls a task that does nothing, inside a flow on a temporary Prefect server, the way ppoflow calls a
+stage (a cache key function, its result persisted with ppoflow's JSON serializer, return_state), and
+prints the median seconds per call:
+  - back to back (Prefect's code stays in the CPU caches);
+  - with torch compute between the calls (`--compute-ms` of matrix products, as a stage's compute
+    comes between two task runs in a training step), which evicts it;
+  - with a task that persists nothing (no cache key, no result file), for comparison.
+Not a test: numbers depend on the machine and on what else it is doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=100)
+    parser.add_argument("--compute-ms", type=float, default=100.0, help="torch compute between calls")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = parser.parse_args()
+    for key, value in {
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1",
+    }.items():
+        os.environ.setdefault(key, value)
+
+    from ppoflow.prefect_server import prefect_api
+
+    with tempfile.TemporaryDirectory() as results, prefect_api():
+        import torch
+        from prefect import flow, task
+        from prefect.cache_policies import NONE
+        from prefect.utilities.annotations import quote
+
+        from ppoflow.tasks.storage.results import ResultSerializer
+
+        torch.set_num_threads(args.threads)
+
+        @task(
+            name="stage",
+            task_run_name="stage-{i}",
+            cache_key_fn=lambda context, parameters: f"stage-{parameters['i']}",
+            persist_result=True,
+            result_storage=Path(results),
+            result_serializer=ResultSerializer(),
+        )
+        def persisted(i: int, settings: dict) -> dict:
+            return {"i": i}
+
+        @task(name="plain", task_run_name="plain-{i}", cache_policy=NONE, persist_result=False)
+        def plain(i: int, settings: dict) -> dict:
+            return {"i": i}
+
+        matrix = torch.randn(512, 512)
+        per_product = _time_products(matrix, 20) / 20
+        products = max(1, round(args.compute_ms / 1000 / per_product))
+
+        def compute() -> None:
+            x = matrix
+            for _ in range(products):
+                x = torch.tanh(x @ matrix)
+
+        @flow(name="prefect-task-cost")
+        def measure() -> dict[str, float]:
+            calls = iter(range(10**9))
+            medians = {}
+            for name, fn, between in (
+                ("persisted, back to back", persisted, None),
+                ("persisted, compute between", persisted, compute),
+                ("not persisted, back to back", plain, None),
+                ("not persisted, compute between", plain, compute),
+            ):
+                seconds = []
+                for n in range(args.calls + 10):
+                    if between is not None:
+                        between()
+                    start = time.perf_counter()
+                    fn(next(calls), quote({"lr": 1e-6}), return_state=True)
+                    if n >= 10:  # the first calls warm up
+                        seconds.append(time.perf_counter() - start)
+                medians[name] = statistics.median(seconds)
+            return medians
+
+        medians = measure()
+    print(
+        f"{args.calls} calls each; compute between calls: {products} products of 512x512, "
+        f"~{products * per_product * 1000:.0f} ms, {args.threads} torch threads"
+    )
+    for name, seconds in medians.items():
+        print(f"  {name:32s} {seconds * 1000:6.2f} ms per task run")
+
+
+def _time_products(matrix, n: int) -> float:
+    import torch
+
+    start = time.perf_counter()
+    x = matrix
+    for _ in range(n):
+        x = torch.tanh(x @ matrix)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    main()
