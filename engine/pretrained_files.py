@@ -7,8 +7,11 @@ The first save of a model goes through transformers. ppoflow then writes the sam
 recipe for that model, namely the weights file's tensor names and metadata, and the bytes of the
 other files `save_pretrained` wrote (config, generation config). A later save of the same model
 writes its weights by the recipe and the other files as they were, while the model's config and
-generation config are unchanged and its tensors keep their names, dtype and shapes. Anything else
-goes through `save_pretrained` again (and learns again). The tokenizer is saved by transformers
+generation config are unchanged, its state dict has the same entries, the saved ones with the same
+dtype and shapes, and every entry the weights file leaves out still shares its memory with one the
+file holds (a tied head; `save_pretrained` writes a head that is no longer tied). Anything else goes
+through `save_pretrained` again (and learns again). A model whose first save ppoflow does not
+reproduce is always saved by transformers. The tokenizer is saved by transformers
 every time (0.4 ms).
 """
 
@@ -33,6 +36,8 @@ class _Recipe:
     generation_config: str | None
     tensors: dict[str, tuple[torch.dtype, tuple[int, ...]]]
     """The weights file's tensors (names, dtype, shape): the state dict's entries it holds."""
+    entries: tuple[str, ...]
+    """Every entry of the state dict, in order."""
     metadata: dict[str, str] | None
     files: dict[str, bytes]
     """Every other file of the folder, by name."""
@@ -42,15 +47,20 @@ class _Recipe:
         if _config_text(model) != self.config or _generation_text(model) != self.generation_config:
             return None
         state = model.state_dict()
-        tensors = {name: state.get(name) for name in self.tensors}
+        if tuple(state) != self.entries:
+            return None
+        tensors = {name: state[name] for name in self.tensors}
         for name, (dtype, shape) in self.tensors.items():
-            tensor = tensors[name]
-            if tensor is None or tensor.dtype != dtype or tuple(tensor.shape) != shape:
+            if tensors[name].dtype != dtype or tuple(tensors[name].shape) != shape:
                 return None
-        return tensors if streamable(tensors, self.metadata) else None
+        if not _left_out_are_aliases(state, tensors) or not streamable(tensors, self.metadata):
+            return None
+        return tensors
 
 
-_recipes: weakref.WeakKeyDictionary[torch.nn.Module, _Recipe | None] = weakref.WeakKeyDictionary()
+NOT_REPRODUCED = "not reproduced"
+"""A model whose first save ppoflow's writer did not reproduce: every save goes to transformers."""
+_recipes: weakref.WeakKeyDictionary[torch.nn.Module, _Recipe | str] = weakref.WeakKeyDictionary()
 
 
 def save_model_files(model: torch.nn.Module, tokenizer, directory: Path) -> None:
@@ -59,10 +69,11 @@ def save_model_files(model: torch.nn.Module, tokenizer, directory: Path) -> None
     transformers (which may give it one)."""
     directory = Path(directory)
     recipe = _recipes.get(model)
-    tensors = recipe.weights(model) if recipe is not None else None
-    if recipe is None or tensors is None:
+    tensors = recipe.weights(model) if isinstance(recipe, _Recipe) else None
+    if tensors is None:
         model.save_pretrained(directory)
-        _recipes[model] = _learn(model, directory)
+        if recipe != NOT_REPRODUCED:
+            _recipes[model] = _learn(model, directory) or NOT_REPRODUCED
     else:
         write_safetensors(directory / WEIGHTS_FILE, tensors, recipe.metadata)
         for name, data in recipe.files.items():
@@ -88,8 +99,10 @@ def _learn(model: torch.nn.Module, directory: Path) -> _Recipe | None:
         return None
     metadata = header.pop("__metadata__", None)
     state = model.state_dict()
-    tensors = {name: state.get(name) for name in header}
-    if any(tensor is None for tensor in tensors.values()) or not streamable(tensors, metadata):
+    if not all(name in state for name in header):
+        return None
+    tensors = {name: state[name] for name in header}
+    if not _left_out_are_aliases(state, tensors) or not streamable(tensors, metadata):
         return None
     if _stream_digest(tensors, metadata) != _file_digest(weights_path):
         return None
@@ -101,9 +114,21 @@ def _learn(model: torch.nn.Module, directory: Path) -> _Recipe | None:
         config=_config_text(model),
         generation_config=_generation_text(model),
         tensors={name: (t.dtype, tuple(t.shape)) for name, t in tensors.items()},
+        entries=tuple(state),
         metadata=metadata,
         files=files,
     )
+
+
+def _left_out_are_aliases(state: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> bool:
+    """Whether every entry of `state` that is not `saved` is a view of the same memory, shape and
+    strides as a saved one (a weight tied to it)."""
+
+    def view(t: torch.Tensor) -> tuple:
+        return t.data_ptr(), t.shape, t.stride(), t.dtype
+
+    views = {view(t) for t in saved.values()}
+    return all(view(t) in views for name, t in state.items() if name not in saved)
 
 
 def _read_header(path: Path) -> dict | None:

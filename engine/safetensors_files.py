@@ -32,11 +32,11 @@ DTYPE_NAMES = {
 
 
 def streamable(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bool:
-    """Whether `write_safetensors` writes these as `save_file` would: ASCII names and metadata (the
-    JSON of other text is escaped differently), one dtype of DTYPE_NAMES, every tensor on the CPU,
-    dense, and none sharing memory with another."""
+    """Whether `write_safetensors` writes these as `save_file` would: ASCII names and metadata without
+    DEL (Python's JSON escapes that and non-ASCII text, safetensors' does not), one dtype of
+    DTYPE_NAMES, every tensor on the CPU, dense, and none sharing memory with another."""
     texts = [*tensors, *(metadata or {}).keys(), *(metadata or {}).values()]
-    if not all(isinstance(text, str) and text.isascii() for text in texts):
+    if not all(isinstance(text, str) and text.isascii() and "\x7f" not in text for text in texts):
         return False
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPE_NAMES:
@@ -73,13 +73,18 @@ def safetensors_header(
 def safetensors_chunks(
     tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None, *, sort_keys: bool = False
 ) -> Iterator[bytes | memoryview]:
-    """The bytes of the file `save_file` writes for `tensors` (see `streamable`), in order: the
-    header, then each tensor's bytes as a view of its own memory."""
+    """The bytes of the file `save_file` writes for `tensors` (see `streamable`; checked before the
+    first chunk is asked for), in order: the header, then each tensor's bytes as a view of its own
+    memory."""
     if not streamable(tensors, metadata):
         raise ValueError(
             "safetensors files are streamed from CPU tensors of one dtype that share no memory, "
             "with ASCII names and metadata"
         )
+    return _chunks(tensors, metadata, sort_keys)
+
+
+def _chunks(tensors, metadata, sort_keys: bool) -> Iterator[bytes | memoryview]:
     yield safetensors_header(tensors, metadata, sort_keys=sort_keys)
     for name in sorted(tensors):
         tensor = tensors[name].detach()
@@ -90,7 +95,14 @@ def safetensors_chunks(
 def write_safetensors(
     path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None, *, sort_keys: bool = False
 ) -> None:
-    """Write `tensors` (see `streamable`) to `path` as `save_file` would, each from its own memory."""
-    with open(path, "wb") as stream:
-        for chunk in safetensors_chunks(tensors, metadata, sort_keys=sort_keys):
-            stream.write(chunk)
+    """Write `tensors` (see `streamable`) to `path` as `save_file` would, each from its own memory. A
+    failed write (a full disk) names the file."""
+    chunks = safetensors_chunks(tensors, metadata, sort_keys=sort_keys)
+    try:
+        with open(path, "wb") as stream:
+            for chunk in chunks:
+                stream.write(chunk)
+    except OSError as error:
+        if error.errno is None or error.filename is not None:
+            raise
+        raise type(error)(error.errno, error.strerror, str(path)) from error

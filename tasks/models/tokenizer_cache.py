@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 KEPT = 8
-"""A step asks for at most four folders' tokenizers (actor, critic, reference, a reward model)."""
+"""A step asks for the tokenizers of a few folders (its actor's, critic's, reference's, reward
+model's); eight leave room."""
 
 
 class RecentTokenizers:

@@ -220,7 +220,8 @@ def sync_checkpoint_later(directory: Path) -> None:
 def readable_as_the_umask_allows(*folders: Path) -> None:
     """Filled staging folders and their files given the modes the umask allows, like every other
     run file, before they are renamed into place: mkdtemp makes a folder private to its owner (and
-    copytree gives it its source's mode), and safetensors writes a weights or optimizer file under
+    copytree gives it its source's mode), and safetensors' save_file (transformers' saves, and
+    ppoflow's where it does not stream the tensors itself) writes a weights or optimizer file under
     a private temporary name (0600) and renames it."""
     umask = _umask()
     for folder in folders:

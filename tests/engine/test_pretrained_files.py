@@ -1,11 +1,14 @@
 """A model saved again as it trains: after the first save through transformers, the same files byte
 for byte without it, and transformers again whenever the recipe may no longer hold."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
-from ppoflow.engine.pretrained_files import save_model_files
+from ppoflow.engine.pretrained_files import NOT_REPRODUCED, WEIGHTS_FILE, _recipes, save_model_files
 
 
 def _transformers_saves(model, tokenizer, directory):
@@ -96,3 +99,76 @@ def test_a_model_whose_save_is_not_reproduced_always_goes_through_transformers(
         _transformers_saves(model, tokenizer, theirs)
         assert _files(ours) == _files(theirs)
     assert saves.count == 2 + 2
+
+
+@pytest.mark.parametrize("change", ["untied head", "added buffer", "added layer"])
+def test_a_changed_state_dict_goes_through_transformers_again(tiny_model_dir, tmp_path, monkeypatch, change):
+    """Entries the first save did not hold, or a head no longer tied to the embedding (its own memory:
+    transformers then writes it), are written as transformers writes them."""
+    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    saves = CountedSaves(model, monkeypatch)
+    (tmp_path / "first").mkdir()
+    save_model_files(model, tokenizer, tmp_path / "first")
+    if change == "untied head":
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()}, assign=True)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(2)
+    elif change == "added buffer":
+        model.register_buffer("extra", torch.arange(3.0))
+    else:
+        model.value_head = torch.nn.Linear(model.config.hidden_size, 1)
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    ours.mkdir(), theirs.mkdir()
+    save_model_files(model, tokenizer, ours)
+    assert saves.count == 2
+    _transformers_saves(model, tokenizer, theirs)
+    assert _files(ours) == _files(theirs)
+
+
+def _rewrites_weights(model, monkeypatch, rewrite):
+    """`model.save_pretrained` followed by `rewrite(directory)`: what another transformers might write."""
+    original = model.save_pretrained
+
+    def save(directory, *args, **kwargs):
+        original(directory, *args, **kwargs)
+        rewrite(Path(directory))
+
+    monkeypatch.setattr(model, "save_pretrained", save)
+
+
+def _other_values(directory):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(directory / WEIGHTS_FILE)
+    other = {name: t + 1 for name, t in tensors.items()}
+    save_file(other, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+
+
+def _names_its_folder(directory):
+    (directory / "notes.json").write_text(json.dumps({"saved_in": str(directory)}))
+
+
+def _another_weights_file(directory):
+    (directory / "extra_weights.safetensors").write_bytes((directory / WEIGHTS_FILE).read_bytes())
+
+
+@pytest.mark.parametrize(
+    "rewrite",
+    [_other_values, _names_its_folder, _another_weights_file],
+    ids=["other bytes", "names its folder", "another weights file"],
+)
+def test_a_first_save_ppoflow_does_not_reproduce_leaves_every_save_to_transformers(
+    tiny_model_dir, tmp_path, monkeypatch, rewrite
+):
+    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    _rewrites_weights(model, monkeypatch, rewrite)
+    for step in range(3):
+        _train(model, seed=step)
+        ours, theirs = tmp_path / f"ours-{step}", tmp_path / f"theirs-{step}"
+        ours.mkdir(), theirs.mkdir()
+        save_model_files(model, tokenizer, ours)
+        assert _recipes[model] == NOT_REPRODUCED
+        _transformers_saves(model, tokenizer, theirs)
+        if rewrite is _names_its_folder:  # each names its own folder
+            (ours / "notes.json").write_text(json.dumps({"saved_in": str(theirs)}))
+        assert _files(ours) == _files(theirs), step

@@ -1,5 +1,8 @@
 """safetensors files written from the tensors' memory: the bytes safetensors' own save_file writes."""
 
+import errno
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,16 +44,30 @@ def test_what_it_does_not_write_as_save_file_would_is_refused(tmp_path):
         "shared memory": {"a": one, "b": one[:2]},
         "a name that is not ASCII": {"größe": one},
         "a complex dtype": {"a": torch.ones(2, dtype=torch.complex64)},
+        "a name with DEL": {"a\x7f": one},  # Python's JSON escapes it, safetensors' does not
+        "a sparse tensor": {"a": one.to_sparse()},
+        "a tensor without memory": {"a": torch.empty(4, device="meta")},
     }
     for case, tensors in refused.items():
         assert not streamable(tensors), case
         with pytest.raises(ValueError, match="one dtype"):
             write_safetensors(tmp_path / "x.safetensors", tensors, None)
-    for metadata in ({"note": "é"}, {"é": "pt"}):  # save_file writes them unescaped
+    for metadata in ({"note": "é"}, {"é": "pt"}, {"note": "\x7f"}):  # save_file writes them unescaped
         assert not streamable({"a": one}, metadata)
         with pytest.raises(ValueError, match="ASCII"):
             write_safetensors(tmp_path / "x.safetensors", {"a": one}, metadata)
     assert streamable({"a": one, "b": torch.zeros(3)})
+    empty = {"a": torch.zeros(0), "b": torch.zeros(0, 3), "c": one}  # no memory to share
+    assert streamable(empty)
+    write_safetensors(tmp_path / "ours.safetensors", empty, None)
+    save_file(empty, tmp_path / "theirs.safetensors")
+    assert (tmp_path / "ours.safetensors").read_bytes() == (tmp_path / "theirs.safetensors").read_bytes()
+
+
+def test_a_failed_write_names_the_file():
+    with pytest.raises(OSError, match="/dev/full") as failure:
+        write_safetensors(Path("/dev/full"), {"a": torch.ones(1 << 16)}, None)
+    assert failure.value.errno == errno.ENOSPC
 
 
 def test_sorted_keys_are_the_header_save_file_writes_once_sorted(tmp_path):
