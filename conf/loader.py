@@ -16,21 +16,17 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .effects import check_supported
-from .model_paths import local_model_path, reward_model_problem
+from .origins import KeyPath, origin_of, origin_under, where_set
+from .path_checks import check_config_paths, is_local
 from .schema import PPOFlowConfig, all_keys
 from .schema_actor import ActorModelConfig
-from .schema_checks import DERIVED, get_key, require_micro_batch_sizes
+from .schema_checks import require_micro_batch_sizes
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
-from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
 TINY_MODEL = ActorModelConfig.model_fields["path"].default
 """The built-in tiny model, the only one the embedded default is for."""
 """Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-
-KeyPath = tuple[str, ...]
 
 
 class Assignment(NamedTuple):
@@ -95,13 +91,13 @@ def load_config(
     tree, origins = _merge(assignments)
     config = _validate(tree, origins)
     config._origins = {".".join(key): origin for key, origin in origins.items()}
-    check_supported(config, lambda key: _origin_under(key, origins))
+    check_supported(config, lambda key: origin_under(key, origins))
     if check_paths:
-        _check_paths(config, origins)
+        check_config_paths(config, origins)
     try:
         require_micro_batch_sizes(config)
     except ConfigError as error:
-        raise ConfigError(f"{error}{_where(error.keys, origins)}", keys=error.keys) from None
+        raise ConfigError(f"{error}{where_set(error.keys, origins)}", keys=error.keys) from None
     return config
 
 
@@ -133,7 +129,7 @@ def _absolute(assignment: Assignment, folder: Path) -> Assignment:
     model = assignment.path in MODEL_PATH_KEYS
 
     def resolve(name: Any) -> Any:
-        if not isinstance(name, str) or not _is_local(name):
+        if not isinstance(name, str) or not is_local(name):
             return name
         path = Path(os.path.expanduser(name))  # "~someone" of no such user stays as written
         if not path.is_absolute():
@@ -316,11 +312,11 @@ def _describe(exc: ValidationError, origins: dict[KeyPath, str]) -> str:
     for error in exc.errors():
         original = (error.get("ctx") or {}).get("error")
         if isinstance(original, ConfigError):
-            lines[str(original)] = f"{original}{_where(original.keys, origins)}"
+            lines[str(original)] = f"{original}{where_set(original.keys, origins)}"
             continue
         key = _loc_key(error["loc"])
         expected.setdefault(key, []).append(_expectation(error))
-        origin = _origin_of(key, origins)
+        origin = origin_of(key, origins)
         wanted = " or ".join(text.removeprefix("expected ") for text in expected[key])
         lines[key] = f"invalid value {error['input']!r} for '{key}' ({origin}): expected {wanted}"
     return "\n".join(lines.values())
@@ -347,130 +343,3 @@ def _loc_key(loc: tuple[int | str, ...]) -> str:
                 parts.append(str(loc[index + 1]))
             break
     return ".".join(parts)
-
-
-def _origin_of(key: str, origins: dict[KeyPath, str]) -> str:
-    path = tuple(key.split("."))
-    for end in range(len(path), 0, -1):
-        if path[:end] in origins:
-            return origins[path[:end]]
-    if key in DERIVED:
-        source, *fallbacks = DERIVED[key]
-        otherwise = "".join(f" (else {fallback})" for fallback in fallbacks)
-        return f"unset, so it follows {source}{otherwise} from {_origin_of(source, origins)}"
-    return "the model default"
-
-
-def _origin_under(key: str, origins: dict[KeyPath, str]) -> str:
-    """Who set a key, or for a free-form mapping the first entry set below it."""
-    path = tuple(key.split("."))
-    below = [origin for set_key, origin in origins.items() if set_key[: len(path)] == path]
-    return below[0] if below else _origin_of(key, origins)
-
-
-def _where(keys: Sequence[str], origins: dict[KeyPath, str]) -> str:
-    """Where the keys of a cross-key error were set; keys left at their defaults are not listed."""
-    set_by = [(key, _origin_of(key, origins)) for key in keys]
-    listed = [f"{key}: {origin}" for key, origin in set_by if origin != "the model default"]
-    return f" [{'; '.join(listed)}]" if listed else ""
-
-
-def _check_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
-    _check_run_dir(config.trainer, origins)
-    model = config.actor_rollout_ref.model
-    _check_model(model.path, model.tokenizer_path, "actor_rollout_ref.model", origins)
-    if config.use_critic:
-        critic = config.critic.model
-        _check_model(critic.path, critic.tokenizer_path, "critic.model", origins)
-    if config.reward_model.enable:
-        _check_reward_model(config.reward_model.model.path, origins)
-    # trainer.val_only reads no training data (evaluating a checkpoint whose data has moved on).
-    for key in ("data.val_files",) if config.trainer.val_only else ("data.train_files", "data.val_files"):
-        files = get_key(config, key)
-        for name in [files] if isinstance(files, str) else files:
-            _require(name, key, "data file", origins)
-    _require(
-        config.custom_reward_function.path, "custom_reward_function.path", "reward function file", origins
-    )
-
-
-def _check_run_dir(trainer: TrainerConfig, origins: dict[KeyPath, str]) -> None:
-    """The schema refuses glob characters in the configured run directory; a relative one also takes
-    them from the directory it is run from, which only this machine knows."""
-    resolved = trainer.run_dir.resolve()
-    if any(char in str(resolved) for char in GLOB_CHARACTERS):
-        key = "trainer.experiment_name" if trainer.default_local_dir is None else "trainer.default_local_dir"
-        raise ConfigError(
-            f"run directory '{trainer.run_dir}' is '{resolved}' from this directory, which has glob "
-            f"characters ({GLOB_CHARACTERS}): DuckDB reads the run's tables by glob; run from another "
-            f"directory or set trainer.default_local_dir to one without them{_where([key], origins)}"
-        )
-
-
-def _is_local(path: str | None) -> bool:
-    # builtin: names ppoflow's embedded assets; URLs (s3://, hdfs://) cannot be checked cheaply.
-    return path is not None and not path.startswith("builtin:") and "://" not in path
-
-
-def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str]) -> None:
-    if _is_local(path) and not Path(str(path)).exists():
-        origin = _origin_of(key, origins)
-        relative = (
-            " (a relative path in a config file is read from the file's folder)"
-            if (origin.startswith("file "))
-            else ""
-        )
-        raise ConfigError(f"{what} '{path}' ({key}) does not exist{relative}{_where([key], origins)}")
-
-
-def _check_reward_model(path: str | None, origins: dict[KeyPath, str]) -> None:
-    """reward_model.model.path: a local (or cached) Hugging Face directory of a sequence classifier
-    with one label, safetensors weights and a tokenizer (compared with the actor's)."""
-    key = "reward_model.model.path"
-    where = _where([key], origins)
-    if path is not None and (path.startswith("builtin:") or path.endswith(".gguf")):
-        raise ConfigError(
-            f"{key}={path}: a reward model is a Hugging Face model directory{where}", keys=(key,)
-        )
-    _check_model(path, path, "reward_model.model", origins)  # its own tokenizer: checked below
-    if path is None or not _is_local(path):
-        return
-    location = Path(local_model_path(path, key))
-    problem = reward_model_problem(location)
-    if problem is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
-        problem = "has no tokenizer (tokenizer.json / tokenizer_config.json) to compare with the actor's"
-    if problem is not None:
-        raise ConfigError(f"reward model '{path}' ({key}) {problem}{where}", keys=(key,))
-
-
-def _check_model(
-    path: str | None, tokenizer_path: str | None, section: str, origins: dict[KeyPath, str]
-) -> None:
-    key = f"{section}.path"
-    try:
-        path = None if path is None else local_model_path(path, key)
-        tokenizer_key = f"{section}.tokenizer_path"
-        tokenizer_path = None if tokenizer_path is None else local_model_path(tokenizer_path, tokenizer_key)
-    except ConfigError as error:
-        raise ConfigError(f"{error}{_where(error.keys, origins)}") from None
-    _require(path, key, "model path", origins)
-    _require(tokenizer_path, f"{section}.tokenizer_path", "tokenizer path", origins)
-    if not _is_local(path):
-        return
-    where, location = _where([key], origins), Path(str(path))
-    if str(path).endswith(".gguf"):
-        if not location.is_file():
-            raise ConfigError(f"model path '{path}' ({key}) ends in .gguf but is not a file{where}")
-        return
-    if not location.is_dir():
-        raise ConfigError(f"model path '{path}' ({key}) is neither a model directory nor a .gguf file{where}")
-    if not (location / "config.json").is_file():
-        raise ConfigError(
-            f"model directory '{path}' ({key}) has no config.json: point {key} at a Hugging Face model "
-            f"directory or a .gguf file{where}"
-        )
-    if tokenizer_path is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(
-            f"model directory '{path}' has no tokenizer (tokenizer.json / tokenizer_config.json); "
-            f"set {section}.tokenizer_path{where}"
-        )

@@ -5,9 +5,10 @@ repeats one. A stage's settings are part of its cache key, so a change to one se
 the keys of the stages that read it.
 
 The walk of a value, e.g. `actor_rollout_ref.actor.clip_ratio`: the config field
-(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (engine/update.py, built here)
-→ `RunSettings.actor.update` → the `actor_update` stage (its `settings` parameter, recorded in
-`UpdateInputs` for replay) → `engine.update.update_actor` → `engine.losses.compute_policy_loss`.
+(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (engine/update.py, built in
+update_settings.py) → `RunSettings.actor.update` → the `actor_update` stage (its `settings`
+parameter, recorded in `UpdateInputs` for replay) → `engine.update.update_actor` →
+`engine.losses.compute_policy_loss`.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
-from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
 from ppoflow.engine.names import RM_SCORE, KLControlType, PFReweightMethod, RolloutEngineName, Truncation
-from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
+from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
@@ -30,6 +30,12 @@ from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.stages.reward_functions import custom_function_section
 from ppoflow.tasks.stages.reward_model import RewardModelSettings
+from ppoflow.tasks.stages.update_settings import (
+    actor_update_settings,
+    critic_update_settings,
+    optim_settings,
+    shares_prompts,
+)
 from ppoflow.tasks.storage.checkpoints import directory_digest
 
 
@@ -180,7 +186,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         greedy_baseline=algorithm.adv_estimator == "remax",
         vllm=vllm_options(cfg),
         recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
-        share_prompts=_shares_prompts(cfg),
+        share_prompts=shares_prompts(cfg),
     )
     validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
@@ -373,75 +379,6 @@ def sampling_params(source, response_length: int) -> SamplingParams:
         top_k=source.top_k,
         do_sample=source.do_sample and source.temperature > 0,
     )
-
-
-def _shares_prompts(cfg: PPOFlowConfig) -> bool:
-    """actor.use_prefix_grouper, in one process (sharded ranks run every row whole: conf/effects.py)."""
-    return cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.world_size == 1
-
-
-def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdateSettings:
-    """`temperature`: the one the rollouts' old log-probs were computed at (1.0 for greedy)."""
-    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
-    return ActorUpdateSettings(
-        ppo_epochs=actor.ppo_epochs,
-        # Updates run in one process, so a mini-batch is all of its mini·n responses (verl splits
-        # it over world_size ranks; the number of optimizer steps is the same).
-        mini_batch_size=actor.ppo_mini_batch_size * n,
-        micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
-        temperature=temperature,
-        clip_ratio_low=actor.effective_clip_ratio_low,
-        clip_ratio_high=actor.effective_clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
-        loss_agg_mode=actor.loss_agg_mode,
-        entropy_coeff=actor.entropy_coeff,
-        use_kl_loss=actor.use_kl_loss,
-        kl_loss_coef=actor.kl_loss_coef,
-        kl_loss_type=actor.kl_loss_type,
-        grad_clip=actor.grad_clip,
-        shuffle=actor.shuffle,
-        gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
-        share_prompts=_shares_prompts(cfg),
-    )
-
-
-def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
-    critic, n = cfg.critic, cfg.actor_rollout_ref.rollout.n
-    return CriticUpdateSettings(
-        ppo_epochs=critic.ppo_epochs,
-        mini_batch_size=(critic.ppo_mini_batch_size or cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * n,
-        micro_batch_size=critic.ppo_micro_batch_size_per_gpu,
-        cliprange_value=critic.cliprange_value,
-        loss_agg_mode=critic.loss_agg_mode,
-        grad_clip=critic.grad_clip,
-        shuffle=critic.shuffle,
-        gradient_checkpointing=critic.model.enable_gradient_checkpointing,
-    )
-
-
-def optim_settings(optim: OptimConfig, total_steps: int) -> OptimSettings:
-    """A `*.optim` section as OptimSettings, for a run of `total_steps` training steps."""
-    horizon = schedule_horizon(optim, total_steps)
-    return OptimSettings(
-        lr=optim.lr,
-        weight_decay=optim.weight_decay,
-        betas=tuple(optim.betas),
-        warmup_steps=resolve_warmup_steps(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, horizon),
-        total_steps=horizon,
-        warmup_style=optim.warmup_style,
-        min_lr_ratio=optim.min_lr_ratio,
-    )
-
-
-def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:
-    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
-    as a ratio (optim.total_training_steps is set to it, as verl does), else 0, so that training
-    longer does not invalidate the cached updates of a constant schedule (resuming at an epoch
-    boundary with more epochs reuses every finished step)."""
-    depends = optim.warmup_style == "cosine" or (
-        optim.lr_warmup_steps <= 0 and optim.lr_warmup_steps_ratio > 0
-    )
-    return total_steps if depends else 0
 
 
 MAX_UNSAVED_STEPS = 50

@@ -1,0 +1,115 @@
+"""The paths a config names, checked before anything runs: the run directory, the models (a Hugging
+Face directory with config.json and a tokenizer, or a .gguf file), the reward model, the data files
+and the reward function file. Each error names the key and the layer that set it."""
+
+from pathlib import Path
+
+from .model_paths import local_model_path, reward_model_problem
+from .origins import KeyPath, origin_of, where_set
+from .schema import PPOFlowConfig
+from .schema_checks import get_key
+from .schema_common import ConfigError
+from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_config_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> None:
+    _check_run_dir(config.trainer, origins)
+    model = config.actor_rollout_ref.model
+    _check_model(model.path, model.tokenizer_path, "actor_rollout_ref.model", origins)
+    if config.use_critic:
+        critic = config.critic.model
+        _check_model(critic.path, critic.tokenizer_path, "critic.model", origins)
+    if config.reward_model.enable:
+        _check_reward_model(config.reward_model.model.path, origins)
+    # trainer.val_only reads no training data (evaluating a checkpoint whose data has moved on).
+    for key in ("data.val_files",) if config.trainer.val_only else ("data.train_files", "data.val_files"):
+        files = get_key(config, key)
+        for name in [files] if isinstance(files, str) else files:
+            _require(name, key, "data file", origins)
+    _require(
+        config.custom_reward_function.path, "custom_reward_function.path", "reward function file", origins
+    )
+
+
+def _check_run_dir(trainer: TrainerConfig, origins: dict[KeyPath, str]) -> None:
+    """The schema refuses glob characters in the configured run directory; a relative one also takes
+    them from the directory it is run from, which only this machine knows."""
+    resolved = trainer.run_dir.resolve()
+    if any(char in str(resolved) for char in GLOB_CHARACTERS):
+        key = "trainer.experiment_name" if trainer.default_local_dir is None else "trainer.default_local_dir"
+        raise ConfigError(
+            f"run directory '{trainer.run_dir}' is '{resolved}' from this directory, which has glob "
+            f"characters ({GLOB_CHARACTERS}): DuckDB reads the run's tables by glob; run from another "
+            f"directory or set trainer.default_local_dir to one without them{where_set([key], origins)}"
+        )
+
+
+def is_local(path: str | None) -> bool:
+    # builtin: names ppoflow's embedded assets; URLs (s3://, hdfs://) cannot be checked cheaply.
+    return path is not None and not path.startswith("builtin:") and "://" not in path
+
+
+def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str]) -> None:
+    if is_local(path) and not Path(str(path)).exists():
+        origin = origin_of(key, origins)
+        relative = (
+            " (a relative path in a config file is read from the file's folder)"
+            if (origin.startswith("file "))
+            else ""
+        )
+        raise ConfigError(f"{what} '{path}' ({key}) does not exist{relative}{where_set([key], origins)}")
+
+
+def _check_reward_model(path: str | None, origins: dict[KeyPath, str]) -> None:
+    """reward_model.model.path: a local (or cached) Hugging Face directory of a sequence classifier
+    with one label, safetensors weights and a tokenizer (compared with the actor's)."""
+    key = "reward_model.model.path"
+    where = where_set([key], origins)
+    if path is not None and (path.startswith("builtin:") or path.endswith(".gguf")):
+        raise ConfigError(
+            f"{key}={path}: a reward model is a Hugging Face model directory{where}", keys=(key,)
+        )
+    _check_model(path, path, "reward_model.model", origins)  # its own tokenizer: checked below
+    if path is None or not is_local(path):
+        return
+    location = Path(local_model_path(path, key))
+    problem = reward_model_problem(location)
+    if problem is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
+        problem = "has no tokenizer (tokenizer.json / tokenizer_config.json) to compare with the actor's"
+    if problem is not None:
+        raise ConfigError(f"reward model '{path}' ({key}) {problem}{where}", keys=(key,))
+
+
+def _check_model(
+    path: str | None, tokenizer_path: str | None, section: str, origins: dict[KeyPath, str]
+) -> None:
+    key = f"{section}.path"
+    try:
+        path = None if path is None else local_model_path(path, key)
+        tokenizer_key = f"{section}.tokenizer_path"
+        tokenizer_path = None if tokenizer_path is None else local_model_path(tokenizer_path, tokenizer_key)
+    except ConfigError as error:
+        raise ConfigError(f"{error}{where_set(error.keys, origins)}") from None
+    _require(path, key, "model path", origins)
+    _require(tokenizer_path, f"{section}.tokenizer_path", "tokenizer path", origins)
+    if not is_local(path):
+        return
+    where, location = where_set([key], origins), Path(str(path))
+    if str(path).endswith(".gguf"):
+        if not location.is_file():
+            raise ConfigError(f"model path '{path}' ({key}) ends in .gguf but is not a file{where}")
+        return
+    if not location.is_dir():
+        raise ConfigError(f"model path '{path}' ({key}) is neither a model directory nor a .gguf file{where}")
+    if not (location / "config.json").is_file():
+        raise ConfigError(
+            f"model directory '{path}' ({key}) has no config.json: point {key} at a Hugging Face model "
+            f"directory or a .gguf file{where}"
+        )
+    if tokenizer_path is None and not any((location / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"model directory '{path}' has no tokenizer (tokenizer.json / tokenizer_config.json); "
+            f"set {section}.tokenizer_path{where}"
+        )

@@ -1,0 +1,78 @@
+"""The settings of the model updates, from the config: the actor's and critic's PPO update
+(engine/update.py) and their optimizers (engine/optim.py). Part of `run_settings` (settings.py)."""
+
+from __future__ import annotations
+
+from ppoflow.conf import PPOFlowConfig
+from ppoflow.conf.schema_common import OptimConfig
+from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
+from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+
+
+def shares_prompts(cfg: PPOFlowConfig) -> bool:
+    """actor.use_prefix_grouper, in one process (sharded ranks run every row whole: conf/effects.py)."""
+    return cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.world_size == 1
+
+
+def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdateSettings:
+    """`temperature`: the one the rollouts' old log-probs were computed at (1.0 for greedy)."""
+    actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
+    return ActorUpdateSettings(
+        ppo_epochs=actor.ppo_epochs,
+        # Updates run in one process, so a mini-batch is all of its mini·n responses (verl splits
+        # it over world_size ranks; the number of optimizer steps is the same).
+        mini_batch_size=actor.ppo_mini_batch_size * n,
+        micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
+        temperature=temperature,
+        clip_ratio_low=actor.effective_clip_ratio_low,
+        clip_ratio_high=actor.effective_clip_ratio_high,
+        clip_ratio_c=actor.clip_ratio_c,
+        loss_agg_mode=actor.loss_agg_mode,
+        entropy_coeff=actor.entropy_coeff,
+        use_kl_loss=actor.use_kl_loss,
+        kl_loss_coef=actor.kl_loss_coef,
+        kl_loss_type=actor.kl_loss_type,
+        grad_clip=actor.grad_clip,
+        shuffle=actor.shuffle,
+        gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        share_prompts=shares_prompts(cfg),
+    )
+
+
+def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
+    critic, n = cfg.critic, cfg.actor_rollout_ref.rollout.n
+    return CriticUpdateSettings(
+        ppo_epochs=critic.ppo_epochs,
+        mini_batch_size=(critic.ppo_mini_batch_size or cfg.actor_rollout_ref.actor.ppo_mini_batch_size) * n,
+        micro_batch_size=critic.ppo_micro_batch_size_per_gpu,
+        cliprange_value=critic.cliprange_value,
+        loss_agg_mode=critic.loss_agg_mode,
+        grad_clip=critic.grad_clip,
+        shuffle=critic.shuffle,
+        gradient_checkpointing=critic.model.enable_gradient_checkpointing,
+    )
+
+
+def optim_settings(optim: OptimConfig, total_steps: int) -> OptimSettings:
+    """A `*.optim` section as OptimSettings, for a run of `total_steps` training steps."""
+    horizon = schedule_horizon(optim, total_steps)
+    return OptimSettings(
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
+        betas=tuple(optim.betas),
+        warmup_steps=resolve_warmup_steps(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, horizon),
+        total_steps=horizon,
+        warmup_style=optim.warmup_style,
+        min_lr_ratio=optim.min_lr_ratio,
+    )
+
+
+def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:
+    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
+    as a ratio (optim.total_training_steps is set to it, as verl does), else 0, so that training
+    longer does not invalidate the cached updates of a constant schedule (resuming at an epoch
+    boundary with more epochs reuses every finished step)."""
+    depends = optim.warmup_style == "cosine" or (
+        optim.lr_warmup_steps <= 0 and optim.lr_warmup_steps_ratio > 0
+    )
+    return total_steps if depends else 0
