@@ -11,8 +11,8 @@ generation config are unchanged, its state dict has the same entries, the saved 
 dtype and shapes, and every entry the weights file leaves out still shares its memory with one the
 file holds (a tied head; `save_pretrained` writes a head that is no longer tied). Anything else goes
 through `save_pretrained` again (and learns again). A model whose first save ppoflow does not
-reproduce is always saved by transformers. The tokenizer is saved by transformers
-every time (0.4 ms).
+reproduce is always saved by transformers. The tokenizer is saved by transformers every time
+(0.4 ms).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""safetensors files written straight from the tensors' memory.
+"""safetensors files written, or hashed, chunk by chunk from the tensors' own memory.
 
-`safetensors.torch.save_file` serializes a whole file into one buffer and then writes it: a copy of
-every tensor, and the file's size in memory at once. `write_safetensors` writes the header and then
-each tensor's bytes from its own memory, in the order and with the header `save_file` uses when all
-tensors share a dtype (name order; the data offsets of that order), so the two files are equal byte
-for byte (tests/engine/test_safetensors_files.py). Tensors of several dtypes, which `save_file` orders
-by dtype first, are left to `save_file`.
+`write_safetensors` writes the header and then each tensor's bytes, in the order and with the header
+`safetensors.torch.save_file` uses when all tensors share a dtype (name order; the data offsets of
+that order), so the two files are equal byte for byte (tests/engine/test_safetensors_files.py).
+`save_file` (0.8) writes from the tensors' memory too; what this adds: the same bytes can be hashed
+without writing them (`safetensors_chunks`: how pretrained_files.py checks a first save), a header
+with every level's keys sorted is written at once (the optimizer state's; `save_file`'s is rewritten
+afterwards), and less set-up per call (the tiny model's 1.8 MB of weights: 1.87 ms against 2.06 ms).
+Tensors of several dtypes, which `save_file` orders by dtype first, are left to `save_file`.
 """
 
 from __future__ import annotations
