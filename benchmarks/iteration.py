@@ -4,7 +4,9 @@
 
 Prints, per stage, the median seconds; generation and training tokens/s; peak RSS; the share of
 each iteration spent outside stage compute (Prefect task overhead between stages, parquet and
-DuckDB work inside stages); and the wall time from launch until greedy accuracy first reaches 90%.
+DuckDB work inside stages); the CPU the temporary Prefect server takes per iteration (recording
+task runs beside training, on the same cores); and the wall time from launch until greedy accuracy
+first reaches 90%.
 Not a test: numbers depend on the machine and on what else it is doing.
 """
 
@@ -21,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from process_cpu import children_cpu_seconds
 
 STAGES = ("rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics")
 
@@ -68,9 +72,11 @@ def run_and_report(args, run_dir: Path) -> None:
         from ppoflow.tasks.storage.catalog import query
 
         io_between = _count_io_between_stages(iteration, train)
+        server_cpu = _sample_server_cpu_at_commits(iteration)
         summary = train.ppo_train(None, overrides)
     finished = time.time()
     summary["io_between_stages"] = [a + b for a, b in zip(*io_between.values(), strict=True)]
+    summary["server_cpu_per_iteration"] = (server_cpu[-1] - server_cpu[0]) / max(1, len(server_cpu) - 1)
     report(args, summary, run_dir, launched, finished, summary["io_seconds"], query)
 
 
@@ -93,6 +99,22 @@ def _count_io_between_stages(iteration, train) -> dict[str, list[float]]:
     iteration.commit_step = counted(iteration.commit_step, "commit")
     train.record_trainer_state = counted(train.record_trainer_state, "trainer state")
     return seconds
+
+
+def _sample_server_cpu_at_commits(iteration) -> list[float]:
+    """The CPU seconds of this process's children (the temporary Prefect server; the base model's
+    builder has exited) after each step's commit."""
+    samples: list[float] = []
+    commit_step = iteration.commit_step
+
+    def sampled(*args, **kwargs):
+        try:
+            return commit_step(*args, **kwargs)
+        finally:
+            samples.append(children_cpu_seconds())
+
+    iteration.commit_step = sampled
+    return samples
 
 
 def report(args, summary, run_dir, launched, finished, io_seconds, query) -> None:
@@ -146,6 +168,11 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         print(f"  {label:<27}{seconds:.3f} s ({seconds / median_wall:.1%})")
     share = (statistics.median(outside) + io_per_iteration) / median_wall
     print(f"outside engine compute: {share:.1%} of an iteration")
+    server = summary["server_cpu_per_iteration"]
+    print(
+        f"Prefect server (a process of its own, beside training): {server:.3f} s CPU per iteration "
+        f"({server / median_wall:.0%} of one core)"
+    )
     gen = sum(tokens) / sum(timing["rollouts"])
     epochs = 4
     train = sum(tokens) * epochs / sum(timing["actor_update"])

@@ -8,7 +8,8 @@ prints the median seconds per call:
   - back to back (Prefect's code stays in the CPU caches);
   - with torch compute between the calls (`--compute-ms` of matrix products, as a stage's compute
     comes between two task runs in a training step), which evicts it;
-  - with a task that persists nothing (no cache key, no result file), for comparison.
+  - with a task that persists nothing (no cache key, no result file), for comparison;
+and the CPU the temporary server (a process of its own) spends per task run, beyond its idle CPU.
 Not a test: numbers depend on the machine and on what else it is doing.
 """
 
@@ -21,6 +22,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from process_cpu import children_cpu_seconds
 
 
 def main() -> None:
@@ -93,13 +96,37 @@ def main() -> None:
                 medians[name] = statistics.median(seconds)
             return medians
 
+        time.sleep(SETTLE_S)  # the server's start-up work is done
+        cpu_before, started = children_cpu_seconds(), time.perf_counter()
         medians = measure()
+        time.sleep(SETTLE_S)  # the server records the last task runs' events
+        elapsed = time.perf_counter() - started
+        server_cpu = children_cpu_seconds() - cpu_before
+        idle = _server_cpu_per_second(IDLE_S)
+        server_cpu -= idle * elapsed
     print(
         f"{args.calls} calls each; compute between calls: {products} products of 512x512, "
         f"~{products * per_product * 1000:.0f} ms, {args.threads} torch threads"
     )
     for name, seconds in medians.items():
         print(f"  {name:32s} {seconds * 1000:6.2f} ms per task run")
+    runs = 4 * (args.calls + 10)
+    print(
+        f"Prefect server: {server_cpu / runs * 1000:.2f} ms CPU per task run "
+        f"(beyond its idle {idle * 1000:.0f} ms CPU per second)"
+    )
+
+
+IDLE_S = 10.0
+"""Seconds over which the server's idle CPU (its periodic services) is measured."""
+SETTLE_S = 6.0
+"""Seconds the server is given after the last call: its services flush at most every 5 s."""
+
+
+def _server_cpu_per_second(seconds: float) -> float:
+    before = children_cpu_seconds()
+    time.sleep(seconds)
+    return (children_cpu_seconds() - before) / seconds
 
 
 def _products(matrix, n: int) -> None:

@@ -35,11 +35,20 @@ SERVER_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE": "100",
     "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL": "1",
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
 }
-"""Unless the environment says otherwise: no telemetry, and task runs recorded in batches (at most a
-second late). Prefect's default writes each task-run event in a transaction of its own; with five
-stages an iteration that kept the server busy for ~40% of a core, taken from training on a
-2-core machine (a GRPO iteration of the tiny model, as benchmarks/vs_trl.py runs it: 0.46 → 0.42 s)."""
+"""Unless the environment says otherwise:
+- no telemetry;
+- task runs recorded in batches (at most a second late). Prefect's default writes each task-run
+  event in a transaction of its own; with five stages an iteration that kept the server busy for
+  ~40% of a core, taken from training on a 2-core machine (a GRPO iteration of the tiny model, as
+  benchmarks/vs_trl.py runs it: 0.46 → 0.42 s);
+- the events themselves not stored. Flow runs, task runs, their states, logs and artifacts are
+  recorded as before (the task-run recorder reads the events as they arrive), and automations
+  still see every event; only the event feed of a later server on the same database lacks them.
+  Storing them took ~40% of the server's CPU per task run (12.2 → 7.5 ms in
+  benchmarks/prefect_task_cost.py) and most of the database's growth (~140 kB per step of the
+  embedded default: the events, their resources and their indexes)."""
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 STARTUP_TIMEOUT_S = float(os.environ.get(STARTUP_TIMEOUT_SETTING, 120))
 

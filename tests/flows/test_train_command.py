@@ -3,10 +3,12 @@ one Ctrl-C stops it in seconds, nothing it started outlives it, and a rerun says
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -218,11 +220,10 @@ def test_a_full_disk_stops_training_with_one_line(prefect_server, tiny_model_dir
     assert "Traceback" not in full.stdout + full.stderr
 
 
-def test_the_temporary_server_records_task_runs_in_batches_unless_the_environment_says_otherwise(
-    monkeypatch,
-):
+def test_the_temporary_servers_settings_unless_the_environment_says_otherwise(monkeypatch):
     """Prefect's default writes each task-run event in a transaction of its own, which kept the
-    server busy for ~40% of a core beside training; a setting of the user's own still wins."""
+    server busy for ~40% of a core beside training, and stores every event; a setting of the
+    user's own still wins."""
     from ppoflow.prefect_server import TemporaryServer
 
     monkeypatch.setenv("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_FLUSH_INTERVAL", "3")
@@ -230,7 +231,32 @@ def test_the_temporary_server_records_task_runs_in_batches_unless_the_environmen
         settings = json.load(answer)
     recorder = settings["server"]["services"]["task_run_recorder"]
     assert (recorder["batch_size"], recorder["flush_interval"]) == (100, 3.0)
+    assert settings["server"]["services"]["event_persister"]["enabled"] is False
     assert settings["server"]["ui"]["enabled"] is False
+
+
+def test_the_temporary_server_records_every_task_run_and_stores_no_events(tiny_model_dir, tmp_path):
+    """What the Prefect UI shows of a run comes from its flow run, task runs and states, which are
+    recorded; the events they came from are not stored (most of the database's growth)."""
+    home = tmp_path / "prefect-home"
+    env = _env(own_server=True) | {"PREFECT_HOME": str(home)}
+    done = subprocess.run(
+        _command(tmp_path / "run", "trainer.total_training_steps=1"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with contextlib.closing(sqlite3.connect(home / "prefect.db")) as database:
+        [(flow_state,)] = database.execute("SELECT state_type FROM flow_run").fetchall()
+        task_runs = dict(database.execute("SELECT name, state_type FROM task_run").fetchall())
+        [(events,)] = database.execute("SELECT count(*) FROM events").fetchall()
+    assert flow_state == "COMPLETED"
+    stages = ["rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics"]
+    assert {f"{stage}-step1" for stage in stages} <= task_runs.keys()
+    assert set(task_runs.values()) == {"COMPLETED"}
+    assert events == 0
 
 
 def test_the_temporary_server_refuses_to_start_after_prefect_was_imported():
