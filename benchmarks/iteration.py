@@ -76,7 +76,13 @@ def run_and_report(args, run_dir: Path) -> None:
         summary = train.ppo_train(None, overrides)
     finished = time.time()
     summary["io_between_stages"] = [a + b for a, b in zip(*io_between.values(), strict=True)]
-    summary["server_cpu_per_iteration"] = (server_cpu[-1] - server_cpu[0]) / max(1, len(server_cpu) - 1)
+    # between the first step's commit and the last's (None: one step, or a server not ours)
+    own_server = not os.environ.get("PREFECT_API_URL")
+    summary["server_cpu_per_iteration"] = (
+        (server_cpu[-1] - server_cpu[0]) / (len(server_cpu) - 1)
+        if own_server and len(server_cpu) > 1
+        else None
+    )
     report(args, summary, run_dir, launched, finished, summary["io_seconds"], query)
 
 
@@ -168,11 +174,11 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         print(f"  {label:<27}{seconds:.3f} s ({seconds / median_wall:.1%})")
     share = (statistics.median(outside) + io_per_iteration) / median_wall
     print(f"outside engine compute: {share:.1%} of an iteration")
-    server = summary["server_cpu_per_iteration"]
-    print(
-        f"Prefect server (a process of its own, beside training): {server:.3f} s CPU per iteration "
-        f"({server / median_wall:.0%} of one core)"
-    )
+    if (server := summary["server_cpu_per_iteration"]) is not None:
+        print(
+            f"Prefect server (a process of its own, beside training): {server:.3f} s CPU per iteration "
+            f"({server / median_wall:.0%} of one core)"
+        )
     gen = sum(tokens) / sum(timing["rollouts"])
     epochs = 4
     train = sum(tokens) * epochs / sum(timing["actor_update"])

@@ -43,12 +43,13 @@ SERVER_DEFAULTS = {
   event in a transaction of its own; with five stages an iteration that kept the server busy for
   ~40% of a core, taken from training on a 2-core machine (a GRPO iteration of the tiny model, as
   benchmarks/vs_trl.py runs it: 0.46 → 0.42 s);
-- the events themselves not stored. Flow runs, task runs, their states, logs and artifacts are
-  recorded as before (the task-run recorder reads the events as they arrive), and automations
-  still see every event; only the event feed of a later server on the same database lacks them.
-  Storing them took ~40% of the server's CPU per task run (12.2 → 7.5 ms in
-  benchmarks/prefect_task_cost.py) and most of the database's growth (~140 kB per step of the
-  embedded default: the events, their resources and their indexes)."""
+- Prefect's events not stored. Storing them took ~40% of the server's CPU per task run (12.2 →
+  7.5 ms in benchmarks/prefect_task_cost.py) and most of the database's growth (~140 kB per step
+  of the embedded default: the events, their resources and their indexes). Flow runs, task runs,
+  their states, logs and artifacts are recorded as before (the task-run recorder reads the events
+  as they arrive), and automations still receive every event; a later server on the same database
+  shows no events for these runs (its Events page, the event markers on a run's graph). Events
+  stored earlier are trimmed to Prefect's retention period only by a server that stores events."""
 STARTUP_TIMEOUT_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
 STARTUP_TIMEOUT_S = float(os.environ.get(STARTUP_TIMEOUT_SETTING, 120))
 

@@ -237,9 +237,13 @@ def test_the_temporary_servers_settings_unless_the_environment_says_otherwise(mo
 
 def test_the_temporary_server_records_every_task_run_and_stores_no_events(tiny_model_dir, tmp_path):
     """What the Prefect UI shows of a run comes from its flow run, task runs and states, which are
-    recorded; the events they came from are not stored (most of the database's growth)."""
-    home = tmp_path / "prefect-home"
-    env = _env(own_server=True) | {"PREFECT_HOME": str(home)}
+    recorded; Prefect's events about them are not stored (most of the database's growth). The
+    database is the test's own, whatever database the environment names."""
+    database = tmp_path / "prefect.db"
+    inherited = {
+        k: v for k, v in _env(own_server=True).items() if "DATABASE" not in k and "EVENT_PERSISTER" not in k
+    }
+    env = inherited | {"PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
     done = subprocess.run(
         _command(tmp_path / "run", "trainer.total_training_steps=1"),
         env=env,
@@ -248,10 +252,10 @@ def test_the_temporary_server_records_every_task_run_and_stores_no_events(tiny_m
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    with contextlib.closing(sqlite3.connect(home / "prefect.db")) as database:
-        [(flow_state,)] = database.execute("SELECT state_type FROM flow_run").fetchall()
-        task_runs = dict(database.execute("SELECT name, state_type FROM task_run").fetchall())
-        [(events,)] = database.execute("SELECT count(*) FROM events").fetchall()
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as prefect_db:
+        [(flow_state,)] = prefect_db.execute("SELECT state_type FROM flow_run").fetchall()
+        task_runs = dict(prefect_db.execute("SELECT name, state_type FROM task_run").fetchall())
+        [(events,)] = prefect_db.execute("SELECT count(*) FROM events").fetchall()
     assert flow_state == "COMPLETED"
     stages = ["rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics"]
     assert {f"{stage}-step1" for stage in stages} <= task_runs.keys()
