@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from process_cpu import children_cpu_seconds
+from process_cpu import child_pids, cpu_seconds
 
 STAGES = ("rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics")
 
@@ -109,15 +109,19 @@ def _count_io_between_stages(iteration, train) -> dict[str, list[float]]:
 
 def _sample_server_cpu_at_commits(iteration) -> list[float]:
     """The CPU seconds of this process's children (the temporary Prefect server; the base model's
-    builder has exited) after each step's commit."""
+    builder has exited) after each step's commit. The children are found once, at the first commit:
+    later samples read their own /proc entries only, not every process's, inside the timed steps."""
     samples: list[float] = []
+    children: list[int] = []
     commit_step = iteration.commit_step
 
     def sampled(*args, **kwargs):
         try:
             return commit_step(*args, **kwargs)
         finally:
-            samples.append(children_cpu_seconds())
+            if not samples:
+                children.extend(child_pids())
+            samples.append(cpu_seconds(children))
 
     iteration.commit_step = sampled
     return samples
