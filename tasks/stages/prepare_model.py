@@ -3,7 +3,9 @@ cached Hugging Face directory), and the critic it starts from."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -61,7 +63,8 @@ CACHE_DIGEST = ".ppoflow-digest"
 def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
     """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
     there already; a damaged copy (its files no longer match the digest recorded at build) is
-    rebuilt."""
+    rebuilt. Processes sharing the cache build it once: the others wait for the first, then reuse
+    its copy, which is never replaced while another process may be reading it."""
     if _intact(target):
         return target
 
@@ -69,20 +72,33 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
         build(staging)
         (staging / CACHE_DIGEST).write_text(directory_digest(staging))
 
-    return _replace_directory(target, fill, unless=lambda: _intact(target))  # built meanwhile?
+    with _building(target):
+        if _intact(target):  # built by another process while this one waited
+            return target
+        return _replace_directory(target, fill)
 
 
-def _replace_directory(target: Path, fill: Callable[[Path], None], unless=lambda: False) -> Path:
+@contextlib.contextmanager
+def _building(target: Path):
+    """An exclusive lock on building `target`, held by the kernel until the block ends or the
+    process dies (flock on a hidden file beside it)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _replace_directory(target: Path, fill: Callable[[Path], None]) -> Path:
     """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
-    leaves the old folder or none, never a part of one (unless `unless()` holds by then)."""
+    leaves the old folder or none, never a part of one."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         fill(staging)
         readable_as_the_umask_allows(staging)
-        if unless():
-            shutil.rmtree(staging)
-            return target
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
