@@ -158,6 +158,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
     acquire_run_lock(path)
     try:
         _logs_folder(path / "logs")
+        _LogFile.check(path / LOG_NAME)  # refused now, not after the server has started
         yield
     finally:
         release_run_lock(path)
@@ -216,12 +217,21 @@ class _LogFile(logging.FileHandler):
 
     failed = False
 
-    def _open(self):
-        """The log file, opened as every file a run directory holds (no link, no FIFO)."""
+    @staticmethod
+    def descriptor(path: Path) -> int:
+        """The log file, opened for appending as every file a run directory holds (no link, no FIFO)."""
         try:
-            descriptor = open_regular_file(Path(self.baseFilename), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            return open_regular_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as error:
-            raise OSError(f"cannot write the run's log {self.baseFilename}: {error.strerror}") from error
+            raise OSError(f"cannot write the run's log {path}: {error.strerror}") from error
+
+    @classmethod
+    def check(cls, path: Path) -> None:
+        """Raise the error opening the log would raise (the file is made if need be)."""
+        os.close(cls.descriptor(path))
+
+    def _open(self):
+        descriptor = self.descriptor(Path(self.baseFilename))
         return open(descriptor, self.mode, encoding=self.encoding, errors=self.errors)
 
     def emit(self, record: logging.LogRecord) -> None:
