@@ -12,6 +12,10 @@ import torch
 if "PPOFLOW_CACHE" not in os.environ:  # a private cache, removed when the session ends
     _PRIVATE_CACHE = tempfile.TemporaryDirectory(prefix="ppoflow-cache-", ignore_cleanup_errors=True)
     os.environ["PPOFLOW_CACHE"] = _PRIVATE_CACHE.name
+# Prefect's home (its profiles, its database) is this process's own, never the user's: test processes
+# running side by side (pytest -n) each have one.
+_PREFECT_HOME = tempfile.TemporaryDirectory(prefix="prefect-home-", ignore_cleanup_errors=True)
+os.environ["PREFECT_HOME"] = _PREFECT_HOME.name
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
@@ -47,8 +51,14 @@ def prefect_server(tmp_path_factory):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` need a CUDA device (and those of the vLLM engine, vLLM): on a machine
+    """Modules with `slow` tests run first, each module's tests in their own order: pytest -n hands
+    out whole modules (--dist loadfile), and the long ones started last would leave one process
+    working alone at the end.
+
+    Tests marked `gpu` need a CUDA device (and those of the vLLM engine, vLLM): on a machine
     without one they are reported as skipped, with the reason."""
+    slow_modules = {item.path for item in items if "slow" in item.keywords}
+    items.sort(key=lambda item: item.path not in slow_modules)  # stable: the order within a module stays
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine: bash benchmarks/gsm8k_gpu.sh)")

