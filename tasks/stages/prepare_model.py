@@ -23,6 +23,7 @@ from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_sta
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
 from ppoflow.tasks.storage.checkpoints import directory_digest, readable_as_the_umask_allows
+from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import leads_outside
 
@@ -64,7 +65,7 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
     """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
     there already; a damaged copy (its files no longer match the digest recorded at build) is
     rebuilt. Processes sharing the cache build it once: the others wait for the first, then reuse
-    its copy, which is never replaced while another process may be reading it."""
+    its copy (an intact copy is never replaced)."""
     if _intact(target):
         return target
 
@@ -81,11 +82,23 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
 @contextlib.contextmanager
 def _building(target: Path):
     """An exclusive lock on building `target`, held by the kernel until the block ends or the
-    process dies (flock on a hidden file beside it)."""
+    process dies (flock on a hidden file beside it, as writable as the umask allows, so a cache
+    shared by a group stays usable by all of it). Where the filesystem has no flock (some network
+    and FUSE mounts), building goes on unlocked, as two builds of one model are still correct."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target.parent / f".{target.name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    path = target.parent / f".{target.name}.lock"
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = open_regular_file(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as error:
+        raise OSError(
+            f"{path} cannot be the model cache's lock file ({error.strerror}); remove it"
+        ) from error
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
         yield
     finally:
         os.close(fd)
@@ -99,9 +112,13 @@ def _replace_directory(target: Path, fill: Callable[[Path], None]) -> Path:
     try:
         fill(staging)
         readable_as_the_umask_allows(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        if target.exists():  # moved aside first: a reader part-way through it keeps its files
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+            os.replace(staging, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, target)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ppoflow.tasks.stages.prepare_model import CACHE_DIGEST, cached_model_dir
 
 BUILD = """
@@ -14,12 +16,16 @@ import os, sys, time
 from pathlib import Path
 from ppoflow.tasks.stages.prepare_model import cached_model_dir
 
-target, builds = Path(sys.argv[1]), Path(sys.argv[2])
+target, builds, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+(ready / str(os.getpid())).touch()
+deadline = time.monotonic() + 60
+while len(list(ready.iterdir())) < 3 and time.monotonic() < deadline:  # all three ask at once
+    time.sleep(0.01)
 
 def build(staging):
     with open(builds, "a") as record:
         record.write(f"{os.getpid()}\\n")
-    time.sleep(1.0)  # long enough for the other process to ask meanwhile
+    time.sleep(1.0)  # long enough for the others to ask meanwhile
     (staging / "weights.bin").write_bytes(b"w" * 1000)
 
 print(cached_model_dir(target, build))
@@ -28,10 +34,13 @@ print(sorted(p.name for p in target.iterdir()))
 
 
 def test_processes_asking_at_once_build_the_model_once_and_both_get_it(tmp_path):
-    target, builds = tmp_path / "cache/model", tmp_path / "builds.txt"
+    target, builds, ready = tmp_path / "cache/model", tmp_path / "builds.txt", tmp_path / "ready"
+    ready.mkdir()
     asking = [
         subprocess.Popen(
-            [sys.executable, "-c", BUILD, str(target), str(builds)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", BUILD, str(target), str(builds), str(ready)],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         for _ in range(3)
     ]
@@ -40,6 +49,7 @@ def test_processes_asking_at_once_build_the_model_once_and_both_get_it(tmp_path)
     assert len(builds.read_text().splitlines()) == 1
     assert answers == [f"{target}\n{sorted([CACHE_DIGEST, 'weights.bin'])}\n"] * 3
     assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no staging left
+    assert len(list(ready.iterdir())) == 3
 
 
 def test_an_intact_copy_is_reused_and_a_damaged_one_rebuilt(tmp_path):
@@ -56,3 +66,15 @@ def test_an_intact_copy_is_reused_and_a_damaged_one_rebuilt(tmp_path):
     cached_model_dir(target, build)
     assert len(builds) == 2
     assert (target / "weights.bin").read_bytes() == b"w" * 1000
+    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # old copy gone
+
+
+def test_a_planted_lock_file_is_refused_in_words(tmp_path):
+    (tmp_path / ".model.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError) as refused:
+        cached_model_dir(tmp_path / "model", lambda staging: None)
+    assert str(refused.value).startswith(
+        f"{tmp_path / '.model.lock'} cannot be the model cache's lock file ("
+    )
+    assert str(refused.value).endswith("); remove it")
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "model").exists()
