@@ -38,37 +38,38 @@ def run_training(
     after ppoflow's last line (a library's thread or exit hook) goes to the run's log, not under
     that line (a Python caller keeps its stderr)."""
     log_file = run_dir.resolve() / LOG_NAME
-    code = _run_training(config_file, overrides, run_dir, log_file, verbose)
-    if program:
+    code, logs_ours = _run_training(config_file, overrides, run_dir, log_file, verbose)
+    if program and logs_ours:  # (a run that another process trains: its log is that process's)
         _send_the_rest_to(log_file)
     return code
 
 
 def _run_training(
     config_file: str | None, overrides: list[str], run_dir: Path, log_file: Path, verbose: bool
-) -> int:
+) -> tuple[int, bool]:
+    """(the exit code, whether the run's logs are this process's: not when another one trains it)."""
     resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
     ctrl_c = _CtrlC()
     try:
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
         with ctrl_c, _run_lock(run_dir), server, _logging_to(log_file, verbose):
             try:
-                return _train(config_file, overrides, log_file, resume, ctrl_c)
+                return _train(config_file, overrides, log_file, resume, ctrl_c), True
             finally:
                 deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
         pass
     except RunLocked as error:  # another process trains this run: its logs are left alone
         _say(f"ppoflow: {error}")
-        return EXIT_LOCKED
+        return EXIT_LOCKED, False
     except BrokenPipeError:  # the reader of the output left: main's exit 141
         raise
     except (ServerDidNotStart, OSError) as error:  # no server, or no writable run directory
         if not ctrl_c.pressed:
             _say(f"ppoflow: {error}")
-            return EXIT_FAILED
+            return EXIT_FAILED, True
     _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
-    return EXIT_INTERRUPTED
+    return EXIT_INTERRUPTED, True
 
 
 def _train(config_file: str | None, overrides: list[str], log_file: Path, resume: str, ctrl_c: _CtrlC) -> int:

@@ -371,3 +371,28 @@ def test_a_run_in_progress_is_refused_in_one_line_and_its_logs_are_left_alone(tm
     [line] = refused.stderr.splitlines()
     assert line.startswith(f"ppoflow: run directory {tmp_path} is being written by process {os.getpid()} ")
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_refused_program_leaves_the_running_trainers_log_alone_on_its_way_out(tmp_path):
+    """What prints after the refusal (a library's exit hook) goes to the refused command's stderr,
+    not into the log of the process that trains the run."""
+    from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs/train.log").write_text("the trainer's own words\n")
+    arguments = _command(tmp_path)[3:]
+    code = LATE_WORD + f"sys.argv = {['ppoflow', *arguments]!r}\nsys.exit(main())\n"
+    acquire_run_lock(tmp_path)  # this process trains it
+    try:
+        refused = subprocess.run(
+            [sys.executable, "-c", code],
+            env=_env(own_server=True),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        release_run_lock(tmp_path)
+    assert refused.returncode == 3
+    assert refused.stderr.splitlines()[1:] == ["a late word from a library"]
+    assert (tmp_path / "logs/train.log").read_text() == "the trainer's own words\n"
