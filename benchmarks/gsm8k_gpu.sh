@@ -75,6 +75,6 @@ echo "== hf: the same run generating with transformers (comparison, no validatio
 train hf "$hf_steps" actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.micro_batch_size=256 \
   trainer.test_freq=-1 || status=1
 echo "== tests marked gpu"
-timeout 360 $py -m pytest -q -m gpu -p no:cacheprovider tests || status=1
+timeout 360 $py -m pytest -q -n 0 -m gpu -p no:cacheprovider tests || status=1  # one process: one GPU
 echo "== gsm8k_gpu: $([ $status = 0 ] && echo "all passed" || echo "FAILED (see above)")"
 exit $status

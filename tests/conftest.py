@@ -1,4 +1,5 @@
-"""Shared fixtures: a private ppoflow cache, the warm-started tiny model, a Prefect test server."""
+"""Shared fixtures: a private ppoflow cache, the warm-started tiny model, a Prefect test server; each
+test process's own Prefect home; the order modules are handed out in (pytest -n)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-if "PPOFLOW_CACHE" not in os.environ:  # a private cache, removed when the session ends
+if "PPOFLOW_CACHE" not in os.environ:  # a private cache, removed when the session ends (made by
+    # pytest's first process, which the test processes of pytest -n inherit it from: they share it)
     _PRIVATE_CACHE = tempfile.TemporaryDirectory(prefix="ppoflow-cache-", ignore_cleanup_errors=True)
     os.environ["PPOFLOW_CACHE"] = _PRIVATE_CACHE.name
 # Prefect's home (its profiles, its database) is this process's own, never the user's: test processes

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import duckdb
@@ -202,16 +203,36 @@ def test_resume_on_another_world_size(prefect_server, tiny_model_dir, tmp_path):
         assert _weights_gap(straight, shrunk, 2, role) <= WEIGHTS_TOLERANCE
 
 
-def _ray_processes() -> set[int]:
+def _ray_processes(tag: str) -> set[int]:
+    """Ray's processes (its GCS, raylet and workers) started by a command run with `tag` in its
+    environment, which they inherit: another test process's Ray, or its fakes, are not counted."""
     found = set()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             command = (entry / "cmdline").read_bytes()
+            if not any(word in command for word in (b"ray::", b"raylet", b"gcs_server")):
+                continue
+            if tag.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found.add(int(entry.name))
         except OSError:
             continue
-        if b"ray::" in command or b"raylet" in command or b"gcs_server" in command:
-            found.add(int(entry.name))
     return found
+
+
+def _run_seeing_ray(command: list[str], env: dict[str, str], tag: str, timeout_s: float = 300):
+    """Run `command` to its end; returns (the finished process, every Ray process of it seen while it
+    ran, looked for twice a second)."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, deadline = set(), time.monotonic() + timeout_s
+    while True:
+        try:
+            out, err = process.communicate(timeout=0.5)  # (reads the pipes meanwhile: none fills up)
+            return subprocess.CompletedProcess(command, process.returncode, out, err), seen
+        except subprocess.TimeoutExpired:
+            seen |= _ray_processes(tag)
+            if time.monotonic() > deadline:
+                process.kill()
+                raise
 
 
 def test_a_killed_rank_fails_the_stage_in_seconds_and_the_rerun_resumes(fsdp2, tmp_path):
@@ -228,14 +249,16 @@ def test_a_killed_rank_fails_the_stage_in_seconds_and_the_rerun_resumes(fsdp2, t
         *FSDP2,
         f"trainer.default_local_dir={run_dir}",
     ]
+    tag = f"PPOFLOW_TEST_RUN={uuid.uuid4()}"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
         "PPOFLOW_PROGRESS": "0",
         "PPOFLOW_FAULT": "actor_update_rank1@2",
         "PPOFLOW_FAULT_ONCE": str(tmp_path / "fired"),
+        tag.split("=")[0]: tag.split("=")[1],
     }
-    before = _ray_processes()
     started = time.monotonic()
-    failed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    failed, ray = _run_seeing_ray(command, env, tag)
+    assert ray, "the command's Ray processes were not seen (so their absence below would say nothing)"
     assert failed.returncode != 0
     stopped = [line for line in failed.stderr.splitlines() if line.startswith("ppoflow: training stopped")]
     assert len(stopped) == 1, failed.stderr[-3000:]
@@ -246,9 +269,9 @@ def test_a_killed_rank_fails_the_stage_in_seconds_and_the_rerun_resumes(fsdp2, t
     assert time.monotonic() - started < 120
     assert not list(run_dir.glob("iter=000002/actor_update/*.parquet"))
     deadline = time.monotonic() + 10
-    while _ray_processes() - before and time.monotonic() < deadline:
+    while _ray_processes(tag) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _ray_processes() - before
+    assert not _ray_processes(tag)
 
     rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
