@@ -112,7 +112,7 @@ def _replace_directory(target: Path, fill: Callable[[Path], None]) -> Path:
     try:
         fill(staging)
         readable_as_the_umask_allows(staging)
-        if target.exists():  # moved aside first: a reader part-way through it keeps its files
+        if target.exists():  # moved aside, then deleted: missing only between two renames
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
             os.replace(target, old / target.name)
             os.replace(staging, target)
