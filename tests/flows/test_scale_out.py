@@ -203,16 +203,21 @@ def test_resume_on_another_world_size(prefect_server, tiny_model_dir, tmp_path):
         assert _weights_gap(straight, shrunk, 2, role) <= WEIGHTS_TOLERANCE
 
 
+RUN_TAG = "PPOFLOW_TEST_RUN"
+"""An environment variable that marks a command's processes: Ray's inherit it."""
+
+
 def _ray_processes(tag: str) -> set[int]:
-    """Ray's processes (its GCS, raylet and workers) started by a command run with `tag` in its
-    environment, which they inherit: another test process's Ray, or its fakes, are not counted."""
+    """Ray's processes (its GCS, raylet and workers) started by a command run with RUN_TAG=`tag` in
+    its environment, which they inherit: another test process's Ray, or its fakes, are not counted."""
+    marker = f"{RUN_TAG}={tag}".encode()
     found = set()
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             command = (entry / "cmdline").read_bytes()
             if not any(word in command for word in (b"ray::", b"raylet", b"gcs_server")):
                 continue
-            if tag.encode() in (entry / "environ").read_bytes().split(b"\0"):
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
                 found.add(int(entry.name))
         except OSError:
             continue
@@ -249,12 +254,12 @@ def test_a_killed_rank_fails_the_stage_in_seconds_and_the_rerun_resumes(fsdp2, t
         *FSDP2,
         f"trainer.default_local_dir={run_dir}",
     ]
-    tag = f"PPOFLOW_TEST_RUN={uuid.uuid4()}"
+    tag = str(uuid.uuid4())
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {
         "PPOFLOW_PROGRESS": "0",
         "PPOFLOW_FAULT": "actor_update_rank1@2",
         "PPOFLOW_FAULT_ONCE": str(tmp_path / "fired"),
-        tag.split("=")[0]: tag.split("=")[1],
+        RUN_TAG: tag,
     }
     started = time.monotonic()
     failed, ray = _run_seeing_ray(command, env, tag)

@@ -155,6 +155,11 @@ LATE_WORD = (
 """A library's exit hook that prints (registered before ppoflow runs, so it runs last)."""
 
 
+def _as_program(arguments: list[str]) -> str:
+    """Python code that runs `ppoflow ARGUMENTS` as the `ppoflow` program does, after LATE_WORD."""
+    return LATE_WORD + f"sys.argv = {['ppoflow', *arguments]!r}\nsys.exit(main())\n"
+
+
 @pytest.fixture(scope="module")
 def one_step_program(tiny_model_dir, tmp_path_factory):
     """A 1-step `ppoflow train` run as the `ppoflow` program (beside a library's exit hook that
@@ -168,8 +173,9 @@ def one_step_program(tiny_model_dir, tmp_path_factory):
         k: v for k, v in _env(own_server=True).items() if "DATABASE" not in k and "EVENT_PERSISTER" not in k
     }
     env = inherited | {"PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}"}
-    code = LATE_WORD + f"sys.argv = {['ppoflow', *arguments]!r}\nsys.exit(main())\n"
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", _as_program(arguments)], env=env, capture_output=True, text=True, timeout=300
+    )
     return done, run_dir, database
 
 
@@ -380,12 +386,10 @@ def test_a_refused_program_leaves_the_running_trainers_log_alone_on_its_way_out(
 
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs/train.log").write_text("the trainer's own words\n")
-    arguments = _command(tmp_path)[3:]
-    code = LATE_WORD + f"sys.argv = {['ppoflow', *arguments]!r}\nsys.exit(main())\n"
     acquire_run_lock(tmp_path)  # this process trains it
     try:
         refused = subprocess.run(
-            [sys.executable, "-c", code],
+            [sys.executable, "-c", _as_program(_command(tmp_path)[3:])],
             env=_env(own_server=True),
             capture_output=True,
             text=True,
