@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import importlib.util
 import json
@@ -65,28 +66,48 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
     """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
     there already; a damaged copy (its files no longer match the digest recorded at build) is
     rebuilt. Processes sharing the cache build it once: the others wait for the first, then reuse
-    its copy (an intact copy is never replaced)."""
-    if _intact(target):
+    its copy (an intact copy is never replaced). What a killed build left beside it (a staging
+    folder, a damaged copy moved aside) is removed by the next process that holds the lock."""
+    if _intact(target) and not _leftovers(target):
         return target
 
     def fill(staging: Path) -> None:
         build(staging)
         (staging / CACHE_DIGEST).write_text(directory_digest(staging))
 
-    with _building(target):
+    with _building(target) as locked:
+        if locked:  # no other process is building: every staging folder here is a killed build's
+            for leftover in _leftovers(target):
+                shutil.rmtree(leftover, ignore_errors=True)
         if _intact(target):  # built by another process while this one waited
             return target
         return _replace_directory(target, fill)
+
+
+def _leftovers(target: Path) -> list[Path]:
+    """The folders `_replace_directory` stages beside `target` (`.NAME.*`, the lock file aside): in
+    use while a build runs, left behind when it was killed. Links are never followed or removed."""
+    lock = _lock_path(target)
+    return [
+        entry
+        for entry in target.parent.glob(f".{glob.escape(target.name)}.*")
+        if entry != lock and entry.is_dir() and not entry.is_symlink()
+    ]
+
+
+def _lock_path(target: Path) -> Path:
+    return target.parent / f".{target.name}.lock"
 
 
 @contextlib.contextmanager
 def _building(target: Path):
     """An exclusive lock on building `target`, held by the kernel until the block ends or the
     process dies (flock on a hidden file beside it, as writable as the umask allows, so a cache
-    shared by a group stays usable by all of it). Where the filesystem has no flock (some network
-    and FUSE mounts), building goes on unlocked, as two builds of one model are still correct."""
+    shared by a group stays usable by all of it); yields whether it holds the lock. Where the
+    filesystem has no flock (some network and FUSE mounts), building goes on unlocked (False), as
+    two builds of one model are still correct."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    path = target.parent / f".{target.name}.lock"
+    path = _lock_path(target)
     try:
         fd = open_regular_file(path, os.O_RDWR | os.O_CREAT, 0o666)
     except OSError as error:
@@ -99,7 +120,9 @@ def _building(target: Path):
         except OSError as error:
             if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
-        yield
+            yield False
+        else:
+            yield True
     finally:
         os.close(fd)
 
