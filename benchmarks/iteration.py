@@ -4,9 +4,10 @@
 
 Prints, per stage, the median seconds; generation and training tokens/s; peak RSS; the share of
 each iteration spent outside stage compute (Prefect task overhead between stages, parquet and
-DuckDB work inside stages); the CPU the temporary Prefect server takes per iteration (recording
-task runs beside training, on the same cores); and the wall time from launch until greedy accuracy
-first reaches 90%.
+DuckDB work inside stages; as means over the run, then with each step's IO as a median over steps,
+which leaves out what happens once in a run); the CPU the temporary Prefect server takes per
+iteration (recording task runs beside training, on the same cores); and the wall time from launch
+until greedy accuracy first reaches 90%.
 Not a test: numbers depend on the machine and on what else it is doing.
 """
 
@@ -73,9 +74,14 @@ def run_and_report(args, run_dir: Path) -> None:
 
         io_between = _count_io_between_stages(iteration, train)
         server_cpu = _sample_server_cpu_at_commits(iteration)
+        io_at_commits = _sample_io_at_commits(iteration)
         summary = train.ppo_train(None, overrides)
     finished = time.time()
     summary["io_between_stages"] = [a + b for a, b in zip(*io_between.values(), strict=True)]
+    summary["io_per_step"] = [
+        {kind: b.get(kind, 0.0) - a.get(kind, 0.0) for kind in b}
+        for a, b in zip(io_at_commits, io_at_commits[1:], strict=False)
+    ]
     # between the first step's commit and the last's (None: one step, or a server not ours)
     own_server = not os.environ.get("PREFECT_API_URL")
     summary["server_cpu_per_iteration"] = (
@@ -122,6 +128,23 @@ def _sample_server_cpu_at_commits(iteration) -> list[float]:
             if not samples:
                 children.extend(child_pids())
             samples.append(cpu_seconds(children))
+
+    iteration.commit_step = sampled
+    return samples
+
+
+def _sample_io_at_commits(iteration) -> list[dict[str, float]]:
+    """The run's file IO seconds by kind after each step's commit: the differences are each step's
+    own IO (its stages', its commit's, the trainer state before it), whose medians leave out what
+    happens once in a run (the first checkpoint's imports, the catalog's first build)."""
+    samples: list[dict[str, float]] = []
+    commit_step = iteration.commit_step
+
+    def sampled(run, *args, **kwargs):
+        try:
+            return commit_step(run, *args, **kwargs)
+        finally:
+            samples.append(dict(run.io.by_kind))
 
     iteration.commit_step = sampled
     return samples
@@ -178,6 +201,7 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         print(f"  {label:<27}{seconds:.3f} s ({seconds / median_wall:.1%})")
     share = (statistics.median(outside) + io_per_iteration) / median_wall
     print(f"outside engine compute: {share:.1%} of an iteration")
+    _report_steady_io(summary["io_per_step"], statistics.median(outside), median_wall)
     if (server := summary["server_cpu_per_iteration"]) is not None:
         print(
             f"Prefect server (a process of its own, beside training): {server:.3f} s CPU per iteration "
@@ -204,6 +228,24 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
             f"\ngreedy accuracy {base:.2f} → best {max(a for _, a in accuracy):.2f}; "
             f"{args.target:.0%} not reached in {args.iterations} steps"
         )
+
+
+def _report_steady_io(per_step: list[dict[str, float]], between: float, median_wall: float) -> None:
+    """The same shares with each step's IO as a median over steps (steps 2 on): the figures above are
+    means over the run, which carry its one-time IO."""
+    if not per_step:
+        return
+    totals = [sum(step.values()) for step in per_step]
+    median_io = statistics.median(totals)
+    print(
+        f"  per step, median over {len(totals)} steps: {median_io:.3f} s ({median_io / median_wall:.1%}; "
+        + ", ".join(
+            f"{kind} {statistics.median(step.get(kind, 0.0) for step in per_step):.3f} s"
+            for kind in sorted({kind for step in per_step for kind in step})
+        )
+        + ")"
+    )
+    print(f"outside engine compute, medians: {(between + median_io) / median_wall:.1%} of an iteration")
 
 
 if __name__ == "__main__":
