@@ -3,17 +3,12 @@ cached Hugging Face directory), and the critic it starts from."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import glob
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
@@ -23,8 +18,8 @@ from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
-from ppoflow.tasks.storage.checkpoints import directory_digest, readable_as_the_umask_allows
-from ppoflow.tasks.storage.regular_files import open_regular_file
+from ppoflow.tasks.storage.checkpoints import directory_digest
+from ppoflow.tasks.storage.model_cache import cached_model_dir, remove, replace_directory, staged
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import leads_outside
 
@@ -56,103 +51,6 @@ def build_tiny_base(seed: int) -> Path:
         (staging / "warm_start.json").write_text(json.dumps(report))
 
     return cached_model_dir(cache_root() / f"tiny-addition-seed{seed}-{recipe}", build)
-
-
-CACHE_DIGEST = ".ppoflow-digest"
-"""A cached model directory's digest (directory_digest) as written, checked at every reuse."""
-
-
-def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
-    """`target`, built by `build(staging folder)` and renamed into place unless an intact copy is
-    there already; a damaged copy (its files no longer match the digest recorded at build) is
-    rebuilt. Processes sharing the cache build it once: the others wait for the first, then reuse
-    its copy (an intact copy is never replaced). What a killed build left beside it (a staging
-    folder, a damaged copy moved aside) is removed by the next process that holds the lock."""
-    if _intact(target) and not _leftovers(target):
-        return target
-
-    def fill(staging: Path) -> None:
-        build(staging)
-        (staging / CACHE_DIGEST).write_text(directory_digest(staging))
-
-    with _building(target) as locked:
-        if locked:  # no other process is building: every staging folder here is a killed build's
-            for leftover in _leftovers(target):
-                shutil.rmtree(leftover, ignore_errors=True)
-        if _intact(target):  # built by another process while this one waited
-            return target
-        return _replace_directory(target, fill)
-
-
-def _leftovers(target: Path) -> list[Path]:
-    """The folders `_replace_directory` stages beside `target` (`.NAME.*`, the lock file aside): in
-    use while a build runs, left behind when it was killed. Links are never followed or removed."""
-    lock = _lock_path(target)
-    return [
-        entry
-        for entry in target.parent.glob(f".{glob.escape(target.name)}.*")
-        if entry != lock and entry.is_dir() and not entry.is_symlink()
-    ]
-
-
-def _lock_path(target: Path) -> Path:
-    return target.parent / f".{target.name}.lock"
-
-
-@contextlib.contextmanager
-def _building(target: Path):
-    """An exclusive lock on building `target`, held by the kernel until the block ends or the
-    process dies (flock on a hidden file beside it, as writable as the umask allows, so a cache
-    shared by a group stays usable by all of it); yields whether it holds the lock. Where the
-    filesystem has no flock (some network and FUSE mounts), building goes on unlocked (False), as
-    two builds of one model are still correct."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    path = _lock_path(target)
-    try:
-        fd = open_regular_file(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as error:
-        raise OSError(
-            f"{path} cannot be the model cache's lock file ({error.strerror}); remove it"
-        ) from error
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as error:
-            if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            yield False
-        else:
-            yield True
-    finally:
-        os.close(fd)
-
-
-def _replace_directory(target: Path, fill: Callable[[Path], None]) -> Path:
-    """Make `target` anew: `fill` a staging folder beside it, then swap it in by rename, so a crash
-    leaves the old folder or none, never a part of one."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        fill(staging)
-        readable_as_the_umask_allows(staging)
-        if target.exists():  # moved aside, then deleted: missing only between two renames
-            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
-            os.replace(target, old / target.name)
-            os.replace(staging, target)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
-def _intact(directory: Path) -> bool:
-    try:
-        return (directory / CACHE_DIGEST).read_text() == directory_digest(directory)
-    except OSError:
-        return False
 
 
 def smollm2_gguf() -> Path:
@@ -223,8 +121,9 @@ def _install_copy(source: Path, run: Run, relative: str) -> Path:
             return target
     except OSError:
         pass
+    remove(staged(target))  # a killed copy's (the run is locked: no other process copies into it)
     ignore = shutil.ignore_patterns(".*")
-    return _replace_directory(
+    return replace_directory(
         target, lambda staging: shutil.copytree(source, staging, dirs_exist_ok=True, ignore=ignore)
     )
 

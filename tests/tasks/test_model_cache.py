@@ -3,19 +3,23 @@ same time, an intact copy is reused, and a damaged one is rebuilt."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from ppoflow.tasks.stages.prepare_model import CACHE_DIGEST, cached_model_dir
+from ppoflow.tasks.storage.model_cache import CACHE_DIGEST, STALE_AFTER_S, cached_model_dir
 
 BUILD = """
 import os, sys, time
 from pathlib import Path
-from ppoflow.tasks.stages.prepare_model import cached_model_dir
+from ppoflow.tasks.storage.model_cache import cached_model_dir
 
 target, builds, ready = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 (ready / str(os.getpid())).touch()
@@ -49,7 +53,8 @@ def test_processes_asking_at_once_build_the_model_once_and_both_get_it(tmp_path)
     assert [process.returncode for process in asking] == [0, 0, 0]
     assert len(builds.read_text().splitlines()) == 1
     assert answers == [f"{target}\n{sorted([CACHE_DIGEST, 'weights.bin'])}\n"] * 3
-    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # no staging left
+    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", ".model.tmp", "model"]
+    assert _listing(target.parent / ".model.tmp") == []  # no staging left
     assert len(list(ready.iterdir())) == 3
 
 
@@ -67,7 +72,8 @@ def test_an_intact_copy_is_reused_and_a_damaged_one_rebuilt(tmp_path):
     cached_model_dir(target, build)
     assert len(builds) == 2
     assert (target / "weights.bin").read_bytes() == b"w" * 1000
-    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", "model"]  # old copy gone
+    assert sorted(p.name for p in target.parent.iterdir()) == [".model.lock", ".model.tmp", "model"]
+    assert _listing(target.parent / ".model.tmp") == []  # the old copy is gone
 
 
 def test_a_planted_lock_file_is_refused_in_words(tmp_path):
@@ -84,7 +90,7 @@ def test_a_planted_lock_file_is_refused_in_words(tmp_path):
 KILLED_BUILD = """
 import sys, time
 from pathlib import Path
-from ppoflow.tasks.stages.prepare_model import cached_model_dir
+from ppoflow.tasks.storage.model_cache import cached_model_dir
 
 def build(staging):
     (staging / "weights.bin").write_bytes(b"w" * 1000)
@@ -95,55 +101,107 @@ cached_model_dir(Path(sys.argv[1]), build)
 """
 
 
-def test_what_a_killed_build_left_is_removed_by_the_next_build_and_links_are_left_alone(tmp_path):
+def _build_into(builds: list[Path]):
+    def build(staging: Path) -> None:
+        builds.append(staging)
+        (staging / "weights.bin").write_bytes(b"w" * 1000)
+
+    return build
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_what_a_killed_build_left_is_removed_once_stale_by_the_next_build(tmp_path):
     cache, signals = tmp_path / "cache", tmp_path / "signals"
     signals.mkdir()
     target = cache / "model"
     building = subprocess.Popen([sys.executable, "-c", KILLED_BUILD, str(target), str(signals)])
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not (signals / "started").exists() and building.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert (signals / "started").exists()
     finally:
         building.kill()
         building.wait(timeout=30)
-    staged = [p.name for p in cache.iterdir() if p.name.startswith(".model.") and p.is_dir()]
-    assert len(staged) == 1 and not target.exists()  # the killed build's staging folder
+    [killed] = (cache / ".model.tmp").iterdir()  # the killed build's staging folder
+    assert not target.exists()
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "keep.bin").write_bytes(b"k")
-    (cache / ".model.planted").symlink_to(victim, target_is_directory=True)
-    (cache / ".model-other.abc123").mkdir()  # another cache entry's staging: not this one's
+    (killed / "link").symlink_to(victim, target_is_directory=True)  # inside: unlinked, not followed
+    _age(killed, STALE_AFTER_S + 60)
+    recent = cache / ".model.tmp" / "model.recent12"  # a build of another host may still fill it
+    recent.mkdir()
+    others = cache / ".model.v2.tmp" / "model.v2.abcd1234"  # another entry's, whose name starts alike
+    others.mkdir(parents=True)
+    _age(others, STALE_AFTER_S + 60)
 
-    builds = []
-
-    def build(staging: Path) -> None:
-        builds.append(staging)
-        (staging / "weights.bin").write_bytes(b"w" * 1000)
-
-    assert cached_model_dir(target, build) == target
+    builds: list[Path] = []
+    assert cached_model_dir(target, _build_into(builds)) == target
     assert len(builds) == 1
-    assert sorted(p.name for p in cache.iterdir()) == [
-        ".model-other.abc123",
+    assert _listing(cache) == [
         ".model.lock",
-        ".model.planted",
+        ".model.tmp",
+        ".model.tmp/model.recent12",
+        ".model.v2.tmp",
+        ".model.v2.tmp/model.v2.abcd1234",
         "model",
+        f"model/{CACHE_DIGEST}",
+        "model/weights.bin",
     ]
-    assert (victim / "keep.bin").read_bytes() == b"k"
+    assert _listing(victim) == ["keep.bin"]
 
 
-def test_a_copy_moved_aside_by_a_killed_swap_is_removed_without_rebuilding(tmp_path):
+def test_an_intact_copy_is_kept_and_a_stale_copy_moved_aside_removed_without_waiting(tmp_path):
     target, builds = tmp_path / "model", []
-
-    def build(staging: Path) -> None:
-        builds.append(staging)
-        (staging / "weights.bin").write_bytes(b"w" * 1000)
-
-    cached_model_dir(target, build)
-    aside = tmp_path / ".model.old.k2j3h4ab"  # killed after the swap, before the old copy was deleted
+    cached_model_dir(target, _build_into(builds))
+    aside = tmp_path / ".model.tmp" / "model.old.k2j3h4ab"  # killed between the swap and the delete
     (aside / "model").mkdir(parents=True)
     (aside / "model" / "weights.bin").write_bytes(b"x" * 1000)
-    assert cached_model_dir(target, build) == target
-    assert len(builds) == 1  # the intact copy is kept
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".model.lock", "model"]
+    _age(aside, STALE_AFTER_S + 60)
+    held = os.open(tmp_path / ".model.lock", os.O_RDWR)
+    fcntl.flock(held, fcntl.LOCK_EX)  # as a process building it would
+    try:
+        asking = threading.Thread(target=cached_model_dir, args=(target, _build_into(builds)), daemon=True)
+        asking.start()
+        asking.join(timeout=60)
+        assert not asking.is_alive()  # returned the intact copy without waiting for the lock
+        assert aside.is_dir()
+    finally:
+        os.close(held)
+    assert cached_model_dir(target, _build_into(builds)) == target
+    assert len(builds) == 1  # the intact copy is reused
+    assert _listing(tmp_path / ".model.tmp") == []
+
+
+def test_leftovers_stay_where_no_lock_is_held(tmp_path, monkeypatch):
+    target, builds = tmp_path / "model", []
+    leftover = tmp_path / ".model.tmp" / "model.abcd1234"
+    leftover.mkdir(parents=True)
+    _age(leftover, STALE_AFTER_S + 60)
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)  # a filesystem without flock: another may be building
+    assert cached_model_dir(target, _build_into(builds)) == target
+    assert len(builds) == 1 and leftover.is_dir()
+
+
+def test_a_planted_staging_link_is_refused_in_words(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".model.tmp").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(OSError) as refused:
+        cached_model_dir(tmp_path / "model", _build_into([]))
+    assert str(refused.value) == (
+        f"{tmp_path / '.model.tmp'} cannot be the model cache's staging folder (not a folder); remove it"
+    )
+    assert _listing(tmp_path / "elsewhere") == [] and not (tmp_path / "model").exists()
