@@ -19,7 +19,7 @@ from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_sta
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
 from ppoflow.tasks.storage.checkpoints import directory_digest
-from ppoflow.tasks.storage.model_cache import cached_model_dir, remove, replace_directory, staged
+from ppoflow.tasks.storage.model_cache import cached_model_dir, replace_directory
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import leads_outside
 
@@ -121,7 +121,6 @@ def _install_copy(source: Path, run: Run, relative: str) -> Path:
             return target
     except OSError:
         pass
-    remove(staged(target))  # a killed copy's (the run is locked: no other process copies into it)
     ignore = shutil.ignore_patterns(".*")
     return replace_directory(
         target, lambda staging: shutil.copytree(source, staging, dirs_exist_ok=True, ignore=ignore)

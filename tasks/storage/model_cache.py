@@ -5,9 +5,11 @@ every process.
 Beside each cached folder NAME:
     .NAME.lock   held (flock) while NAME is built, so that processes asking at once build it once
     .NAME.tmp/   the folders a build fills before renaming one into place, and a damaged copy moved
-                 aside; a killed build leaves its folder here, and a later build removes it
+                 aside; a killed build leaves its folder here, and a later call removes it once it
+                 is stale, while holding the lock (never where the filesystem has no flock)
 
-A run installs its copy of a base model (run/model/base) with the same `replace_directory`.
+A run installs its copy of a base model (run/model/base) with the same `replace_directory`; opening
+the run removes what a killed copy left (tables.remove_stale_temp_files).
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from ppoflow.tasks.storage.regular_files import open_regular_file
 CACHE_DIGEST = ".ppoflow-digest"
 """A cached model directory's digest (directory_digest) as written, checked at every reuse."""
 STALE_AFTER_S = 3600.0
-"""A staging folder left this long is a killed build's, even where flock excludes only the
-processes of one host (an NFS mount with local_lock=flock): a build renames its folder into place
-within minutes."""
+"""A staging folder that nothing in it has changed for this long is a killed build's, even where
+flock excludes only the processes of one host (an NFS mount with local_lock=flock)."""
 
 
 def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
@@ -55,7 +56,12 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
             remove(staged(target, older_than_s=STALE_AFTER_S))
         if _intact(target):  # built by another process while this one waited
             return target
-        return replace_directory(target, fill)
+        try:
+            return replace_directory(target, fill)
+        except OSError as error:  # unlocked (no flock): another build renamed its copy in first
+            if error.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT) and _intact(target):
+                return target
+            raise
 
 
 def _intact(directory: Path) -> bool:
@@ -78,8 +84,9 @@ def _building(target: Path, *, wait: bool = True):
     """An exclusive lock on building `target`, held by the kernel until the block ends or the
     process dies (flock on a hidden file beside it, as writable as the umask allows, so a cache
     shared by a group stays usable by all of it). Yields whether it holds the lock: False where
-    the filesystem has no flock (some network and FUSE mounts; building goes on, as two builds of
-    one model are still correct), or, without `wait`, while another process holds it."""
+    the filesystem has no flock (some network and FUSE mounts; building goes on, and a build that
+    finds another's copy renamed in first takes that one), or, without `wait`, while another
+    process holds it."""
     target.parent.mkdir(parents=True, exist_ok=True)
     path = _lock_path(target)
     try:
@@ -101,24 +108,32 @@ def _building(target: Path, *, wait: bool = True):
         os.close(fd)
 
 
-def staged(target: Path, *, older_than_s: float = 0.0) -> list[Path]:
-    """The entries of `target`'s staging folder (`.NAME.tmp/`) not modified for `older_than_s`
+def staged(target: Path, *, older_than_s: float) -> list[Path]:
+    """The entries of `target`'s staging folder (`.NAME.tmp/`) in which nothing has changed for
+    `older_than_s`: neither the entry nor what it holds directly, such as a file being written
     (none when that folder is missing or is not a folder: a link there is never looked through)."""
     root = _staging_root(target)
     if root.is_symlink() or not root.is_dir():
         return []
     cutoff = time.time() - older_than_s
-    stale = []
-    for entry in root.iterdir():
-        with contextlib.suppress(FileNotFoundError):
-            if entry.lstat().st_mtime <= cutoff:
-                stale.append(entry)
-    return stale
+    return [entry for entry in root.iterdir() if _last_change(entry) < cutoff]
+
+
+def _last_change(entry: Path) -> float:
+    """The newest modification time of `entry` and of what it holds directly (now if it is gone)."""
+    try:
+        times = [entry.lstat().st_mtime]
+        if entry.is_dir() and not entry.is_symlink():
+            times += [child.lstat().st_mtime for child in entry.iterdir()]
+    except FileNotFoundError:
+        return time.time()
+    return max(times)
 
 
 def remove(entries: list[Path]) -> None:
-    """Delete each entry: a folder with what it holds (rmtree unlinks the links inside without
-    following them), anything else (a link included) by unlinking it."""
+    """Delete each entry as far as this process may: a folder with what it holds (rmtree unlinks
+    the links inside without following them), anything else (a link included) by unlinking it.
+    What cannot be deleted (another user's folder) is left, without an error."""
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -134,7 +149,7 @@ def replace_directory(target: Path, fill: Callable[[Path], None]) -> Path:
     with contextlib.suppress(FileExistsError):
         root.mkdir(parents=True)
     if root.is_symlink() or not root.is_dir():
-        raise OSError(f"{root} cannot be the model cache's staging folder (not a folder); remove it")
+        raise OSError(f"{root} cannot be a staging folder (not a folder); remove it")
     staging = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=root))
     try:
         fill(staging)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.model_cache import CACHE_DIGEST, STALE_AFTER_S, cached_model_dir
 
 BUILD = """
@@ -114,6 +115,13 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then), follow_symlinks=False)
 
 
+def _age_all(folder: Path, seconds: float) -> None:
+    """`folder` and everything in it, as if untouched for `seconds`."""
+    for path in sorted(folder.rglob("*"), reverse=True):
+        _age(path, seconds)
+    _age(folder, seconds)
+
+
 def _listing(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
@@ -137,7 +145,7 @@ def test_what_a_killed_build_left_is_removed_once_stale_by_the_next_build(tmp_pa
     victim.mkdir()
     (victim / "keep.bin").write_bytes(b"k")
     (killed / "link").symlink_to(victim, target_is_directory=True)  # inside: unlinked, not followed
-    _age(killed, STALE_AFTER_S + 60)
+    _age_all(killed, STALE_AFTER_S + 60)
     recent = cache / ".model.tmp" / "model.recent12"  # a build of another host may still fill it
     recent.mkdir()
     others = cache / ".model.v2.tmp" / "model.v2.abcd1234"  # another entry's, whose name starts alike
@@ -166,14 +174,17 @@ def test_an_intact_copy_is_kept_and_a_stale_copy_moved_aside_removed_without_wai
     aside = tmp_path / ".model.tmp" / "model.old.k2j3h4ab"  # killed between the swap and the delete
     (aside / "model").mkdir(parents=True)
     (aside / "model" / "weights.bin").write_bytes(b"x" * 1000)
-    _age(aside, STALE_AFTER_S + 60)
+    _age_all(aside, STALE_AFTER_S + 60)
     held = os.open(tmp_path / ".model.lock", os.O_RDWR)
     fcntl.flock(held, fcntl.LOCK_EX)  # as a process building it would
     try:
-        asking = threading.Thread(target=cached_model_dir, args=(target, _build_into(builds)), daemon=True)
+        returned = []
+        asking = threading.Thread(
+            target=lambda: returned.append(cached_model_dir(target, _build_into(builds))), daemon=True
+        )
         asking.start()
         asking.join(timeout=60)
-        assert not asking.is_alive()  # returned the intact copy without waiting for the lock
+        assert returned == [target]  # the intact copy, without waiting for the lock
         assert aside.is_dir()
     finally:
         os.close(held)
@@ -201,7 +212,44 @@ def test_a_planted_staging_link_is_refused_in_words(tmp_path):
     (tmp_path / ".model.tmp").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     with pytest.raises(OSError) as refused:
         cached_model_dir(tmp_path / "model", _build_into([]))
-    assert str(refused.value) == (
-        f"{tmp_path / '.model.tmp'} cannot be the model cache's staging folder (not a folder); remove it"
+    assert (
+        str(refused.value)
+        == f"{tmp_path / '.model.tmp'} cannot be a staging folder (not a folder); remove it"
     )
     assert _listing(tmp_path / "elsewhere") == [] and not (tmp_path / "model").exists()
+
+
+def test_a_staging_folder_still_being_written_is_not_stale(tmp_path):
+    target, builds = tmp_path / "model", []
+    cached_model_dir(target, _build_into(builds))
+    writing = tmp_path / ".model.tmp" / "model.abcd1234"  # an hour old, but its file is being written
+    writing.mkdir()
+    (writing / "model.safetensors").write_bytes(b"w")
+    _age(writing, STALE_AFTER_S + 60)
+    cached_model_dir(target, _build_into(builds))
+    assert writing.is_dir()
+    _age(writing / "model.safetensors", STALE_AFTER_S + 60)
+    cached_model_dir(target, _build_into(builds))
+    assert not writing.exists() and len(builds) == 1
+
+
+def test_without_flock_a_build_that_finds_another_copy_renamed_in_first_takes_it(tmp_path, monkeypatch):
+    target, builds = tmp_path / "model", []
+    rename = os.replace
+
+    def no_flock(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    def renamed_in_first(source, destination):  # another process's build finished in between
+        if Path(destination) == target and not target.exists():
+            target.mkdir()
+            (target / "weights.bin").write_bytes(b"o" * 1000)
+            (target / CACHE_DIGEST).write_text(directory_digest(target))
+            raise OSError(errno.ENOTEMPTY, "Directory not empty", str(destination))
+        return rename(source, destination)
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.setattr(os, "replace", renamed_in_first)
+    assert cached_model_dir(target, _build_into(builds)) == target
+    assert len(builds) == 1 and (target / "weights.bin").read_bytes() == b"o" * 1000
+    assert _listing(tmp_path / ".model.tmp") == []  # this build's staging folder is removed
