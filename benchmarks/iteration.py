@@ -119,17 +119,13 @@ def _sample_server_cpu_at_commits(iteration) -> list[float]:
     later samples read their own /proc entries only, not every process's, inside the timed steps."""
     samples: list[float] = []
     children: list[int] = []
-    commit_step = iteration.commit_step
 
-    def sampled(*args, **kwargs):
-        try:
-            return commit_step(*args, **kwargs)
-        finally:
-            if not samples:
-                children.extend(child_pids())
-            samples.append(cpu_seconds(children))
+    def sample(run) -> None:
+        if not samples:
+            children.extend(child_pids())
+        samples.append(cpu_seconds(children))
 
-    iteration.commit_step = sampled
+    _after_each_commit(iteration, sample)
     return samples
 
 
@@ -138,16 +134,21 @@ def _sample_io_at_commits(iteration) -> list[dict[str, float]]:
     own IO (its stages', its commit's, the trainer state before it), whose medians leave out what
     happens once in a run (the first checkpoint's imports, the catalog's first build)."""
     samples: list[dict[str, float]] = []
+    _after_each_commit(iteration, lambda run: samples.append(dict(run.io.by_kind)))
+    return samples
+
+
+def _after_each_commit(iteration, sample) -> None:
+    """Have `sample(run)` called after each step's commit, whether or not the commit raised."""
     commit_step = iteration.commit_step
 
     def sampled(run, *args, **kwargs):
         try:
             return commit_step(run, *args, **kwargs)
         finally:
-            samples.append(dict(run.io.by_kind))
+            sample(run)
 
     iteration.commit_step = sampled
-    return samples
 
 
 def report(args, summary, run_dir, launched, finished, io_seconds, query) -> None:
