@@ -41,10 +41,10 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
     its copy (an intact copy is never replaced). Staging folders of killed builds are removed once
     stale (STALE_AFTER_S), by a process that holds the lock."""
     if _intact(target):
-        if staged(target, older_than_s=STALE_AFTER_S):  # removed only while no process builds
+        if _stale_staging(target):  # removed only while no process builds
             with contextlib.suppress(OSError), _building(target, wait=False) as locked:
                 if locked:
-                    remove(staged(target, older_than_s=STALE_AFTER_S))
+                    _remove(_stale_staging(target))
         return target
 
     def fill(staging: Path) -> None:
@@ -53,7 +53,7 @@ def cached_model_dir(target: Path, build: Callable[[Path], None]) -> Path:
 
     with _building(target) as locked:
         if locked:
-            remove(staged(target, older_than_s=STALE_AFTER_S))
+            _remove(_stale_staging(target))
         if _intact(target):  # built by another process while this one waited
             return target
         try:
@@ -108,14 +108,14 @@ def _building(target: Path, *, wait: bool = True):
         os.close(fd)
 
 
-def staged(target: Path, *, older_than_s: float) -> list[Path]:
+def _stale_staging(target: Path) -> list[Path]:
     """The entries of `target`'s staging folder (`.NAME.tmp/`) in which nothing has changed for
-    `older_than_s`: neither the entry nor what it holds directly, such as a file being written
+    STALE_AFTER_S: neither the entry nor what it holds directly, such as a file being written
     (none when that folder is missing or is not a folder: a link there is never looked through)."""
     root = _staging_root(target)
     if root.is_symlink() or not root.is_dir():
         return []
-    cutoff = time.time() - older_than_s
+    cutoff = time.time() - STALE_AFTER_S
     return [entry for entry in root.iterdir() if _last_change(entry) < cutoff]
 
 
@@ -130,7 +130,7 @@ def _last_change(entry: Path) -> float:
     return max(times)
 
 
-def remove(entries: list[Path]) -> None:
+def _remove(entries: list[Path]) -> None:
     """Delete each entry as far as this process may: a folder with what it holds (rmtree unlinks
     the links inside without following them), anything else (a link included) by unlinking it.
     What cannot be deleted (another user's folder) is left, without an error."""
