@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ppoflow.engine.safetensors_files import streamable, write_safetensors
+from ppoflow.engine.safetensors_files import read_header, streamable, write_safetensors
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 STATE_FILE = "state.json"
@@ -97,8 +97,10 @@ def _sort_header(path: Path) -> None:
     """Rewrite a safetensors header with its keys sorted (same length, so the data does not move):
     the writer orders them differently in every process, and equal states must be equal files."""
     with open(path, "r+b") as f:
-        length = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(length))
+        read = read_header(f)
+        if read is None:
+            raise OptimizerStateError(f"{path} was just written without a safetensors header")
+        length, header = read
         canonical = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
         if len(canonical) > length:
             return

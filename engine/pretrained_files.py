@@ -18,14 +18,13 @@ reproduce is always saved by transformers. The tokenizer is saved by transformer
 from __future__ import annotations
 
 import hashlib
-import json
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ppoflow.engine.safetensors_files import safetensors_chunks, streamable, write_safetensors
+from ppoflow.engine.safetensors_files import read_header, safetensors_chunks, streamable, write_safetensors
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -94,9 +93,11 @@ def _learn(model: torch.nn.Module, directory: Path) -> _Recipe | None:
     if WEIGHTS_FILE not in names or other_weights:
         return None
     weights_path = directory / WEIGHTS_FILE
-    header = _read_header(weights_path)
-    if header is None:
+    with open(weights_path, "rb") as stream:
+        read = read_header(stream)
+    if read is None:
         return None
+    _, header = read
     metadata = header.pop("__metadata__", None)
     state = model.state_dict()
     if not all(name in state for name in header):
@@ -129,18 +130,6 @@ def _left_out_are_aliases(state: dict[str, torch.Tensor], saved: dict[str, torch
 
     views = {view(t) for t in saved.values()}
     return all(view(t) in views for name, t in state.items() if name not in saved)
-
-
-def _read_header(path: Path) -> dict | None:
-    with open(path, "rb") as stream:
-        length = int.from_bytes(stream.read(8), "little")
-        if not 0 < length <= 100 << 20:
-            return None
-        try:
-            header = json.loads(stream.read(length))
-        except ValueError:
-            return None
-    return header if isinstance(header, dict) else None
 
 
 def _stream_digest(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -70,6 +71,24 @@ def safetensors_header(
     text = json.dumps(header, separators=(",", ":"), sort_keys=sort_keys).encode()
     text += b" " * (-len(text) % 8)
     return len(text).to_bytes(8, "little") + text
+
+
+MAX_HEADER_BYTES = 100 << 20
+"""safetensors' own limit on a header's length."""
+
+
+def read_header(stream: BinaryIO) -> tuple[int, dict] | None:
+    """(length, JSON object) of the safetensors header at the start of `stream`, which is left just
+    after it; None when the file does not start with one (a length out of range, text that is not a
+    JSON object)."""
+    length = int.from_bytes(stream.read(8), "little")
+    if not 0 < length <= MAX_HEADER_BYTES:
+        return None
+    try:
+        header = json.loads(stream.read(length))
+    except ValueError:
+        return None
+    return (length, header) if isinstance(header, dict) else None
 
 
 def safetensors_chunks(

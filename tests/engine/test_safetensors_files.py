@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ppoflow.engine.safetensors_files import DTYPE_NAMES, streamable, write_safetensors
+from ppoflow.engine.safetensors_files import DTYPE_NAMES, read_header, streamable, write_safetensors
 
 
 def _tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -82,3 +82,26 @@ def test_sorted_keys_are_the_header_save_file_writes_once_sorted(tmp_path):
     save_file({name: t.contiguous() for name, t in tensors.items()}, theirs, metadata=metadata)
     _sort_header(theirs)
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_the_header_is_read_back_and_a_file_without_one_is_none(tmp_path):
+    path = tmp_path / "weights.safetensors"
+    save_file({"w": torch.ones(2, 3)}, path, metadata={"format": "pt"})
+    with open(path, "rb") as stream:
+        length, header = read_header(stream)
+        assert stream.tell() == 8 + length  # left at the first tensor's bytes
+    assert length == int.from_bytes(path.read_bytes()[:8], "little")
+    assert header == {
+        "__metadata__": {"format": "pt"},
+        "w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+    }
+    for name, data in {
+        "empty": b"",
+        "zero length": (0).to_bytes(8, "little"),
+        "too long": (101 << 20).to_bytes(8, "little"),
+        "not JSON": (4).to_bytes(8, "little") + b"{no}",
+        "a JSON list": (2).to_bytes(8, "little") + b"[]",
+    }.items():
+        (tmp_path / name).write_bytes(data)
+        with open(tmp_path / name, "rb") as stream:
+            assert read_header(stream) is None, name
