@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -25,8 +24,6 @@ from ppoflow.engine.safetensors_files import read_header, streamable, write_safe
 MOMENTS = ("exp_avg", "exp_avg_sq")
 STATE_FILE = "state.json"
 FORMAT = 1
-LOAD_BATCH_BYTES = 256 * 2**20
-"""DeepSpeed loads whole moments a batch of parameters at a time (bounded memory on every rank)."""
 
 
 class OptimizerStateError(ValueError):
@@ -228,7 +225,7 @@ def save_torch_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     distributed = dist.is_initialized() and dist.get_world_size() > 1
-    step = _step_count(optimizer.state.values())
+    step = step_count(optimizer.state.values())
     if step > 0:  # (asking for the state dict of an optimizer that never stepped would create one)
         states = _states_by_name(model, optimizer) if not distributed else None
         if states is None:
@@ -272,7 +269,7 @@ def load_torch_optimizer(
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     record = read_state_file(directory)
-    present = _saved_moments(directory, record)
+    present = saved_moments(directory, record)
     if record["step"] > 0:
         state = get_optimizer_state_dict(model, optimizer)  # creates the state (a step at lr 0)
         targets = {
@@ -281,7 +278,7 @@ def load_torch_optimizer(
             for k, v in s.items()
             if k in MOMENTS and f"{name}.{k}" in present
         }
-        _check_names(directory, present, targets)
+        check_names(directory, present, targets)
         load_moments(directory, targets)
         for name, s in state["state"].items():
             s["step"] = torch.tensor(float(record["step"]))
@@ -289,17 +286,18 @@ def load_torch_optimizer(
                 if f"{name}.{k}" in targets:
                     s[k] = targets[f"{name}.{k}"]
         set_optimizer_state_dict(model, optimizer, state)
-    _restore_schedule(optimizer, scheduler, record)
+    restore_schedule(optimizer, scheduler, record)
 
 
-def _step_count(states) -> int:
+def step_count(states) -> int:
+    """The optimizer's step count: that of the first parameter state holding one (0 before any)."""
     for state in states:
         if "step" in state:
             return int(state["step"])
     return 0
 
 
-def _check_names(directory: Path, present: set[str], targets: dict) -> None:
+def check_names(directory: Path, present: set[str], targets: dict) -> None:
     """Every saved moment must belong to a parameter of this model."""
     strangers = sorted(present - set(targets))
     if strangers:
@@ -308,7 +306,7 @@ def _check_names(directory: Path, present: set[str], targets: dict) -> None:
         )
 
 
-def _restore_schedule(optimizer: torch.optim.Optimizer, scheduler, record: dict) -> None:
+def restore_schedule(optimizer: torch.optim.Optimizer, scheduler, record: dict) -> None:
     """Put the LR schedule where it was after `schedule_steps` steps: each group's lr is its base lr
     (from the config) times the schedule's factor there, as LambdaLR computes it on each step."""
     steps = record["schedule_steps"]
@@ -321,128 +319,9 @@ def _restore_schedule(optimizer: torch.optim.Optimizer, scheduler, record: dict)
     scheduler._last_lr = lrs
 
 
-# --- DeepSpeed ZeRO (moments gathered per parameter, written by the rank that owns it) -----------
-
-
-def save_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Optimizer, scheduler) -> None:
-    """Every rank gathers one parameter's moments at a time (DeepSpeed's safe_get_full_optimizer_state,
-    a collective) and keeps those of the parameters it owns (`owners`), so each rank writes about an
-    equal part and none holds the whole state."""
-    from deepspeed.utils import safe_get_full_optimizer_state
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    step = _step_count(optimizer.state.values())
-    if step > 0:
-        params = _trainable(engine.module)
-        owner = owners([getattr(p, "ds_numel", p.numel()) for _, p in params], world)
-        moments = {}
-        for (name, param), keeper in zip(params, owner, strict=True):
-            for key in MOMENTS:
-                value = safe_get_full_optimizer_state(param, key)
-                if value is not None and keeper == rank:
-                    moments[f"{name}.{key}"] = value.detach().cpu()
-        save_moments(directory, moments, distributed=True)
-    if rank == 0:
-        write_state_file(
-            directory,
-            step=step,
-            group=optimizer.param_groups[0],
-            scheduler=scheduler.state_dict(),
-            world=world,
-        )
-
-
-def owners(sizes: list[int], world: int) -> list[int]:
-    """The rank that writes each parameter: in order, the one with the fewest elements so far."""
-    loads, ranks = [0] * world, []
-    for size in sizes:
-        rank = loads.index(min(loads))
-        ranks.append(rank)
-        loads[rank] += size
-    return ranks
-
-
-def load_deepspeed_optimizer(directory: Path, engine, optimizer: torch.optim.Optimizer, scheduler) -> None:
-    """Restore a state saved at any world size into a ZeRO optimizer. Its state exists only after a
-    first step, so one step with zero gradients at lr 0 creates it (no parameter moves); then each
-    rank reads the whole moments of a batch of parameters and keeps its partition."""
-    from deepspeed.utils import safe_set_full_optimizer_state
-
-    record = read_state_file(directory)
-    present = _saved_moments(directory, record)
-    if record["step"] > 0:
-        _zero_step(engine, optimizer)
-        params = dict(_trainable(engine.module))
-        _check_names(directory, present, {f"{n}.{k}": None for n in params for k in MOMENTS})
-        for batch in _batches(params, present):
-            load_moments(directory, batch)
-            for key, value in batch.items():
-                name, moment = key.rsplit(".", 1)
-                param = params[name]
-                if hasattr(param, "ds_id"):
-                    _set_zero3_state(param, value, moment)
-                else:
-                    safe_set_full_optimizer_state(param, value, moment)
-        for state in optimizer.state.values():
-            if "step" in state:
-                step = record["step"]
-                state["step"] = torch.tensor(float(step)) if torch.is_tensor(state["step"]) else step
-    _restore_schedule(optimizer, scheduler, record)
-
-
-def _saved_moments(directory: Path, record: dict) -> set[str]:
+def saved_moments(directory: Path, record: dict) -> set[str]:
     """The moment names saved in `directory`; a state that has stepped must have some."""
     present = saved_names(directory)
     if record["step"] > 0 and not present:
         raise OptimizerStateError(f"optimizer state in {directory} has a step count but no moments")
     return present
-
-
-def _trainable(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
-    return [(name, p) for name, p in module.named_parameters() if p.requires_grad]
-
-
-def _batches(params: dict[str, torch.nn.Parameter], present: set[str]) -> Iterator[dict[str, torch.Tensor]]:
-    """Whole-size, empty targets for the saved moments, LOAD_BATCH_BYTES at a time."""
-    batch, size = {}, 0
-    for name, param in params.items():
-        shape = getattr(param, "ds_shape", param.shape)  # ZeRO-3 keeps only a partition
-        for key in MOMENTS:
-            if f"{name}.{key}" in present:
-                batch[f"{name}.{key}"] = torch.zeros(shape, dtype=torch.float32)
-                size += 4 * batch[f"{name}.{key}"].numel()
-        if size >= LOAD_BATCH_BYTES:
-            yield batch
-            batch, size = {}, 0
-    if batch:
-        yield batch
-
-
-def _set_zero3_state(param, value: torch.Tensor, key: str) -> None:
-    """This rank's partition of a ZeRO-3 parameter's optimizer state `key` from its whole value.
-    (DeepSpeed's safe_set_full_optimizer_state fails on a parameter smaller than the world size,
-    whose last partitions are padding.)"""
-    optimizer = param._z3_optimizer
-    partition, _ = optimizer._get_fp32_opt_state_partition(
-        param, release_swap_buffers=False, optim_state_key=key
-    )
-    rank = optimizer._get_param_partition_rank(param)
-    size = partition.numel()
-    padded = torch.zeros(size * (rank + 1), dtype=partition.dtype)
-    flat = value.flatten()[: padded.numel()]
-    padded[: flat.numel()] = flat
-    partition.data.copy_(padded[size * rank :].to(partition.device))
-
-
-def _zero_step(engine, optimizer: torch.optim.Optimizer) -> None:
-    """One DeepSpeed optimizer step on zero gradients at lr 0 (every rank at once)."""
-    lrs = [g["lr"] for g in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        group["lr"] = 0.0
-    ids = torch.zeros((1, 1), dtype=torch.long, device=engine.device)
-    loss = engine(input_ids=ids).logits.sum() * 0.0
-    engine.set_gradient_accumulation_boundary(True)
-    engine.backward(loss, scale_wrt_gas=False)
-    engine.step()
-    for group, lr in zip(optimizer.param_groups, lrs, strict=True):
-        group["lr"] = lr

@@ -13,17 +13,12 @@ from pathlib import Path
 
 import torch
 
+from ppoflow.engine.deepspeed_optimizer_state import load_deepspeed_optimizer, save_deepspeed_optimizer
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference
 from ppoflow.engine.names import RolloutEngineName, Strategy
 from ppoflow.engine.optim import OptimSettings, build_optimizer
-from ppoflow.engine.optimizer_state import (
-    OptimizerStateError,
-    load_deepspeed_optimizer,
-    load_torch_optimizer,
-    save_deepspeed_optimizer,
-    save_torch_optimizer,
-)
+from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
 from ppoflow.engine.parallel import (
     DeepSpeedStepper,
     FSDP2Stepper,

@@ -253,7 +253,7 @@ def test_moments_of_another_model_or_a_damaged_file_are_refused(tmp_path):
 
 
 def test_zero_ranks_split_the_parameters_by_size():
-    from ppoflow.engine.optimizer_state import owners
+    from ppoflow.engine.deepspeed_optimizer_state import owners
 
     assert owners([100, 10, 10, 10, 10, 70], 2) == [0, 1, 1, 1, 1, 1]
     assert owners([5, 5, 5], 3) == [0, 1, 2]
