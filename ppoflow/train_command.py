@@ -140,7 +140,7 @@ def _disk_full(error: BaseException | None) -> bool:
 
 
 def _finished(run_dir: Path) -> str:
-    from ppoflow.tasks.storage.tables import committed_iterations
+    from ppoflow.tasks.storage.manifests import committed_iterations
 
     steps = [s for s in committed_iterations(run_dir) if s > 0] if run_dir.is_dir() else []
     if not steps:

@@ -15,8 +15,9 @@ from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.regular_files import remove_stale_temp_files
 from ppoflow.tasks.storage.results import RESULTS_DIR
-from ppoflow.tasks.storage.tables import IOClock, remove_stale_temp_files, write_text_atomic
+from ppoflow.tasks.storage.tables import IOClock, write_text_atomic
 
 logger = logging.getLogger(__name__)
 

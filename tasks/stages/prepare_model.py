@@ -20,8 +20,8 @@ from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
 from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.model_cache import cached_model_dir, replace_directory
+from ppoflow.tasks.storage.regular_files import leads_outside
 from ppoflow.tasks.storage.states import ModelState
-from ppoflow.tasks.storage.tables import leads_outside
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 SMOLLM2 = "builtin:smollm2-135m-instruct"

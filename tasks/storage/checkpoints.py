@@ -21,8 +21,9 @@ from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optim
 from ppoflow.engine.pretrained_files import save_model_files
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
+from ppoflow.tasks.storage.regular_files import leads_outside, remove_from_run
 from ppoflow.tasks.storage.states import ModelState
-from ppoflow.tasks.storage.tables import file_digest, leads_outside, remove_from_run, timed_io
+from ppoflow.tasks.storage.tables import file_digest, timed_io
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.durability import wait_durable
+from ppoflow.tasks.storage.manifests import manifest_document, read_manifest, write_manifest
 from ppoflow.tasks.storage.states import TIMING_PREFIX, StageResult
-from ppoflow.tasks.storage.tables import manifest_document, read_manifest, write_manifest
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run

@@ -9,7 +9,7 @@ Beside each cached folder NAME:
                  is stale, while holding the lock (never where the filesystem has no flock)
 
 A run installs its copy of a base model (run/model/base) with the same `replace_directory`; opening
-the run removes what a killed copy left (tables.remove_stale_temp_files).
+the run removes what a killed copy left (regular_files.remove_stale_temp_files).
 """
 
 from __future__ import annotations

@@ -1,12 +1,15 @@
 """Opening a file in a run directory, which holds data anyone may have put there: never through a
 planted link (O_NOFOLLOW: writing through it would clobber another file), never blocking on a
 planted FIFO (O_NONBLOCK), and only ever a regular file; and telling whether a path goes through
-a link (`leads_outside`), before anything is deleted or replaced."""
+a link (`leads_outside`), before anything is deleted or replaced; deleting below a run
+(`remove_from_run`) and clearing what killed writes left behind (`remove_stale_temp_files`)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import shutil
 import stat
 from pathlib import Path
 
@@ -30,3 +33,35 @@ def leads_outside(root: str | Path, path: str | Path) -> bool:
     root = Path(root)
     expected = os.path.join(os.path.realpath(root), os.path.relpath(path, root))
     return os.path.realpath(path) != os.path.normpath(expected)
+
+
+def remove_from_run(root: str | Path, path: str | Path) -> None:
+    """Delete a file or folder below `root` (nothing if it is gone); an OSError, deleting nothing,
+    when the path goes through a link below `root`."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if leads_outside(root, path):
+        raise OSError(errno.EPERM, "refusing to delete through a link inside the run", str(path))
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+_TEMP_FILE = re.compile(r"^\..+\.tmp(\.wal)?$")
+_STAGING_DIRS = ("checkpoints/iter=*/.*", "model/.*")
+
+
+def remove_stale_temp_files(run_dir: str | Path) -> int:
+    """Delete what writes killed before their rename left behind: temp files of atomic writes and
+    catalog rebuilds (`.<name>.<hex>.tmp`, and a DuckDB `.tmp.wal`) and checkpoint or model staging
+    folders. Call it only while holding the run's lock: then no live writer owns any of them.
+    Returns how many were removed."""
+    run_dir = Path(run_dir).resolve()
+    stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
+    stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
+    for path in stale:
+        if not leads_outside(run_dir, path):  # what a planted link points at is not the run's
+            remove_from_run(run_dir, path)
+    return len(stale)

@@ -1,4 +1,5 @@
-"""Atomic parquet and JSON artifacts, their references, and the per-iteration manifest.
+"""Atomic parquet and JSON artifacts and their references (the per-iteration manifest that names them
+is in manifests.py).
 
 Every write goes to a temp file in the destination folder and is renamed onto its final name: a
 crash of the process leaves the previous file or the new one, never a part of one, and no temp file.
@@ -11,7 +12,6 @@ names it (DESIGN.md "Atomic writes and the manifest").
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import hashlib
 import json
@@ -19,7 +19,6 @@ import numbers
 import os
 import re
 import secrets
-import shutil
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -31,29 +30,20 @@ import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.durability import sync_later
 from ppoflow.tasks.storage.recent_tables import LIMIT_BYTES, file_identity, recall, remember
-from ppoflow.tasks.storage.regular_files import leads_outside, open_regular_file
+from ppoflow.tasks.storage.regular_files import open_regular_file
 
 __all__ = [
-    "MANIFEST_NAME",
     "ArtifactCorrupt",
     "ArtifactRef",
     "artifact_is_valid",
-    "committed_iterations",
     "conform_table",
     "file_digest",
     "iteration_dir",
     "read_json",
-    "read_manifest",
-    "leads_outside",
     "read_table",
-    "remove_from_run",
-    "remove_stale_temp_files",
     "stage_path",
-    "stage_refs",
     "write_json_atomic",
     "write_text_atomic",
-    "write_manifest",
-    "manifest_document",
     "write_table",
     "IOClock",
 ]
@@ -100,8 +90,6 @@ COMPRESSION = "zstd"
 COMPRESS_FROM_BYTES = 1 << 16
 """Smaller tables are written uncompressed: zstd would save a few kilobytes and costs a set-up per
 column (the embedded default's 74-column metrics row: 4.0 ms compressed, 1.3 ms not)."""
-MANIFEST_NAME = "_manifest.json"
-MANIFEST_STAGE_KEYS = ("refs", "rows", "cache_key", "seconds")
 _CHUNK = 1 << 20
 _STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -271,9 +259,10 @@ def write_text_atomic(path: str | Path, text: str) -> None:
 
 
 @timed_io("tables")
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized)."""
-    _atomic_write(Path(path), _json_bytes(obj))
+def write_json_atomic(path: str | Path, obj: Any) -> str:
+    """Write `obj` as indented, key-sorted JSON atomically (ArtifactRefs and Paths are serialized);
+    returns the file's digest."""
+    return _atomic_write(Path(path), _json_bytes(obj))
 
 
 def _json_bytes(obj: Any) -> bytes:
@@ -286,7 +275,7 @@ def read_json(path: str | Path) -> Any:
 
 
 def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
-    return Path(run_dir) / f"iter={_iteration(iteration):06d}"
+    return Path(run_dir) / f"iter={iteration_number(iteration):06d}"
 
 
 def stage_path(iteration: int, stage: str, part: int = 0) -> str:
@@ -295,52 +284,7 @@ def stage_path(iteration: int, stage: str, part: int = 0) -> str:
         raise ValueError(f"stage name {stage!r} must be lower-case letters, digits and '_'")
     if part < 0:
         raise ValueError(f"part must be >= 0, got {part}")
-    return f"iter={_iteration(iteration):06d}/{stage}/part-{part:05d}.parquet"
-
-
-def manifest_document(iteration: int, stages: Mapping[str, Mapping[str, Any]]) -> dict:
-    """iter=NNNNNN/_manifest.json's content: per stage its refs, rows, cache_key and seconds (extra
-    keys are kept)."""
-    entries = {}
-    for name, stage in sorted(stages.items()):
-        missing = [k for k in MANIFEST_STAGE_KEYS if k not in stage]
-        if missing:
-            raise ValueError(f"manifest entry for stage {name!r} lacks {missing}")
-        refs = [r if isinstance(r, ArtifactRef) else ArtifactRef.from_dict(r) for r in stage["refs"]]
-        entries[name] = {**stage, "refs": [r.to_dict() for r in refs]}
-    return {"iteration": _iteration(iteration), "stages": entries}
-
-
-@timed_io("tables")
-def write_manifest(
-    run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]
-) -> ArtifactRef:
-    """Write iter=NNNNNN/_manifest.json, the iteration's commit record (`manifest_document`). Call it
-    after every stage's files are written. Returns its reference (rows: the number of stages)."""
-    manifest = manifest_document(iteration, stages)
-    path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
-    digest = _atomic_write(path, _json_bytes(manifest))
-    return ArtifactRef(path=path.relative_to(run_dir).as_posix(), digest=digest, rows=len(manifest["stages"]))
-
-
-def read_manifest(run_dir: str | Path, iteration: int) -> dict | None:
-    """The iteration's manifest, or None when it was never committed."""
-    path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
-    try:
-        return read_json(path)
-    except FileNotFoundError:
-        return None
-
-
-def committed_iterations(run_dir: str | Path) -> list[int]:
-    """The iterations whose manifest is written (their stages all finished), in order."""
-    found = (p.parent.name.removeprefix("iter=") for p in Path(run_dir).glob(f"iter=*/{MANIFEST_NAME}"))
-    return sorted(int(n) for n in found if n.isdigit())
-
-
-def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
-    """The ArtifactRefs a manifest records for one stage."""
-    return [ArtifactRef.from_dict(r) for r in manifest["stages"][stage]["refs"]]
+    return f"iter={iteration_number(iteration):06d}/{stage}/part-{part:05d}.parquet"
 
 
 def _atomic_write(path: Path, data: bytes | pa.Buffer, *, sync_now: bool = True) -> str:
@@ -371,38 +315,6 @@ def _atomic_write(path: Path, data: bytes | pa.Buffer, *, sync_now: bool = True)
     return _digest(data)
 
 
-def remove_from_run(root: str | Path, path: str | Path) -> None:
-    """Delete a file or folder below `root` (nothing if it is gone); an OSError, deleting nothing,
-    when the path goes through a link below `root`."""
-    path = Path(path)
-    if not path.exists() and not path.is_symlink():
-        return
-    if leads_outside(root, path):
-        raise OSError(errno.EPERM, "refusing to delete through a link inside the run", str(path))
-    if path.is_dir():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-_TEMP_FILE = re.compile(r"^\..+\.tmp(\.wal)?$")
-_STAGING_DIRS = ("checkpoints/iter=*/.*", "model/.*")
-
-
-def remove_stale_temp_files(run_dir: str | Path) -> int:
-    """Delete what writes killed before their rename left behind: temp files of atomic writes and
-    catalog rebuilds (`.<name>.<hex>.tmp`, and a DuckDB `.tmp.wal`) and checkpoint or model staging
-    folders. Call it only while holding the run's lock: then no live writer owns any of them.
-    Returns how many were removed."""
-    run_dir = Path(run_dir).resolve()
-    stale = [p for p in run_dir.rglob(".*") if p.is_file() and _TEMP_FILE.match(p.name)]
-    stale += [p for pattern in _STAGING_DIRS for p in run_dir.glob(pattern) if p.is_dir()]
-    for path in stale:
-        if not leads_outside(run_dir, path):  # what a planted link points at is not the run's
-            remove_from_run(run_dir, path)
-    return len(stale)
-
-
 def _naming_path(exc: Exception, path: Path) -> Exception:
     """The same kind of error, with a message that names the file that could not be written."""
     try:
@@ -430,7 +342,8 @@ def _relative(relative_path: str) -> str:
     return rel.as_posix()
 
 
-def _iteration(iteration: int) -> int:
+def iteration_number(iteration: int) -> int:
+    """`iteration` as an int, checked: a non-negative integer (a bool is not one)."""
     if isinstance(iteration, bool) or not isinstance(iteration, numbers.Integral) or iteration < 0:
         raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
     return int(iteration)

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.schemas import SCHEMAS, metric_doc
-from ppoflow.tasks.storage.tables import read_manifest
 from tests.verl_validation import verl_validation_metrics
 
 NOT_FROM_ROWS = {

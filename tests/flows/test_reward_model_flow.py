@@ -22,7 +22,7 @@ from ppoflow.engine.rewards import addition_components
 from ppoflow.engine.tiny import labelled_addition_responses
 from ppoflow.reward_model_command import RewardModelRecipe, train_reward_model_dir
 from ppoflow.tasks.storage.catalog import check_invariants, query, refresh_catalog
-from ppoflow.tasks.storage.tables import read_manifest
+from ppoflow.tasks.storage.manifests import read_manifest
 
 from .conftest import SMALL, train
 from .test_metrics_sql import assert_metrics_match_rows

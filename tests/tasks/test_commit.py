@@ -10,8 +10,9 @@ import pytest
 
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.commit import commit_step
+from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.states import StageResult, timing_values
-from ppoflow.tasks.storage.tables import read_manifest, stage_path, write_table
+from ppoflow.tasks.storage.tables import stage_path, write_table
 
 
 @pytest.fixture

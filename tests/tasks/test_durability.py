@@ -17,10 +17,10 @@ from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.checkpoints import optimizer_dir
 from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.durability import sync_later, wait_durable
+from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.states import StageResult
 from ppoflow.tasks.storage.tables import (
     artifact_is_valid,
-    read_manifest,
     stage_path,
     write_json_atomic,
     write_table,

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from ppoflow.tasks.storage import tables
+from ppoflow.tasks.storage import manifests, regular_files, tables
+from ppoflow.tasks.storage.manifests import read_manifest, stage_refs, write_manifest
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import (
     COMPRESS_FROM_BYTES,
@@ -20,12 +21,9 @@ from ppoflow.tasks.storage.tables import (
     file_digest,
     iteration_dir,
     read_json,
-    read_manifest,
     read_table,
     stage_path,
-    stage_refs,
     write_json_atomic,
-    write_manifest,
     write_table,
 )
 
@@ -227,7 +225,7 @@ def test_manifest_round_trip(tmp_path):
     assert manifest["stages"]["actor_update"]["refs"] == [ref.to_dict()]
     assert manifest["stages"]["actor_update"]["extra"] == "kept"
     assert stage_refs(manifest, "actor_update") == [ref]
-    assert (iteration_dir(tmp_path, 1) / tables.MANIFEST_NAME).is_file()
+    assert (iteration_dir(tmp_path, 1) / manifests.MANIFEST_NAME).is_file()
     assert leftovers(iteration_dir(tmp_path, 1)) == []
 
 
@@ -263,15 +261,15 @@ def test_nothing_is_deleted_through_a_link_below_the_root(tmp_path):
     root = tmp_path / "run/checkpoints"
     root.mkdir(parents=True)
     (root / "iter=000000").symlink_to(tmp_path / "outside/iter=000000")
-    assert tables.leads_outside(root, root / "iter=000000/actor")
+    assert regular_files.leads_outside(root, root / "iter=000000/actor")
     with pytest.raises(OSError, match="refusing to delete through a link"):
-        tables.remove_from_run(root, root / "iter=000000/actor")
+        regular_files.remove_from_run(root, root / "iter=000000/actor")
     assert (victim / "keep.txt").read_text() == "precious"
     moved = tmp_path / "bigger-disk"  # the root itself may be a link: checkpoints moved elsewhere
     (moved / "iter=000001/actor").mkdir(parents=True)
     (tmp_path / "run/linked").symlink_to(moved)
-    assert not tables.leads_outside(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
-    tables.remove_from_run(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    assert not regular_files.leads_outside(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
+    regular_files.remove_from_run(tmp_path / "run/linked", tmp_path / "run/linked/iter=000001/actor")
     assert not (moved / "iter=000001/actor").exists()
 
 
@@ -284,7 +282,7 @@ def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
     (run / "iter=000001/rollouts/.part-00000.parquet.0a1b2c.tmp").write_bytes(b"partial")
     (run / "iter=000002").symlink_to(outside)
     (run / ".config.yaml.9f8e7d.tmp").symlink_to(outside / ".notes.abc.tmp")
-    tables.remove_stale_temp_files(run)
+    regular_files.remove_stale_temp_files(run)
     assert not (run / "iter=000001/rollouts/.part-00000.parquet.0a1b2c.tmp").exists()
     assert (outside / ".notes.abc.tmp").read_text() == "someone else's"
 
