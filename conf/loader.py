@@ -15,13 +15,13 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .effects import check_supported
 from .origins import KeyPath, origin_of, origin_under, where_set
 from .path_checks import check_config_paths, is_local
 from .schema import PPOFlowConfig, all_keys
 from .schema_actor import ActorModelConfig
 from .schema_checks import require_micro_batch_sizes
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
+from .unsupported import check_supported
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
 TINY_MODEL = ActorModelConfig.model_fields["path"].default

@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from ppoflow.conf import ConfigError, PPOFlowConfig, all_keys, load_config
-from ppoflow.conf.effects import NO_EFFECT, UNSUPPORTED
+from ppoflow.conf.effects import NO_EFFECT
 from ppoflow.conf.schema_checks import get_key
+from ppoflow.conf.unsupported import UNSUPPORTED
 
 from .micro import MICRO
 
@@ -211,9 +212,10 @@ def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):
 
 
 def test_every_key_is_read_by_ppoflow_or_accounted_for():
-    """A key of the tree that no stage reads must be in conf/effects.py (refused or named as without
-    effect): new keys cannot become silent no-ops. Keys that configure only the config itself
-    (deprecated sizes it converts, keys it derives or checks) are listed here."""
+    """A key of the tree that no stage reads must be in conf/unsupported.py (refused) or
+    conf/effects.py (named as without effect): new keys cannot become silent no-ops. Keys that
+    configure only the config itself (deprecated sizes it converts, keys it derives or checks) are
+    listed here."""
     from fnmatch import fnmatchcase
     from pathlib import Path
 

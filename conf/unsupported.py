@@ -1,0 +1,208 @@
+"""verl keys whose value a ppoflow run would have to change the results to honour: a ConfigError at
+start that names each one, who set it and what to set instead (the keys that only have no effect in
+a run are in effects.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ppoflow.engine.names import RM_SCORE
+
+from .effects import DYNAMIC_BATCHING, INERT_MODEL_OVERRIDES, MODELS
+from .schema_checks import followed_source, get_key
+from .schema_common import ConfigError
+
+if TYPE_CHECKING:
+    from .schema import PPOFlowConfig
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A key whose value `refused(value, cfg)` would change what is trained: a ConfigError."""
+
+    key: str
+    refused: Callable[[Any, "PPOFlowConfig"], bool]
+    why: str
+
+
+def _inert_override(key: str, value: Any) -> bool:
+    """An override_config entry that changes nothing in ppoflow's models."""
+    if key not in INERT_MODEL_OVERRIDES:
+        return False
+    wanted = INERT_MODEL_OVERRIDES[key]
+    return wanted is None or value == wanted
+
+
+def _not_the_actor_model(value: Any, cfg: "PPOFlowConfig") -> bool:
+    """A tokenizer other than the actor model's own (the critic reads the actor's responses, so its
+    tokenizer is the actor's too, as in verl)."""
+    model = cfg.actor_rollout_ref.model.path
+    return value is not None and Path(value).resolve() != Path(model).resolve()
+
+
+UNSUPPORTED: tuple[Unsupported, ...] = (
+    *(
+        Unsupported(
+            f"{section}.strategy",
+            lambda value, cfg, critic=section == "critic": (
+                cfg.world_size > 1 and value == "torch" and (cfg.use_critic or not critic)
+            ),
+            "strategy=torch trains in one process, but world_size (trainer.nnodes × "
+            "trainer.n_gpus_per_node) is above 1: set it to fsdp2 (verl's default fsdp runs as "
+            "fsdp2) or deepspeed",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+    ),
+    *(
+        Unsupported(
+            f"{section}.deepspeed_config.zero_stage",
+            lambda value, cfg, section=section: (
+                cfg.world_size > 1 and value == 0 and get_key(cfg, f"{section}.strategy") == "deepspeed"
+            ),
+            "ZeRO stage 0 keeps no gatherable optimizer state and reports no gradient norm: use 1, 2 or 3",
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+    ),
+    *(
+        Unsupported(
+            f"algorithm.rollout_correction.{key}",
+            lambda value, cfg: value is not None,
+            f"{what} is not implemented; ppoflow implements rollout_correction.bypass_mode=true "
+            "with loss_type=ppo_clip (set it to null)",
+        )
+        for key, what in (
+            ("rollout_is", "importance-sampling correction (rollout_is)"),
+            ("rollout_rs", "rejection sampling (rollout_rs)"),
+        )
+    ),
+    Unsupported(
+        "algorithm.rollout_correction.loss_type",
+        lambda value, cfg: value != "ppo_clip" and cfg.algorithm.rollout_correction.bypass_mode,
+        "bypass mode's REINFORCE loss with importance weights is not implemented: use ppo_clip",
+    ),
+    Unsupported(
+        "algorithm.use_pf_ppo",
+        lambda value, cfg: value and cfg.world_size > 1,
+        "PF-PPO's resampled batch is not split over several ranks yet: train it with world_size 1",
+    ),
+    *(
+        Unsupported(
+            f"{model}.lora_rank",
+            lambda value, cfg, critic=model == "critic.model": (
+                value > 0 and cfg.world_size > 1 and (cfg.use_critic or not critic)
+            ),
+            "LoRA trains in one process: worker groups (FSDP2, DeepSpeed; world_size = trainer.nnodes × "
+            "trainer.n_gpus_per_node above 1) shard full weights only; train LoRA with world_size 1, or "
+            "all weights (lora_rank=0)",
+        )
+        for model in MODELS
+    ),
+    Unsupported(
+        "actor_rollout_ref.model.lora_rank",
+        lambda value, cfg: value > 0 and cfg.actor_rollout_ref.rollout.name == "vllm",
+        "the vLLM engine is given the actor's full weights by name, not LoRA adapters: generate with "
+        "actor_rollout_ref.rollout.name=hf, or train all weights (lora_rank=0)",
+    ),
+    Unsupported(
+        "data.tokenizer",
+        _not_the_actor_model,
+        "prompts are measured with the actor's tokenizer, as they are generated with it "
+        "(leave data.tokenizer unset)",
+    ),
+    *(
+        Unsupported(
+            f"{model}.tokenizer_path",
+            _not_the_actor_model,
+            "ppoflow reads the tokenizer from the actor's model directory: put the tokenizer files "
+            "into actor_rollout_ref.model.path (or leave tokenizer_path unset)",
+        )
+        for model in MODELS
+    ),
+    *(
+        Unsupported(
+            f"{model}.override_config",
+            lambda value, cfg: any(not _inert_override(k, v) for k, v in value.items()),
+            "model config overrides other than turning dropout off (always off in ppoflow) and "
+            "use_cache are not supported: edit config.json of a copy of the model",
+        )
+        for model in MODELS
+    ),
+    *(
+        Unsupported(
+            f"{model}.trust_remote_code",
+            lambda value, cfg: value,
+            "models with their own code are not loaded: use a model transformers knows natively",
+        )
+        for model in MODELS
+    ),
+    Unsupported(
+        "actor_rollout_ref.model.external_lib",
+        lambda value, cfg: value is not None,
+        "ppoflow imports no module from a config: use a model transformers knows natively",
+    ),
+    Unsupported(
+        "reward_model.model.path",
+        lambda value, cfg: cfg.reward_model.enable and value is None,
+        "reward_model.enable=true needs the reward model: set reward_model.model.path to a Hugging Face "
+        "directory of a sequence classifier with one label",
+    ),
+    Unsupported(
+        "reward.weights",
+        lambda value, cfg: RM_SCORE in value and not cfg.reward_model.enable,
+        f"{RM_SCORE} weighs the reward model's score, and there is none: set reward_model.enable=true "
+        f"and reward_model.model.path, or remove reward.weights.{RM_SCORE}",
+    ),
+    Unsupported(
+        "reward_model.enable",
+        lambda value, cfg: value and cfg.world_size > 1,
+        "the reward model runs in the trainer's process, which does not hold models when world_size "
+        "(trainer.nnodes × trainer.n_gpus_per_node) is above 1: train with a reward model on one device",
+    ),
+    Unsupported(
+        "reward_model.model.input_tokenizer",
+        _not_the_actor_model,
+        "the responses are the actor's: ppoflow compares the actor's and the reward model's tokenizers "
+        "itself and re-tokenises the responses when they differ (leave input_tokenizer unset)",
+    ),
+    Unsupported(
+        "reward_model.model.trust_remote_code",
+        lambda value, cfg: value,
+        "models with their own code are not loaded: use a model transformers knows natively",
+    ),
+    Unsupported(
+        "reward_model.model.external_lib",
+        lambda value, cfg: value is not None,
+        "ppoflow imports no module from a config: use a model transformers knows natively",
+    ),
+    Unsupported(
+        "reward_model.reward_manager",
+        lambda value, cfg: value not in ("naive", "batch", "prime"),
+        "ppoflow scores each response with its reward function, as verl's naive, batch and prime "
+        "managers do; other managers (dapo's overlong penalty) change the reward",
+    ),
+    *(
+        Unsupported(
+            f"{section}.{switch}",
+            lambda value, cfg, size_key=f"{section}.{size}": value and get_key(cfg, size_key) is None,
+            f"dynamic batching by token count is not implemented: set {section}.{size}",
+        )
+        for section, switch, size in DYNAMIC_BATCHING
+    ),
+)
+
+
+def check_supported(cfg: "PPOFlowConfig", where: Callable[[str], str]) -> None:
+    """A ConfigError naming every key whose value would change the run in a way ppoflow cannot do;
+    `where(key)` says which layer set it. A derived key (critic.model.tokenizer_path) that holds
+    the value of a refused key is not named again: one refusal, at the key the user set."""
+    refused = [rule for rule in UNSUPPORTED if rule.refused(get_key(cfg, rule.key), cfg)]
+    keys = {rule.key for rule in refused}
+    problems = [
+        f"{rule.key}={get_key(cfg, rule.key)!r} ({where(rule.key)}): {rule.why}"
+        for rule in refused
+        if followed_source(cfg, rule.key) not in keys
+    ]
+    if problems:
+        raise ConfigError("\n".join(problems), keys=[rule.key for rule in UNSUPPORTED])
