@@ -13,10 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -29,7 +26,7 @@ from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
-from ppoflow.tasks.models.reaper import names_ray
+from ppoflow.tasks.models.reaper import reap_after_exit
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
@@ -105,7 +102,7 @@ class WorkerGroup:
         ]
         self.pids = self.call("pid", what="start-up")
         if self._own_ray and not address:
-            _reap_after_exit(os.getpid())
+            reap_after_exit(os.getpid())
 
     def call(self, method: str, *args, what: str, per_rank: list[tuple] | None = None) -> list:
         """Run `method` on every rank (rank r with `per_rank[r]` when given, else `args`) and return
@@ -341,36 +338,6 @@ def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
         for phase, seconds in share.seconds.items():  # the ranks run at once: the slowest counts
             joined.seconds[phase] = max(joined.seconds.get(phase, 0.0), seconds)
     return joined
-
-
-def _reap_after_exit(driver: int) -> None:
-    """Start `reaper`, which stops this run's Ray processes once the driver is gone, even killed."""
-    ray_processes = [pid for pid in _descendants(driver) if names_ray(pid)]
-    if ray_processes:
-        subprocess.Popen(
-            [sys.executable, "-m", "ppoflow.tasks.models.reaper", str(driver), *map(str, ray_processes)],
-            start_new_session=True,  # a Ctrl-C to the terminal's group must not stop it first
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; none elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def _first_line(error: BaseException, pid: int | None) -> str:
