@@ -73,8 +73,8 @@ def safetensors_header(
     return len(text).to_bytes(8, "little") + text
 
 
-MAX_HEADER_BYTES = 100 << 20
-"""safetensors' own limit on a header's length."""
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors' own limit on a header's length (its loader refuses a longer one)."""
 
 
 def read_header(stream: BinaryIO) -> tuple[int, dict] | None:

@@ -98,7 +98,7 @@ def test_the_header_is_read_back_and_a_file_without_one_is_none(tmp_path):
     for name, data in {
         "empty": b"",
         "zero length": (0).to_bytes(8, "little"),
-        "too long": (101 << 20).to_bytes(8, "little"),
+        "too long": (100_000_001).to_bytes(8, "little"),
         "not JSON": (4).to_bytes(8, "little") + b"{no}",
         "a JSON list": (2).to_bytes(8, "little") + b"[]",
     }.items():

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ppoflow.tasks.models.reaper import descendants
+
 from .conftest import SMALL
 
 ONE_THREAD = ["trainer.num_threads=1"]
@@ -44,24 +46,6 @@ def _env(*, own_server: bool, fault: str | None = None) -> dict[str, str]:
     if fault:
         env["PPOFLOW_FAULT"] = fault
     return env | {"PPOFLOW_PROGRESS": "0"}
-
-
-def _descendants(pid: int) -> set[int]:
-    """Every process below `pid` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
 
 
 def _running(pid: int) -> bool:
@@ -123,7 +107,7 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
     )
     try:
         _wait_for(lambda: (tmp_path / "iter=000001/_manifest.json").exists(), 240, "step 1 to finish")
-        started = _descendants(trainer.pid)
+        started = set(descendants(trainer.pid))
         assert started, "the trainer runs its Prefect server as a child"
         sent = time.monotonic()
         os.killpg(trainer.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
@@ -207,7 +191,7 @@ def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_pat
     )
     try:
         _wait_for(lambda: (tmp_path / "iter=000000/validation").exists(), 240, "training to start")
-        server = _descendants(trainer.pid)
+        server = set(descendants(trainer.pid))
         assert server
         trainer.kill()
         trainer.wait()
