@@ -5,11 +5,15 @@
 Runs the embedded default through the real Prefect flow (as `benchmarks/iteration.py` does) with
 clocks around the parts of Prefect's task engine and of ppoflow's own code that run between stage
 bodies, and prints each as milliseconds per step (means over steps 2 on: the first step carries
-one-time imports). The parts of Prefect's engine overlap (a state change happens inside a
-transaction); their total is the task runs' wall time less the stage functions'. Also printed: how
-much of that total the main thread spent on the CPU (the rest it waited, for the GIL or the disk),
-and the CPU the process's other threads took per step (Prefect's event loop sends the task runs'
+one-time imports; a step runs from the start of its first stage to the end of its console line).
+The engine's total is the task runs' wall time less the stage functions' and less ppoflow's code
+that the engine calls (the cache key, the result's JSON). Its parts overlap and leave some of it
+unnamed: the task-run start sets the Running state, and the result folder's path is resolved in the
+lookup, in the persistence and in the result record made between them. Also printed: how much of
+each the main thread spent on the CPU (the rest it waited: for the GIL, the disk or the server), and
+the CPU the process's other threads took per step (Prefect's event loop sends the task runs'
 events; ppoflow's fsync thread syncs written files).
+Instruments Prefect 3's task engine by its internal names; stops with a message where they differ.
 Not a test: numbers depend on the machine and on what else it is doing.
 """
 
@@ -28,16 +32,18 @@ import time
 from pathlib import Path
 
 PARTS = (
-    ("engine", "Prefect task engine, all (task runs less their stage functions)"),
-    ("start", "  task-run start (initialize_run, begin_run)"),
+    ("engine", "Prefect task engine, all (less stage functions and ppoflow's code)"),
+    ("start", "  task-run start (initialize_run, begin_run with the Running state)"),
     ("lookup", "  cache lookup (the stored result is looked for)"),
     ("persist", "  result persistence (transaction commit)"),
     ("states", "  state changes (Running, Completed) and their events"),
-    ("resolve", "  result-folder path resolution (realpath, in lookup and persistence)"),
+    ("resolve", "  result-folder path resolution (realpath, five times a task run)"),
+    ("callbacks", "ppoflow's code the engine calls (cache key, result JSON)"),
     ("run_stage", "ppoflow run_stage around the task run (stored-result check, links)"),
     ("commit", "the step's commit (fsync wait, manifest, catalog)"),
     ("after", "trainer state, console line, trackers"),
 )
+BETWEEN = ("engine", "callbacks", "run_stage", "commit", "after")
 
 
 def main() -> None:
@@ -83,10 +89,16 @@ class Clocks:
     def __init__(self) -> None:
         self.wall: collections.Counter[str] = collections.Counter()
         self.cpu: collections.Counter[str] = collections.Counter()
-        self.steps = 0
+        self.steps: list[int] = []  # the steps started, in order
+        self.step_started = 0.0
         self.step_walls: list[float] = []
-        self.threads_at_start: dict[str, float] = {}
-        self.threads_at_end: dict[str, float] = {}
+        self.in_engine = False  # inside a task run, outside its stage function
+        self.threads_at_start: dict[int, tuple[str, float]] = {}
+        self.threads_at_end: dict[int, tuple[str, float]] = {}
+
+    @property
+    def counting(self) -> bool:
+        return len(self.steps) >= 2
 
     @contextlib.contextmanager
     def part(self, name: str):
@@ -94,14 +106,27 @@ class Clocks:
         try:
             yield
         finally:
-            if self.steps >= 2:
+            if self.counting:
                 self.wall[name] += time.perf_counter() - wall
                 self.cpu[name] += time.thread_time() - cpu
 
+    @contextlib.contextmanager
+    def engine(self, active: bool):
+        """The main thread is in Prefect's engine (True) or in a stage function (False) meanwhile."""
+        before, self.in_engine = self.in_engine, active
+        try:
+            yield
+        finally:
+            self.in_engine = before
 
-def _timed(clocks: Clocks, name: str, fn):
+
+def _timed(clocks: Clocks, name: str, fn, *, engine_only: bool = False):
+    """`fn` timed as `name` (with `engine_only`, only where Prefect's engine calls it)."""
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if engine_only and not clocks.in_engine:
+            return fn(*args, **kwargs)
         with clocks.part(name):
             return fn(*args, **kwargs)
 
@@ -130,7 +155,19 @@ def _timed_context(clocks: Clocks, name: str, fn):
     return wrapper
 
 
+def _require(owner, *names: str) -> None:
+    import prefect
+
+    missing = [name for name in names if not hasattr(owner, name)]
+    if missing:
+        raise SystemExit(
+            f"between_stages.py times Prefect 3's task engine by its internal names; Prefect "
+            f"{prefect.__version__} has no {getattr(owner, '__name__', owner)}.{missing[0]}"
+        )
+
+
 def _instrument(clocks: Clocks) -> None:
+    import prefect.cache_policies
     import prefect.filesystems
     import prefect.task_engine
     import prefect.tasks
@@ -141,57 +178,70 @@ def _instrument(clocks: Clocks) -> None:
 
     engine = prefect.task_engine.SyncTaskRunEngine
     transaction = prefect.transactions.Transaction
+    filesystem = prefect.filesystems.LocalFileSystem
+    key_policy = prefect.cache_policies.CacheKeyFnPolicy
+    _require(prefect.task_engine, "call_with_parameters")
+    _require(engine, "initialize_run", "begin_run", "set_state")
+    _require(transaction, "__enter__", "commit")
+    _require(filesystem, "_resolve_path")
+    _require(key_policy, "compute_key")
     call_stage = prefect.task_engine.call_with_parameters
+    task_call = prefect.tasks.Task.__call__
 
     def stage_function(fn, parameters):  # its time is taken back out of the engine's
-        with clocks.part("stage functions"):
+        with clocks.engine(False), clocks.part("stage functions"):
             return call_stage(fn, parameters)
 
+    def task_run(self, *args, **kwargs):
+        with clocks.engine(True), clocks.part("task runs"):
+            return task_call(self, *args, **kwargs)
+
     prefect.task_engine.call_with_parameters = stage_function
-    prefect.tasks.Task.__call__ = _timed(clocks, "task runs", prefect.tasks.Task.__call__)
+    prefect.tasks.Task.__call__ = functools.wraps(task_call)(task_run)
     engine.initialize_run = _timed_context(clocks, "start", engine.initialize_run)
     engine.begin_run = _timed(clocks, "start", engine.begin_run)
     engine.set_state = _timed(clocks, "states", engine.set_state)
     transaction.__enter__ = _timed(clocks, "lookup", transaction.__enter__)
     transaction.commit = _timed(clocks, "persist", transaction.commit)
-    filesystem = prefect.filesystems.LocalFileSystem
     filesystem._resolve_path = _timed(clocks, "resolve", filesystem._resolve_path)
+    key_policy.compute_key = _timed(clocks, "callbacks", key_policy.compute_key, engine_only=True)
+    serializer = results.ResultSerializer
+    serializer.dumps = _timed(clocks, "callbacks", serializer.dumps, engine_only=True)
+    serializer.loads = _timed(clocks, "callbacks", serializer.loads, engine_only=True)
     iteration.run_stage = _timed(clocks, "run_stage calls", results.run_stage)
     iteration.commit_step = _timed(clocks, "commit", iteration.commit_step)
     train.record_trainer_state = _timed(clocks, "after", train.record_trainer_state)
     train.report_iteration = _timed(clocks, "after", train.report_iteration)
-    train.Tracking.log = _timed(clocks, "after", train.Tracking.log)
-    ppo_iteration = train.ppo_iteration
+    ppo_iteration, log = train.ppo_iteration, train.Tracking.log
 
-    def counted_step(*args, **kwargs):
-        clocks.steps += 1
-        if clocks.steps == 2:
+    def counted_step(run, settings, step, *args, **kwargs):
+        clocks.steps.append(step)
+        if len(clocks.steps) == 2:
             clocks.threads_at_start = _thread_cpu()
-        started = time.perf_counter()
+        clocks.step_started = time.perf_counter()
+        return ppo_iteration(run, settings, step, *args, **kwargs)
+
+    def logged(self, *args, **kwargs):  # the last thing a step does: its trackers
         try:
-            return ppo_iteration(*args, **kwargs)
+            with clocks.part("after"):
+                return log(self, *args, **kwargs)
         finally:
-            if clocks.steps >= 2:
-                clocks.step_walls.append(time.perf_counter() - started)
+            if clocks.counting:
+                clocks.step_walls.append(time.perf_counter() - clocks.step_started)
                 clocks.threads_at_end = _thread_cpu()
 
     train.ppo_iteration = counted_step
+    train.Tracking.log = functools.wraps(log)(logged)
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds of each thread of this process, by name (the torch worker threads, which never
-    hold the GIL, are left out: they are named like the process)."""
-    names = {thread.native_id: thread.name for thread in threading.enumerate()}
-    tick = os.sysconf("SC_CLK_TCK")
+def _thread_cpu() -> dict[int, tuple[str, float]]:
+    """(name, CPU seconds) of each Python thread of this process, by thread id (torch's worker
+    threads, which never hold the GIL, are not Python threads)."""
     seconds = {}
-    for tid in os.listdir("/proc/self/task"):
-        if int(tid) not in names:
-            continue
-        try:
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        seconds[names[int(tid)]] = (int(fields[11]) + int(fields[12])) / tick
+    for thread in threading.enumerate():
+        with contextlib.suppress(OSError, ProcessLookupError):  # gone meanwhile
+            clock = time.pthread_getcpuclockid(thread.ident)
+            seconds[thread.ident] = (thread.name, time.clock_gettime(clock))
     return seconds
 
 
@@ -203,24 +253,30 @@ def report(args, clocks: Clocks) -> None:
     step_ms = 1000 * sum(clocks.step_walls) / steps
 
     def ms(name: str, table=None) -> float:
-        return 1000 * (table or clocks.wall)[name] / steps
+        return 1000 * (clocks.wall if table is None else table)[name] / steps
 
-    wall, cpu = clocks.wall, clocks.cpu
-    for table in (wall, cpu):
-        table["engine"] = table["task runs"] - table["stage functions"]
+    for table in (clocks.wall, clocks.cpu):
+        table["engine"] = table["task runs"] - table["stage functions"] - table["callbacks"]
         table["run_stage"] = table["run_stage calls"] - table["task runs"]
-    print(f"{steps} steps (2 to {steps + 1}), {args.threads} torch threads: {step_ms:.0f} ms per step\n")
+    measured = clocks.steps[1 : 1 + steps]
+    print(
+        f"{steps} steps ({measured[0]} to {measured[-1]}), {args.threads} torch threads: "
+        f"{step_ms:.0f} ms per step\n"
+    )
     print(f"  {'ms per step':<70}{'wall':>6}  main-thread CPU")
     for name, label in PARTS:
-        print(f"  {label:<70}{ms(name):6.1f}  {ms(name, cpu):6.1f}")
-    between = ms("engine") + ms("run_stage") + ms("commit") + ms("after")
-    label = "between stages: the engine, run_stage, commit and after"
+        print(f"  {label:<70}{ms(name):6.1f}  {ms(name, clocks.cpu):6.1f}")
+    between = sum(ms(name) for name in BETWEEN)
+    label = "between stages: the unindented rows"
     print(f"  {label:<70}{between:6.1f}  ({between / step_ms:.1%} of a step)")
-    print("\nother threads' CPU, ms per step:")
-    for name, seconds in sorted(clocks.threads_at_end.items()):
-        used = seconds - clocks.threads_at_start.get(name, 0.0)
-        if name != "MainThread" and used > 0:
-            print(f"  {name:<70}{1000 * used / steps:6.1f}")
+    used: collections.Counter[str] = collections.Counter()
+    for ident, (name, seconds) in clocks.threads_at_end.items():
+        if name != "MainThread":
+            used[name] += seconds - clocks.threads_at_start.get(ident, (name, 0.0))[1]
+    print("\nother threads' CPU, ms per step (threads that ended meanwhile are left out):")
+    for name, seconds in sorted(used.items()):
+        if seconds > 0:
+            print(f"  {name:<70}{1000 * seconds / steps:6.1f}")
 
 
 if __name__ == "__main__":
