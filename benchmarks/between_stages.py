@@ -23,13 +23,13 @@ import argparse
 import collections
 import contextlib
 import functools
-import os
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from embedded_setup import prepare
 
 PARTS = (
     ("engine", "Prefect task engine, all (less stage functions and ppoflow's code)"),
@@ -52,20 +52,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads (trainer.num_threads)")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides (e.g. trainer.save_freq=5)")
     args = parser.parse_args()
-    for key, value in {
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-        "PPOFLOW_PROGRESS": "0",
-    }.items():
-        os.environ.setdefault(key, value)
-    import ppoflow.engine.models  # noqa: F401  (torch and transformers: imported before the clock)
-
-    # the base model is built in a process of its own: this one must not import prefect before
-    # prefect_api() has set PREFECT_API_URL
-    build = "from ppoflow.tasks.stages.prepare_model import build_tiny_base; build_tiny_base(seed=1)"
-    subprocess.run([sys.executable, "-c", build], check=True)
+    prepare(PPOFLOW_PROGRESS="0")  # the base model is built outside the timing
     from ppoflow.prefect_server import prefect_api
 
     with tempfile.TemporaryDirectory(prefix="ppoflow-bench-") as scratch, prefect_api():

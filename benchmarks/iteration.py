@@ -19,12 +19,12 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from embedded_setup import prepare
 from process_cpu import child_pids, cpu_seconds
 
 STAGES = ("rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics")
@@ -37,22 +37,9 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.9, help="greedy accuracy to time")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides (e.g. trainer.save_freq=5)")
     args = parser.parse_args()
-    for key, value in {
-        "PREFECT_LOGGING_LEVEL": "WARNING",
-        "TRANSFORMERS_VERBOSITY": "error",
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "DO_NOT_TRACK": "1",
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    }.items():
-        os.environ.setdefault(key, value)
+    prepare()  # the base model is built once per machine, not part of the timing
     from transformers.utils import logging as transformers_logging
 
-    import ppoflow.engine.models  # noqa: F401  (torch and transformers: imported before the clock)
-
-    # the base model is built once per machine (not part of the timing), in a process of its own:
-    # this one must not import prefect before prefect_api() has set PREFECT_API_URL
-    build = "from ppoflow.tasks.stages.prepare_model import build_tiny_base; build_tiny_base(seed=1)"
-    subprocess.run([sys.executable, "-c", build], check=True)
     transformers_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="ppoflow-bench-") as scratch:  # the run is removed after
         run_and_report(args, Path(scratch) / "run")

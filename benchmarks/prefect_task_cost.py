@@ -8,6 +8,7 @@ prints the median seconds per call:
   - back to back (Prefect's code stays in the CPU caches);
   - with torch compute between the calls (`--compute-ms` of matrix products, as a stage's compute
     comes between two task runs in a training step), which evicts it;
+  - with its result persisted into a storage block saved on the server instead of a folder;
   - with a task that persists nothing (no cache key, no result file), for comparison;
 and the CPU the temporary server (a process of its own) spends per task run, beyond its idle CPU.
 Not a test: numbers depend on the machine and on what else it is doing.
@@ -45,6 +46,7 @@ def main() -> None:
         import torch
         from prefect import flow, task
         from prefect.cache_policies import NONE
+        from prefect.filesystems import LocalFileSystem
         from prefect.utilities.annotations import quote
 
         from ppoflow.tasks.storage.results import ResultSerializer
@@ -61,6 +63,12 @@ def main() -> None:
         )
         def persisted(i: int, settings: dict) -> dict:
             return {"i": i}
+
+        # the same, into a storage block saved on the server (Prefect then leaves the stored keys
+        # relative and builds no block per task run), which ppoflow does not use
+        saved_block = LocalFileSystem(basepath=str(Path(results) / "block"))
+        saved_block.save("prefect-task-cost-results", overwrite=True)
+        in_saved_block = persisted.with_options(name="stage-block", result_storage=saved_block)
 
         @task(name="plain", task_run_name="plain-{i}", cache_policy=NONE, persist_result=False)
         def plain(i: int, settings: dict) -> dict:
@@ -82,6 +90,7 @@ def main() -> None:
             for name, fn, between in (
                 ("persisted, back to back", persisted, None),
                 ("persisted, compute between", persisted, compute),
+                ("saved block, compute between", in_saved_block, compute),
                 ("not persisted, back to back", plain, None),
                 ("not persisted, compute between", plain, compute),
             ):
@@ -110,7 +119,7 @@ def main() -> None:
     )
     for name, seconds in medians.items():
         print(f"  {name:32s} {seconds * 1000:6.2f} ms per task run")
-    runs = 4 * (args.calls + 10)
+    runs = len(medians) * (args.calls + 10)
     print(
         f"Prefect server: {server_cpu / runs * 1000:.2f} ms CPU per task run "
         f"(beyond its idle {idle * 1000:.0f} ms CPU per second)"
