@@ -8,6 +8,7 @@ import difflib
 import functools
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -38,7 +39,26 @@ class Assignment(NamedTuple):
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but reading 1e-6 as a float as YAML 1.2 (and verl's OmegaConf) do."""
+    """PyYAML's safe loader, but reading 1e-6 as a float as YAML 1.2 (and verl's OmegaConf) do, and
+    refusing a key set twice in one mapping, as OmegaConf does (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may be overridden
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: the safe loader says so itself
+                break
+            if duplicate:
+                problem = f"key {key!r} is set twice"
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, problem, key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _YamlLoader.yaml_implicit_resolvers = {
@@ -146,10 +166,7 @@ def _absolute(assignment: Assignment, folder: Path) -> Assignment:
 
 
 def _file_assignments(path: Path, kind: str) -> list[Assignment]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file '{path}': {exc.strerror}") from None
+    text = _read_config_text(path)
     try:
         data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as exc:
@@ -160,6 +177,35 @@ def _file_assignments(path: Path, kind: str) -> list[Assignment]:
         raise ConfigError(f"YAML file '{path}' must map keys to values, but holds a {type(data).__name__}")
     folder = path.resolve().parent  # a linked config file names paths from where it really lives
     return [_absolute(a, folder) for a in _assignments((), data, f"{kind} '{path}'")]
+
+
+def _read_config_text(path: Path) -> str:
+    """A config file's text: a regular file (a FIFO would block the read forever) of UTF-8 text."""
+
+    def unreadable(why: str) -> ConfigError:
+        return ConfigError(f"cannot read config file '{path}': {why}")
+
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise unreadable(exc.strerror) from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if stat.S_ISDIR(mode):
+            raise unreadable("Is a directory")
+        if not stat.S_ISREG(mode):
+            raise unreadable("not a regular file")
+        chunks = []
+        while chunk := os.read(descriptor, 1 << 20):
+            chunks.append(chunk)
+    except OSError as exc:
+        raise unreadable(exc.strerror) from None
+    finally:
+        os.close(descriptor)
+    try:
+        return b"".join(chunks).decode()
+    except UnicodeDecodeError as exc:
+        raise unreadable(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
 
 
 def _override_assignments(number: int, text: str) -> list[Assignment]:

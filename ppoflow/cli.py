@@ -63,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("run_dir", type=Path)
     show.add_argument("--iter", type=int, default=None, help="iteration (default: the last)")
     which = show.add_mutually_exclusive_group()
-    which.add_argument("--best", type=int, metavar="N", help="the N highest-scoring responses")
-    which.add_argument("--worst", type=int, metavar="N", help="the N lowest-scoring responses")
-    which.add_argument("--random", type=int, metavar="N", help="N responses at random (default 3)")
+    which.add_argument("--best", type=_count, metavar="N", help="the N highest-scoring responses")
+    which.add_argument("--worst", type=_count, metavar="N", help="the N lowest-scoring responses")
+    which.add_argument("--random", type=_count, metavar="N", help="N responses at random (default 3)")
     show.add_argument("--seed", type=int, default=0, help="seed of --random")
     diagnose = commands.add_parser(
         "diagnose",
@@ -86,6 +86,17 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("source", type=Path, help="a run directory (its newest actor) or a checkpoint folder")
     export.add_argument("out", type=Path, help="folder to write model/ (and adapter/) into")
     return parser
+
+
+def _count(text: str) -> int:
+    """An argument that counts something: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
+    return value
 
 
 def _reward_model_parser(commands) -> None:
@@ -112,7 +123,7 @@ def _reward_model_parser(commands) -> None:
     rm.add_argument(
         "--examples", type=int, default=default.examples, help="training responses of builtin:addition"
     )
-    rm.add_argument("--num-threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    rm.add_argument("--num-threads", type=_count, default=None, help="torch CPU threads (default: torch's)")
 
 
 def _version() -> str:
@@ -344,7 +355,8 @@ def _schema(args) -> int:
     try:
         print(describe(args.table))
     except (KeyError, ValueError) as error:
-        print(f"ppoflow: {error}", file=sys.stderr)
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error  # no quotes
+        print(f"ppoflow: {message}", file=sys.stderr)
         return 2
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
 from ppoflow.tasks.storage.lock import RunLocked, acquire_run_lock, release_run_lock
-from ppoflow.tasks.storage.regular_files import open_regular_file
+from ppoflow.tasks.storage.regular_files import make_run_directory, open_regular_file
 
 LOG_NAME = "logs/train.log"
 SERVER_LOG_NAME = "logs/prefect-server.log"
@@ -155,7 +155,7 @@ def _run_lock(run_dir: Path) -> Iterator[None]:
     opened or its server started: a second `ppoflow train` of a run in progress writes nothing
     there. The flow takes it again (re-entrant) when it opens the run."""
     path = run_dir.resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    make_run_directory(path)
     acquire_run_lock(path)
     try:
         _logs_folder(path / "logs")

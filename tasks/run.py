@@ -15,7 +15,7 @@ from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
-from ppoflow.tasks.storage.regular_files import remove_stale_temp_files
+from ppoflow.tasks.storage.regular_files import make_run_directory, remove_stale_temp_files
 from ppoflow.tasks.storage.results import RESULTS_DIR
 from ppoflow.tasks.storage.tables import IOClock, write_text_atomic
 
@@ -52,7 +52,7 @@ def open_run(
     every stage again; the run's models live on `device` (trainer.device), in this process or, with
     a `group` of world size > 1, in a worker group (started by `WorkerGroupHost.assign`)."""
     path = Path(run_dir).resolve()
-    path.mkdir(parents=True, exist_ok=True)
+    make_run_directory(path)
     if device == "cpu":  # DeepSpeed (imported by transformers' integrations too) would warn it found no GPU
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     acquire_run_lock(path)
@@ -70,6 +70,10 @@ def open_run(
 def _require_results_folder(path: Path) -> None:
     """Stage results are kept in this folder; were it a file, Prefect would fail to keep any (in its
     log only) and the run would silently lose its resume."""
+    if path.is_symlink():  # Prefect would write the run's stage results wherever it points
+        raise OSError(
+            errno.EPERM, "stage results are kept in a folder of the run, not a link; remove it", str(path)
+        )
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, "stage results are kept in a folder; remove this", str(path))
 

@@ -21,7 +21,7 @@ from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optim
 from ppoflow.engine.pretrained_files import save_model_files
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
-from ppoflow.tasks.storage.regular_files import leads_outside, remove_from_run
+from ppoflow.tasks.storage.regular_files import leads_outside, refuse_links_below, remove_from_run
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import file_digest, timed_io
 
@@ -188,8 +188,9 @@ def write_checkpoint(
     step's commit waits for them (durability.py)."""
     relative = f"checkpoints/iter={step:06d}/{role}"
     final = run.path / relative
-    final.parent.mkdir(parents=True, exist_ok=True)
     root = run.path / "checkpoints"
+    refuse_links_below(root, final.parent)
+    final.parent.mkdir(parents=True, exist_ok=True)
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
         remove_from_run(root, leftover)
     staging = Path(tempfile.mkdtemp(prefix=f".{role}.", dir=final.parent))

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.tables import (
     ArtifactRef,
     iteration_dir,
@@ -43,6 +44,7 @@ def write_manifest(
     after every stage's files are written. Returns its reference (rows: the number of stages)."""
     manifest = manifest_document(iteration, stages)
     path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
+    refuse_links_below(run_dir, path.parent)
     digest = write_json_atomic(path, manifest)
     return ArtifactRef(path=path.relative_to(run_dir).as_posix(), digest=digest, rows=len(manifest["stages"]))
 

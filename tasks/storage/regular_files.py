@@ -1,8 +1,9 @@
 """Opening a file in a run directory, which holds data anyone may have put there: never through a
 planted link (O_NOFOLLOW: writing through it would clobber another file), never blocking on a
 planted FIFO (O_NONBLOCK), and only ever a regular file; and telling whether a path goes through
-a link (`leads_outside`), before anything is deleted or replaced; deleting below a run
-(`remove_from_run`) and clearing what killed writes left behind (`remove_stale_temp_files`)."""
+a link (`leads_outside`), before anything is deleted or replaced, or any folder is written into
+(`refuse_links_below`); making the run directory, deleting below it (`remove_from_run`) and
+clearing what killed writes left behind (`remove_stale_temp_files`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ def open_regular_file(path: str | Path, flags: int, mode: int = 0o644, *, follow
         os.close(descriptor)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     return descriptor
+
+
+def refuse_links_below(root: str | Path, folder: str | Path) -> None:
+    """An OSError naming the link, before anything is written into `folder` (below `root`), when a
+    folder on the way from `root` is a link: what a planted link points at is not the run's, and a
+    write through it would land outside. `root` itself may be a link (a checkpoints folder moved to a
+    larger disk). Folders that do not exist yet are made by the caller, as real folders."""
+    current = Path(root)
+    for part in Path(folder).relative_to(root).parts:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(mode):
+            raise OSError(
+                errno.EPERM, "refusing to write through a link inside the run; remove it", str(current)
+            )
 
 
 def leads_outside(root: str | Path, path: str | Path) -> bool:
@@ -65,3 +84,16 @@ def remove_stale_temp_files(run_dir: str | Path) -> int:
         if not leads_outside(run_dir, path):  # what a planted link points at is not the run's
             remove_from_run(run_dir, path)
     return len(stale)
+
+
+def make_run_directory(path: Path) -> None:
+    """The run directory, made if need be; an OSError that names the keys that chose it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"{error.strerror}; cannot make the run directory (trainer.default_local_dir, or "
+            "trainer.experiment_name under runs/)",
+            str(path),
+        ) from None

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.durability import sync_later
 from ppoflow.tasks.storage.recent_tables import LIMIT_BYTES, file_identity, recall, remember
-from ppoflow.tasks.storage.regular_files import open_regular_file
+from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 
 __all__ = [
     "ArtifactCorrupt",
@@ -194,6 +194,7 @@ def write_table(
     (durability.py), unless `sync_now`: a table read without its digest is a record."""
     relative = _relative(relative_path)
     final = Path(run_dir) / relative
+    refuse_links_below(run_dir, final.parent)
     if schema is not None:
         try:
             table = conform_table(table, schema)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ppoflow.engine.data import batch_rows
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, adapter_record, optimizer_dir
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
 
@@ -37,6 +38,7 @@ def record_trainer_state(run: Run, step: int, state: TrainState, data_position: 
     folder = run.path / f"checkpoints/iter={step:06d}"
     if not (folder / "actor").is_dir() and not (folder / "critic").is_dir():
         return
+    refuse_links_below(run.path / "checkpoints", folder)
     record = {
         "global_step": step,
         "kl_coef": state.kl_coef,  # β for step + 1 (verl does not save it; a resume must not reset it)

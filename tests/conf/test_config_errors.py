@@ -1,5 +1,7 @@
 """Each bad config gets one clear message naming the key, the layer, the value and the fix."""
 
+import os
+
 import pytest
 import yaml
 
@@ -231,3 +233,29 @@ def test_unreadable_config_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("trainer: [\n")
     assert error_of(path=bad).startswith(f"cannot parse YAML file '{bad}'")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfetrainer: {}\n")
+    assert (
+        error_of(path=binary)
+        == f"cannot read config file '{binary}': not UTF-8 text (byte 0: invalid start byte)"
+    )
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)  # opened without blocking, refused without reading
+    assert error_of(path=fifo) == f"cannot read config file '{fifo}': not a regular file"
+    assert error_of(path=tmp_path) == f"cannot read config file '{tmp_path}': Is a directory"
+
+
+def test_a_key_set_twice_in_one_mapping_is_refused_as_omegaconf_does(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("trainer:\n  save_freq: 2\ntrainer:\n  total_training_steps: 3\n")
+    error = error_of(path=twice)
+    assert error.startswith(f"cannot parse YAML file '{twice}'") and "key 'trainer' is set twice" in error
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("trainer: {save_freq: 2, save_freq: 3}\n")
+    assert "key 'save_freq' is set twice" in error_of(path=nested)
+    merged = tmp_path / "merged.yaml"  # a key a YAML merge brings may be set again: that is its use
+    merged.write_text("critic:\n  <<: {ppo_epochs: 1, ppo_mini_batch_size: 64}\n  ppo_epochs: 3\n")
+    from ppoflow.conf.loader import _YamlLoader
+
+    read = yaml.load(merged.read_text(), Loader=_YamlLoader)
+    assert read == {"critic": {"ppo_epochs": 3, "ppo_mini_batch_size": 64}}

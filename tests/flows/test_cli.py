@@ -84,6 +84,16 @@ def test_schema_documents_the_tables():
     assert "rollouts" in listing.stdout and "advantages" in listing.stdout
     rollouts = ppoflow("schema", "rollouts")
     assert "old_log_probs" in rollouts.stdout and "response_ids" in rollouts.stdout
+    unknown = ppoflow("schema", "nosuch")
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("ppoflow: unknown table 'nosuch'; tables: prompts, rejects, rollouts")
+
+
+def test_show_counts_are_whole_numbers_of_at_least_one(tmp_path):
+    refused = {"0": "0 is not at least 1", "-1": "-1 is not at least 1", "x": "'x' is not a whole number"}
+    for value, why in refused.items():
+        out = ppoflow("show", str(tmp_path), "--worst", value)
+        assert out.returncode == 2 and f"argument --worst: {why}" in out.stderr
 
 
 def test_show_prints_responses_with_rewards_and_per_token_values(small_run):

@@ -273,6 +273,68 @@ def test_nothing_is_deleted_through_a_link_below_the_root(tmp_path):
     assert not (moved / "iter=000001/actor").exists()
 
 
+def test_nothing_is_written_through_a_link_below_the_run(tmp_path):
+    """A folder of the run replaced by a link elsewhere: a table, a manifest, a checkpoint or a
+    trainer state that would be written into it is refused, naming the link, and nothing lands
+    outside. The run directory (or its checkpoints folder) may itself be a link."""
+    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.storage.checkpoints import write_checkpoint
+    from ppoflow.tasks.storage.states import TrainState
+    from ppoflow.tasks.storage.trainer_state import record_trainer_state
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "iter=000001").symlink_to(outside)
+    (run / "checkpoints/iter=000002").symlink_to(outside)
+    (outside / "actor").mkdir()  # a saved-looking step: the trainer state would be written beside it
+
+    def fill(model_dir, optimizer_dir):
+        (model_dir / "model.safetensors").write_bytes(b"weights")
+        (optimizer_dir / "state.json").write_text("{}")
+
+    link = "refusing to write through a link inside the run"
+    with pytest.raises(OSError, match=link) as table:
+        write_table(actor_steps(), run, "iter=000001/actor_update/part-00000.parquet")
+    with pytest.raises(OSError, match=link):
+        write_manifest(run, 1, {})
+    with pytest.raises(OSError, match=link) as checkpoint:
+        write_checkpoint(Run(str(run)), "critic", 2, fill)
+    with pytest.raises(OSError, match=link):
+        record_trainer_state(Run(str(run)), 2, TrainState(None, None, None, 0.0), {})
+    assert table.value.filename == str(run / "iter=000001")
+    assert checkpoint.value.filename == str(run / "checkpoints/iter=000002")
+    assert sorted(p.name for p in outside.iterdir()) == ["actor"]
+    (tmp_path / "linked-run").symlink_to(run)  # the run itself through a link: written as always
+    ref = write_table(actor_steps(), tmp_path / "linked-run", "iter=000003/actor_update/part-00000.parquet")
+    assert (run / ref.path).is_file()
+
+
+def test_a_run_directory_that_cannot_be_made_is_named_with_its_keys(tmp_path):
+    (tmp_path / "a-file").write_text("in the way")
+    named = r"Not a directory; cannot make the run directory \(trainer.default_local_dir"
+    with pytest.raises(NotADirectoryError, match=named):
+        regular_files.make_run_directory(tmp_path / "a-file/run")
+
+
+def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
+    import subprocess
+    import sys
+
+    from ppoflow.tasks.run import open_run
+
+    outside, run = tmp_path / "outside", tmp_path / "run"
+    outside.mkdir()
+    run.mkdir()
+    (run / ".prefect-results").symlink_to(outside)
+    with pytest.raises(OSError, match="stage results are kept in a folder of the run, not a link"):
+        open_run(run, "trainer: {}\n")
+    assert not (run / "config.yaml").exists()  # nothing written, and the run not left locked:
+    take = "import sys; from ppoflow.tasks.storage.lock import acquire_run_lock as a; a(sys.argv[1])"
+    assert subprocess.run([sys.executable, "-c", take, str(run)], capture_output=True).returncode == 0
+
+
 def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
