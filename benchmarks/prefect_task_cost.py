@@ -44,70 +44,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as results, prefect_api():
         import torch
-        from prefect import flow, task
-        from prefect.cache_policies import NONE
-        from prefect.filesystems import LocalFileSystem
-        from prefect.utilities.annotations import quote
-
-        from ppoflow.tasks.storage.results import ResultSerializer
 
         torch.set_num_threads(args.threads)
-
-        @task(
-            name="stage",
-            task_run_name="stage-{i}",
-            cache_key_fn=lambda context, parameters: f"stage-{parameters['i']}",
-            persist_result=True,
-            result_storage=Path(results),
-            result_serializer=ResultSerializer(),
-        )
-        def persisted(i: int, settings: dict) -> dict:
-            return {"i": i}
-
-        # the same, into a storage block saved on the server (Prefect then leaves the stored keys
-        # relative and builds no block per task run), which ppoflow does not use
-        saved_block = LocalFileSystem(basepath=str(Path(results) / "block"))
-        saved_block.save("prefect-task-cost-results", overwrite=True)
-        in_saved_block = persisted.with_options(name="stage-block", result_storage=saved_block)
-
-        @task(name="plain", task_run_name="plain-{i}", cache_policy=NONE, persist_result=False)
-        def plain(i: int, settings: dict) -> dict:
-            return {"i": i}
-
+        tasks = _stage_tasks(Path(results))
         matrix = torch.randn(512, 512)
         start = time.perf_counter()
         _products(matrix, 20)
         per_product = (time.perf_counter() - start) / 20
         products = max(1, round(args.compute_ms / 1000 / per_product))
 
-        def compute() -> None:
-            _products(matrix, products)
-
-        @flow(name="prefect-task-cost")
-        def measure() -> dict[str, float]:
-            calls = itertools.count()
-            medians = {}
-            for name, fn, between in (
-                ("persisted, back to back", persisted, None),
-                ("persisted, compute between", persisted, compute),
-                ("saved block, compute between", in_saved_block, compute),
-                ("not persisted, back to back", plain, None),
-                ("not persisted, compute between", plain, compute),
-            ):
-                seconds = []
-                for n in range(args.calls + 10):
-                    if between is not None:
-                        between()
-                    start = time.perf_counter()
-                    fn(next(calls), quote({"lr": 1e-6}), return_state=True)
-                    if n >= 10:  # the first calls warm up
-                        seconds.append(time.perf_counter() - start)
-                medians[name] = statistics.median(seconds)
-            return medians
-
         time.sleep(SETTLE_S)  # the server's start-up work is done
         cpu_before, started = children_cpu_seconds(), time.perf_counter()
-        medians = measure()
+        seconds = _measure(tasks, lambda: _products(matrix, products), args.calls)
+        medians = {name: statistics.median(values) for name, values in seconds.items()}
         time.sleep(SETTLE_S)  # the server records the last task runs' events
         elapsed = time.perf_counter() - started
         server_cpu = children_cpu_seconds() - cpu_before
@@ -117,15 +66,80 @@ def main() -> None:
         f"{args.calls} calls each; compute between calls: {products} products of 512x512, "
         f"~{products * per_product * 1000:.0f} ms, {args.threads} torch threads"
     )
-    for name, seconds in medians.items():
-        print(f"  {name:32s} {seconds * 1000:6.2f} ms per task run")
-    runs = len(medians) * (args.calls + 10)
+    for name, median in medians.items():
+        print(f"  {name:32s} {median * 1000:6.2f} ms per task run")
+    runs = len(medians) * (args.calls + WARM_UP)
     print(
         f"Prefect server: {server_cpu / runs * 1000:.2f} ms CPU per task run "
         f"(beyond its idle {idle * 1000:.0f} ms CPU per second)"
     )
 
 
+def _stage_tasks(results: Path) -> dict:
+    """Tasks that do nothing: called as ppoflow calls a stage (a cache key function, the result
+    persisted with ppoflow's JSON serializer into a folder), the same into a storage block saved on
+    the server (Prefect then leaves the stored keys relative and builds no block per task run; not
+    what ppoflow does), and one that persists nothing."""
+    from prefect import task
+    from prefect.cache_policies import NONE
+    from prefect.filesystems import LocalFileSystem
+
+    from ppoflow.tasks.storage.results import ResultSerializer
+
+    @task(
+        name="stage",
+        task_run_name="stage-{i}",
+        cache_key_fn=lambda context, parameters: f"stage-{parameters['i']}",
+        persist_result=True,
+        result_storage=results,
+        result_serializer=ResultSerializer(),
+    )
+    def persisted(i: int, settings: dict) -> dict:
+        return {"i": i}
+
+    @task(name="plain", task_run_name="plain-{i}", cache_policy=NONE, persist_result=False)
+    def plain(i: int, settings: dict) -> dict:
+        return {"i": i}
+
+    saved_block = LocalFileSystem(basepath=str(results / "block"))
+    start = time.perf_counter()
+    saved_block.save("prefect-task-cost-results", overwrite=True)
+    print(f"saving the storage block on the server: {time.perf_counter() - start:.3f} s")
+    in_saved_block = persisted.with_options(name="stage-block", result_storage=saved_block)
+    return {"persisted": persisted, "saved block": in_saved_block, "not persisted": plain}
+
+
+def _measure(tasks: dict, compute, calls: int) -> dict[str, list[float]]:
+    """Seconds of each call, by variant, in one flow run: back to back, then with `compute` before
+    each call, the variants taking turns (a drift of the machine is shared by all of them)."""
+    from prefect import flow
+    from prefect.utilities.annotations import quote
+
+    numbers = itertools.count()
+    seconds: dict[str, list[float]] = {}
+
+    def timed(name: str, task, n: int) -> None:
+        start = time.perf_counter()
+        task(next(numbers), quote({"lr": 1e-6}), return_state=True)
+        if n >= WARM_UP:
+            seconds.setdefault(name, []).append(time.perf_counter() - start)
+
+    @flow(name="prefect-task-cost")
+    def measure() -> None:
+        for kind in ("persisted", "not persisted"):
+            for n in range(calls + WARM_UP):
+                timed(f"{kind}, back to back", tasks[kind], n)
+        for n in range(calls + WARM_UP):
+            for kind in ("persisted", "saved block", "not persisted"):
+                compute()
+                timed(f"{kind}, compute between", tasks[kind], n)
+
+    measure()
+    return seconds
+
+
+WARM_UP = 10
+"""Calls of each variant left out first: Prefect's and the server's caches warm up."""
 IDLE_S = 10.0
 """Seconds over which the server's idle CPU (its periodic services) is measured."""
 SETTLE_S = 6.0
