@@ -321,7 +321,7 @@ def _report(args) -> int:
 
     try:
         written = write_report(args.run_dir, args.out)
-    except RunDirError as error:
+    except (RunDirError, OSError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     for path in written:

@@ -36,6 +36,7 @@ from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, roll
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
+from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.states import UpdateInputs
 
 
@@ -98,7 +99,9 @@ class ModelWorker:
     def probe(self, directory: str) -> str:
         """Write and read back a file in the run directory: every rank must see the same storage."""
         path = Path(directory) / f".probe-rank{self.rank}-{os.getpid()}"
-        path.write_text(str(self.rank))
+        descriptor = open_regular_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # a new file, no link
+        with os.fdopen(descriptor, "w") as stream:
+            stream.write(str(self.rank))
         try:
             return path.read_text()
         finally:

@@ -60,7 +60,12 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
         raise RunDirError(f"{run_dir} does not exist")
     if not (run_dir / "config.yaml").is_file():
         raise RunDirError(f"{run_dir} is not a ppoflow run directory: it has no config.yaml")
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise RunDirError(f"{run_dir / 'config.yaml'} cannot be read as the run's config: {error}") from None
+    if not isinstance(config, dict):
+        raise RunDirError(f"{run_dir / 'config.yaml'} is not the run's config: it holds no keys")
     if not (run_dir / CATALOG_NAME).is_file():  # the first iteration's metrics stage writes it
         raise RunInProgress(
             f"{run_dir}: run in progress: no iteration has finished yet (no {CATALOG_NAME}; or the run "

@@ -7,6 +7,7 @@ object API on the Agg canvas: no pyplot state, no display needed.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,8 @@ from ppoflow.tasks.observe.diagnose import diagnose, load_run, require_iteration
 from ppoflow.tasks.observe.diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
 from ppoflow.tasks.observe.diagnose_run import RunData
 from ppoflow.tasks.storage.catalog import connect_confined
+from ppoflow.tasks.storage.regular_files import refuse_links_below
+from ppoflow.tasks.storage.tables import write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -232,9 +235,14 @@ def panel_figures(run_dir: str | Path) -> dict[str, Figure]:
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
-    """RUN_DIR/report/<panel>.png (or under `out`) and report.md; returns the written paths."""
+    """RUN_DIR/report/<panel>.png (or under `out`) and report.md; returns the written paths. Each file
+    is written to a temp file and renamed: a link or FIFO planted at its name is replaced, and the
+    default folder is never a link (it would put the report elsewhere)."""
     run_dir = Path(run_dir)
-    out = Path(out) if out is not None else run_dir / "report"
+    if out is None:
+        out = run_dir / "report"
+        refuse_links_below(run_dir, out)
+    out = Path(out)
     figures = panel_figures(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -242,12 +250,14 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Pat
         # Constrained layout sizes the margins for the tick labels of the previous draw: the first
         # draw settles the ticks (they depend on the axes' size), the second lays out the final ones.
         fig.canvas.draw()
-        fig.savefig(out / f"{name}.png", dpi=100)
+        image = io.BytesIO()
+        fig.savefig(image, format="png", dpi=100)
+        write_bytes_atomic(out / f"{name}.png", image.getvalue())
         written.append(out / f"{name}.png")
     charts = "\n".join(f"![{name}]({name}.png)" for name in figures)
     missing = [name for name in PANELS if name not in figures]
     note = f"\n\nNo data for: {', '.join(missing)}." if missing else ""
-    (out / "report.md").write_text(f"{summary_markdown(run_dir)}\n### Charts\n\n{charts}{note}\n")
+    write_text_atomic(out / "report.md", f"{summary_markdown(run_dir)}\n### Charts\n\n{charts}{note}\n")
     return [*written, out / "report.md"]
 
 

@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.tables import stage_path
 
 GENERATIONS_KEY = "val/generations"
@@ -54,6 +55,8 @@ class WandbLogger:
 
         self.run_path = Path(run_path)
         self.run_path.mkdir(parents=True, exist_ok=True)
+        for folder in ("wandb", ".wandb"):  # wandb writes into either; planted as a link, elsewhere
+            refuse_links_below(self.run_path, self.run_path / folder)
         self.max_generations = cfg.trainer.log_val_generations
         self._wandb = wandb
         self.run = wandb.init(

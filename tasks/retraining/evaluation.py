@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ppoflow.engine.lora import ADAPTER_CONFIG
 from ppoflow.tasks.retraining.rounds import read_champion
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 CHAMPION = "champion"
@@ -50,6 +51,7 @@ def plan_evaluation(
     identity = json.dumps([str(folder), config_file, list(overrides)])
     digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
     out = root / "evaluations" / f"{re.sub(r'[^A-Za-z0-9=._-]+', '-', name)}-{digest}"
+    refuse_links_below(root, out)  # a planted evaluations/ link would take the run elsewhere
     return EvaluationPlan(
         folder,
         config_file,

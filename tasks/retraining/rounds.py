@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.catalog import sql_literal, write_catalog
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.schemas import doc_field
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic, write_table
 
@@ -153,14 +154,22 @@ def read_champion(root: Path) -> Champion | None:
     return Champion(last["round"], last["last_step"], last["candidate_checkpoint"], last["candidate_score"])
 
 
+def _pointed_at(pointer: Path) -> str | None:
+    """The checkpoint champion.json names; None when it is missing or not such a record (it is
+    rewritten from the promotions table then)."""
+    try:
+        record = read_json(pointer)
+    except (OSError, ValueError):
+        return None
+    return record.get("checkpoint") if isinstance(record, dict) else None
+
+
 def sync_champion_pointer(root: Path) -> Champion | None:
     """Make champion.json and the `champion` symlink match the promotions table (after a promotion,
     or when a crash left them behind). Call it only under the retraining lock."""
     champion = read_champion(root)
     pointer = root / CHAMPION
-    if champion is not None and (
-        not pointer.is_file() or read_json(pointer).get("checkpoint") != champion.checkpoint
-    ):
+    if champion is not None and _pointed_at(pointer) != champion.checkpoint:
         write_json_atomic(
             pointer,
             {
@@ -243,6 +252,7 @@ def round_overrides(
     the new files, from the champion (or from the base model), for `iterations` more steps,
     validating the incumbent first and the candidate last."""
     start = champion.step if champion else 0
+    refuse_links_below(root, round_dir(root, number))  # a planted rounds/ link would take the run elsewhere
     overrides = [
         f"trainer.default_local_dir={round_dir(root, number)}",
         f"data.train_files={json.dumps([f.path for f in files])}",

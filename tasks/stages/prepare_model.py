@@ -3,7 +3,6 @@ cached Hugging Face directory), and the critic it starts from."""
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import importlib.util
 import json
@@ -20,7 +19,7 @@ from ppoflow.tasks.run import Run
 from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
 from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.model_cache import cached_model_dir, replace_directory
-from ppoflow.tasks.storage.regular_files import leads_outside
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.states import ModelState
 
 BUILTIN_MODEL = "builtin:tiny-addition"
@@ -114,8 +113,7 @@ def _install_copy(source: Path, run: Run, relative: str) -> Path:
     """run/relative as an exact copy of the model directory `source` (replaced when it is missing,
     damaged or different; never through a link that leads outside the run)."""
     target = run.path / relative
-    if leads_outside(target.parent, target):
-        raise OSError(errno.EPERM, "a link in the run leads outside it; remove the link", str(target))
+    refuse_links_below(run.path, target)  # model/ or model/<name> planted as a link elsewhere
     try:
         if directory_digest(target) == directory_digest(source):
             return target

@@ -138,11 +138,8 @@ def state_files_intact(run: Run, state: ModelState) -> bool:
 
 
 def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
-    for directory in (run.path / "checkpoints").glob(f"iter=*/{state.role}"):
-        step = directory.parent.name.removeprefix("iter=")
-        if step.isdigit() and int(step) > state.step and holds_model(directory):
-            return True
-    return False
+    saved = saved_folders(run.path / "checkpoints", state.role)
+    return any(int(d.parent.name.removeprefix("iter=")) > state.step and holds_model(d) for d in saved)
 
 
 def verified_dir(run: Run, state: ModelState) -> Path:
@@ -287,6 +284,17 @@ def load_optimizer_state(run: Run, state: ModelState, model: torch.nn.Module, op
         raise StateUnavailable(str(error)) from error
 
 
+def saved_folders(root: Path, name: str) -> list[Path]:
+    """root/iter=<step>/<name> (a role's model or optimizer folder), oldest step first, by number;
+    an `iter=` folder whose name is not a step number (planted, say) is not a checkpoint."""
+    found = []
+    for path in root.glob(f"iter=*/{name}"):
+        step = path.parent.name.removeprefix("iter=")
+        if step.isdigit():
+            found.append((int(step), path))
+    return [path for _, path in sorted(found)]
+
+
 OPTIMIZER_STATES_KEPT = 2
 """Checkpoints of a role that keep their optimizer state: the newest, which a resume trains, and the
 one before it, from which a damaged newest is trained again."""
@@ -296,12 +304,7 @@ def prune_optimizer_states(run: Run, role: str) -> None:
     """Delete the optimizer state of every checkpoint of `role` but the newest OPTIMIZER_STATES_KEPT
     (an older state that is ever trained again is rebuilt by replay)."""
     root = run.path / "checkpoints"
-    saved = sorted(
-        (int(d.parent.name.removeprefix("iter=")), d)
-        for d in root.glob(f"iter=*/{role}.optim")
-        if d.parent.name.removeprefix("iter=").isdigit()
-    )
-    for _, directory in saved[:-OPTIMIZER_STATES_KEPT]:
+    for directory in saved_folders(root, f"{role}.optim")[:-OPTIMIZER_STATES_KEPT]:
         if not leads_outside(root, directory):
             remove_from_run(root, directory)
 
@@ -311,8 +314,7 @@ def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
     if keep is None or keep <= 0:
         return
     root = run.path / "checkpoints"
-    saved = sorted(root.glob(f"iter=*/{role}"))
-    for directory in saved[:-keep]:
+    for directory in saved_folders(root, role)[:-keep]:
         if not leads_outside(root, directory):  # a planted link's target is not the run's
             remove_from_run(root, directory)
             remove_from_run(root, optimizer_dir(directory))

@@ -25,6 +25,7 @@ from ppoflow.tasks.storage.checkpoints import (
     directory_digest,
     holds_model,
     readable_as_the_umask_allows,
+    saved_folders,
 )
 from ppoflow.tasks.storage.tables import read_json
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
@@ -39,7 +40,7 @@ def actor_checkpoint(source: Path) -> Path:
     checkpoints/iter=NNNNNN folder, or an actor directory itself."""
     source = source.resolve()
     if (source / "checkpoints").is_dir():
-        saved = sorted(d for d in (source / "checkpoints").glob("iter=*/actor") if holds_model(d))
+        saved = [d for d in saved_folders(source / "checkpoints", "actor") if holds_model(d)]
         if not saved:
             raise ExportError(f"{source} has no actor checkpoint yet (checkpoints/iter=*/actor)")
         return saved[-1]

@@ -95,13 +95,17 @@ def acquire_run_lock(run_dir: Path) -> Path:
 
 
 def _open_lock_file(path: Path) -> int:
-    """The lock file, created if needed; never through a link (the holder truncates and writes it,
-    which through a planted link would clobber another file) and never anything but a regular file
-    (a FIFO would block)."""
+    """The lock file, created if needed; never through a link, symbolic or hard (the holder truncates
+    and writes it, which through a planted link would clobber another file) and never anything but a
+    regular file (a FIFO would block)."""
     try:
-        return open_regular_file(path, os.O_RDWR | os.O_CREAT)  # no O_TRUNC: only the holder writes
+        descriptor = open_regular_file(path, os.O_RDWR | os.O_CREAT)  # no O_TRUNC: only the holder writes
     except OSError as error:
         raise RunLocked(f"{path} cannot be the run's lock file ({error.strerror}); remove it") from error
+    if os.fstat(descriptor).st_nlink > 1:  # a hard link to another file: writing it would clobber that
+        os.close(descriptor)
+        raise RunLocked(f"{path} cannot be the run's lock file (it has other names: a hard link); remove it")
+    return descriptor
 
 
 def release_run_lock(run_dir: Path) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "stage_path",
     "write_json_atomic",
     "write_text_atomic",
+    "write_bytes_atomic",
     "write_table",
     "IOClock",
 ]
@@ -257,6 +258,12 @@ def artifact_is_valid(run_dir: str | Path, ref: ArtifactRef) -> bool:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write a text file with the same temp-file, fsync and rename as every artifact."""
     _atomic_write(Path(path), text.encode())
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Write a file's bytes with the same temp-file, fsync and rename as every artifact: a planted
+    link or FIFO at `path` is replaced, never followed."""
+    _atomic_write(Path(path), data)
 
 
 @timed_io("tables")

@@ -3,6 +3,8 @@ one valid PNG per panel whose curves hold the run's numbers, and a markdown summ
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -10,7 +12,7 @@ import pytest
 from PIL import Image
 
 from ppoflow.tasks.observe.report import ACTOR, panel_figures, sparkline, summary_markdown, write_report
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.catalog import query, refresh_catalog
 
 from .test_diagnose import real_run
 
@@ -29,6 +31,30 @@ def column(run_dir, sql: str) -> list:
 def test_sparkline_scales_between_min_and_max():
     assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
     assert sparkline([2.0, 2.0]) == "▁▁" and sparkline([]) == ""
+
+
+def test_the_report_replaces_what_was_planted_in_its_folder_and_refuses_a_linked_one(runs, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(runs("overfit"), copy)
+    refresh_catalog(copy)  # its views name the run's own files
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "bashrc").write_text("precious")
+    (copy / "report").mkdir(exist_ok=True)
+    (copy / "report/report.md").symlink_to(outside / "bashrc")  # written through, it would clobber it
+    os.mkfifo(copy / "report/actor.png")  # written into, it would hang
+    write_report(copy)
+    assert (outside / "bashrc").read_text() == "precious"
+    assert (
+        not (copy / "report/report.md").is_symlink()
+        and "### Charts" in (copy / "report/report.md").read_text()
+    )
+    assert (copy / "report/actor.png").read_bytes().startswith(PNG_SIGNATURE)
+    shutil.rmtree(copy / "report")
+    (copy / "report").symlink_to(outside)
+    with pytest.raises(OSError, match="refusing to write through a link inside the run"):
+        write_report(copy)
+    assert [p.name for p in outside.iterdir()] == ["bashrc"]
 
 
 def test_report_writes_one_valid_png_per_panel_and_report_md(runs, tmp_path):
