@@ -42,23 +42,38 @@ class _YamlLoader(yaml.SafeLoader):
     """PyYAML's safe loader, but reading 1e-6 as a float as YAML 1.2 (and verl's OmegaConf) do, and
     refusing a key set twice in one mapping, as OmegaConf does (PyYAML keeps the last silently)."""
 
-    def construct_mapping(self, node, deep=False):
+    def __init__(self, stream) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node) -> None:
+        """Check each mapping for keys set twice as it was written, once, before PyYAML merges into it
+        the keys a `<<` brings (which it may do before the mapping itself is built, when another
+        mapping merges it); keys a merge brings may be set again: that is what merging is for."""
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            self._refuse_keys_set_twice(node)
+        super().flatten_mapping(node)
+
+    def _refuse_keys_set_twice(self, node) -> None:
         seen = set()
-        for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults` may be overridden
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
-            key = self.construct_object(key_node, deep=deep)
+            key = self.construct_object(key_node)
             try:
                 duplicate = key in seen
             except TypeError:  # an unhashable key: the safe loader says so itself
-                break
+                return
             if duplicate:
-                problem = f"key {key!r} is set twice"
+                written = key_node.value if isinstance(key_node, yaml.ScalarNode) else key
                 raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, problem, key_node.start_mark
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"key {written!r} is set twice",
+                    key_node.start_mark,
                 )
             seen.add(key)
-        return super().construct_mapping(node, deep)
 
 
 _YamlLoader.yaml_implicit_resolvers = {

@@ -51,8 +51,9 @@ def run_tokenizer(run_dir: Path):
     or its copied base model."""
     from ppoflow.engine.models import load_tokenizer
     from ppoflow.tasks.storage.checkpoints import adapter_record
+    from ppoflow.tasks.storage.tables import saved_folders
 
-    saved = sorted(run_dir.glob("checkpoints/iter=*/actor")) or [run_dir / "model/base"]
+    saved = saved_folders(run_dir / "checkpoints", "actor") or [run_dir / "model/base"]
     directory = saved[-1]
     try:
         record = adapter_record(directory)

@@ -19,7 +19,7 @@ from ppoflow.tasks.observe.diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
 from ppoflow.tasks.observe.diagnose_run import RunData
 from ppoflow.tasks.storage.catalog import connect_confined
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.tables import write_bytes_atomic, write_text_atomic
+from ppoflow.tasks.storage.tables import saved_folders, write_bytes_atomic, write_text_atomic
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -241,7 +241,11 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> list[Pat
     run_dir = Path(run_dir)
     if out is None:
         out = run_dir / "report"
-        refuse_links_below(run_dir, out)
+        try:
+            refuse_links_below(run_dir, out)
+        except OSError as error:
+            hint = f"{error.strerror}, or write the report elsewhere with --out"
+            raise OSError(error.errno, hint, error.filename) from None
     out = Path(out)
     figures = panel_figures(run_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -313,7 +317,7 @@ def _findings_section(run: RunData) -> list[str]:
 
 
 def _data_section(run_dir: Path, example_query: str) -> list[str]:
-    actors = sorted(run_dir.glob("checkpoints/iter=*/actor"))
+    actors = saved_folders(run_dir / "checkpoints", "actor")
     lines = [
         "**Where the data is**",
         "",

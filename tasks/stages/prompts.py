@@ -32,7 +32,7 @@ from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
 from ppoflow.tasks.stages.rollouts import prompt_token_ids
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
-from ppoflow.tasks.storage.regular_files import remove_from_run
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
@@ -293,7 +293,9 @@ def _write_rejects(run: Run, split: str, rejects: list[Reject]) -> tuple[Artifac
     """data/rejects_<split>.parquet when any row was rejected; a stale one from an earlier ingest
     of a since-fixed file is removed, so the catalog's rejects view shows only current rejects."""
     if not rejects:
-        remove_from_run(run.path, run.path / _rejects_path(split))  # never through a planted data/ link
+        stale = run.path / _rejects_path(split)
+        refuse_links_below(run.path, stale.parent)  # never through a planted data/ link
+        stale.unlink(missing_ok=True)  # a link there is removed itself, not what it points at
         return ()
     columns = {
         "source": [r.source for r in rejects],

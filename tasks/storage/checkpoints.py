@@ -23,7 +23,7 @@ from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
 from ppoflow.tasks.storage.regular_files import leads_outside, refuse_links_below, remove_from_run
 from ppoflow.tasks.storage.states import ModelState
-from ppoflow.tasks.storage.tables import file_digest, timed_io
+from ppoflow.tasks.storage.tables import file_digest, saved_folders, step_of, timed_io
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
@@ -139,7 +139,7 @@ def state_files_intact(run: Run, state: ModelState) -> bool:
 
 def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
     saved = saved_folders(run.path / "checkpoints", state.role)
-    return any(int(d.parent.name.removeprefix("iter=")) > state.step and holds_model(d) for d in saved)
+    return any(step_of(d.parent.name) > state.step and holds_model(d) for d in saved)
 
 
 def verified_dir(run: Run, state: ModelState) -> Path:
@@ -282,17 +282,6 @@ def load_optimizer_state(run: Run, state: ModelState, model: torch.nn.Module, op
         load_torch_optimizer(directory, model, optimizer, scheduler)
     except OptimizerStateError as error:
         raise StateUnavailable(str(error)) from error
-
-
-def saved_folders(root: Path, name: str) -> list[Path]:
-    """root/iter=<step>/<name> (a role's model or optimizer folder), oldest step first, by number;
-    an `iter=` folder whose name is not a step number (planted, say) is not a checkpoint."""
-    found = []
-    for path in root.glob(f"iter=*/{name}"):
-        step = path.parent.name.removeprefix("iter=")
-        if step.isdigit():
-            found.append((int(step), path))
-    return [path for _, path in sorted(found)]
 
 
 OPTIMIZER_STATES_KEPT = 2

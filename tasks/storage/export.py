@@ -25,9 +25,8 @@ from ppoflow.tasks.storage.checkpoints import (
     directory_digest,
     holds_model,
     readable_as_the_umask_allows,
-    saved_folders,
 )
-from ppoflow.tasks.storage.tables import read_json
+from ppoflow.tasks.storage.tables import read_json, saved_folders
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 

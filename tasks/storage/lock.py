@@ -104,7 +104,10 @@ def _open_lock_file(path: Path) -> int:
         raise RunLocked(f"{path} cannot be the run's lock file ({error.strerror}); remove it") from error
     if os.fstat(descriptor).st_nlink > 1:  # a hard link to another file: writing it would clobber that
         os.close(descriptor)
-        raise RunLocked(f"{path} cannot be the run's lock file (it has other names: a hard link); remove it")
+        raise RunLocked(
+            f"{path} cannot be the run's lock file (it has other names: a hard link, as in a run copied "
+            "with cp -al); remove it"
+        )
     return descriptor
 
 

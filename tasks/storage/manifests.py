@@ -15,6 +15,7 @@ from ppoflow.tasks.storage.tables import (
     iteration_dir,
     iteration_number,
     read_json,
+    step_of,
     timed_io,
     write_json_atomic,
 )
@@ -60,8 +61,8 @@ def read_manifest(run_dir: str | Path, iteration: int) -> dict | None:
 
 def committed_iterations(run_dir: str | Path) -> list[int]:
     """The iterations whose manifest is written (their stages all finished), in order."""
-    found = (p.parent.name.removeprefix("iter=") for p in Path(run_dir).glob(f"iter=*/{MANIFEST_NAME}"))
-    return sorted(int(n) for n in found if n.isdigit())
+    found = (step_of(p.parent.name) for p in Path(run_dir).glob(f"iter=*/{MANIFEST_NAME}"))
+    return sorted(step for step in found if step is not None)
 
 
 def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:

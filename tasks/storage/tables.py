@@ -42,6 +42,8 @@ __all__ = [
     "read_json",
     "read_table",
     "stage_path",
+    "step_of",
+    "saved_folders",
     "write_json_atomic",
     "write_text_atomic",
     "write_bytes_atomic",
@@ -93,6 +95,7 @@ COMPRESS_FROM_BYTES = 1 << 16
 column (the embedded default's 74-column metrics row: 4.0 ms compressed, 1.3 ms not)."""
 _CHUNK = 1 << 20
 _STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_ITER_NAME = re.compile(r"iter=([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,22 @@ def read_json(path: str | Path) -> Any:
 
 def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
     return Path(run_dir) / f"iter={iteration_number(iteration):06d}"
+
+
+def step_of(folder_name: str) -> int | None:
+    """The step an `iter=NNNNNN` folder holds, from its name as ppoflow writes it (six digits at
+    least, no other form); None for any other name (planted, say)."""
+    match = _ITER_NAME.fullmatch(folder_name)
+    if match is None or folder_name != f"iter={int(match[1]):06d}":
+        return None
+    return int(match[1])
+
+
+def saved_folders(root: Path, name: str) -> list[Path]:
+    """root/iter=<step>/<name> (a role's model or optimizer folder), oldest step first, by number;
+    an `iter=` folder not named as ppoflow names them (`tables.step_of`; planted, say) is none."""
+    found = ((step_of(path.parent.name), path) for path in root.glob(f"iter=*/{name}"))
+    return [path for _, path in sorted((step, path) for step, path in found if step is not None)]
 
 
 def stage_path(iteration: int, stage: str, part: int = 0) -> str:

@@ -107,8 +107,11 @@ def test_a_champion_record_of_the_wrong_kind_is_rewritten(tmp_path):
 
 
 def test_checkpoints_are_ordered_by_step_and_planted_names_are_not_checkpoints(tmp_path):
-    from ppoflow.tasks.storage.checkpoints import saved_folders
+    from ppoflow.tasks.storage.manifests import MANIFEST_NAME, committed_iterations
+    from ppoflow.tasks.storage.tables import saved_folders
 
-    for name in ("iter=000010", "iter=000009", "iter=zzz", "iter=", "notes"):
+    for name in ("iter=1000000", "iter=999999", "iter=zzz", "iter=", "iter=5", "iter=00000²", "notes"):
         (tmp_path / name / "actor").mkdir(parents=True)
-    assert [p.parent.name for p in saved_folders(tmp_path, "actor")] == ["iter=000009", "iter=000010"]
+        (tmp_path / name / MANIFEST_NAME).write_text("{}")
+    assert [p.parent.name for p in saved_folders(tmp_path, "actor")] == ["iter=999999", "iter=1000000"]
+    assert committed_iterations(tmp_path) == [999999, 1000000]

@@ -309,6 +309,14 @@ def test_nothing_is_written_through_a_link_below_the_run(tmp_path):
     (tmp_path / "linked-run").symlink_to(run)  # the run itself through a link: written as always
     ref = write_table(actor_steps(), tmp_path / "linked-run", "iter=000003/actor_update/part-00000.parquet")
     assert (run / ref.path).is_file()
+    bigger = tmp_path / "bigger-disk"  # and its checkpoints folder moved to a larger disk
+    bigger.mkdir()
+    moved = tmp_path / "moved-run"
+    moved.mkdir()
+    (moved / "checkpoints").symlink_to(bigger)
+    relative, _, _ = write_checkpoint(Run(str(moved)), "critic", 3, fill)
+    assert (bigger / "iter=000003/critic/model.safetensors").read_bytes() == b"weights"
+    assert relative == "checkpoints/iter=000003/critic"
 
 
 def test_a_run_directory_that_cannot_be_made_is_named_with_its_keys(tmp_path):
