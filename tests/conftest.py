@@ -4,6 +4,8 @@ test process's own Prefect home; the order modules are handed out in (pytest -n)
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,6 +33,14 @@ GSM8K_DIR = Path(__file__).resolve().parents[1] / "data/gsm8k"
 
 def gsm8k_file(name: str) -> Path:
     return GSM8K_DIR / name
+
+
+def try_lock(run_dir) -> bool:
+    """Whether another process can take the run's lock (this one may hold it: the lock is re-entrant)."""
+    code = (
+        "import sys; from ppoflow.tasks.storage.lock import acquire_run_lock; acquire_run_lock(sys.argv[1])"
+    )
+    return subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True).returncode == 0
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,9 @@ def refuse_links_below(root: str | Path, folder: str | Path) -> None:
     """An OSError naming the link, before anything is written into `folder` (below `root`), when a
     folder on the way from `root` is a link: what a planted link points at is not the run's, and a
     write through it would land outside. `root` itself may be a link (a checkpoints folder moved to a
-    larger disk). Folders that do not exist yet are made by the caller, as real folders."""
+    larger disk). Folders that do not exist yet are made by the caller, as real folders. Not
+    `leads_outside`: it says which folder is the link, and it looks only at the folders below
+    `root` (an lstat each) where a realpath walks the whole path, before every table a stage writes."""
     current = Path(root)
     for part in Path(folder).relative_to(root).parts:
         current = current / part

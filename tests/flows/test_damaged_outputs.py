@@ -8,8 +8,6 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -17,16 +15,9 @@ from transformers import AutoModelForCausalLM
 
 from ppoflow.tasks.storage.results import ResultSerializer
 from ppoflow.tasks.storage.tables import file_digest
+from tests.conftest import try_lock
 
 from .conftest import train
-
-
-def try_lock(run_dir) -> bool:
-    """Whether another process can take the run's lock (this one may hold it: the lock is re-entrant)."""
-    code = (
-        "import sys; from ppoflow.tasks.storage.lock import acquire_run_lock; acquire_run_lock(sys.argv[1])"
-    )
-    return subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True).returncode == 0
 
 
 def _copy(run_dir, tmp_path):

@@ -26,6 +26,7 @@ from ppoflow.tasks.storage.tables import (
     write_json_atomic,
     write_table,
 )
+from tests.conftest import try_lock
 
 REL = "iter=000001/actor_update/part-00000.parquet"
 
@@ -327,9 +328,6 @@ def test_a_run_directory_that_cannot_be_made_is_named_with_its_keys(tmp_path):
 
 
 def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
-    import subprocess
-    import sys
-
     from ppoflow.tasks.run import open_run
 
     outside, run = tmp_path / "outside", tmp_path / "run"
@@ -338,9 +336,7 @@ def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
     (run / ".prefect-results").symlink_to(outside)
     with pytest.raises(OSError, match="stage results are kept in a folder of the run, not a link"):
         open_run(run, "trainer: {}\n")
-    assert not (run / "config.yaml").exists()  # nothing written, and the run not left locked:
-    take = "import sys; from ppoflow.tasks.storage.lock import acquire_run_lock as a; a(sys.argv[1])"
-    assert subprocess.run([sys.executable, "-c", take, str(run)], capture_output=True).returncode == 0
+    assert not (run / "config.yaml").exists() and try_lock(run)  # nothing written, not left locked
 
 
 def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
