@@ -7,8 +7,6 @@ import copy
 import difflib
 import functools
 import os
-import re
-import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -23,11 +21,11 @@ from .schema_actor import ActorModelConfig
 from .schema_checks import require_micro_batch_sizes
 from .schema_common import ConfigError, first_non_finite, is_open_mapping, section_type
 from .unsupported import check_supported
+from .yaml_files import ConfigYamlLoader, read_config_text
 
 EMBEDDED_DEFAULT = Path(__file__).with_name("embedded_default.yaml")
 TINY_MODEL = ActorModelConfig.model_fields["path"].default
 """The built-in tiny model, the only one the embedded default is for."""
-"""Overrides that turn verl's defaults into `ppoflow train`'s tiny CPU run."""
 
 
 class Assignment(NamedTuple):
@@ -36,62 +34,6 @@ class Assignment(NamedTuple):
     path: KeyPath
     value: Any
     origin: str
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, but reading 1e-6 as a float as YAML 1.2 (and verl's OmegaConf) do, and
-    refusing a key set twice in one mapping, as OmegaConf does (PyYAML keeps the last silently)."""
-
-    def __init__(self, stream) -> None:
-        super().__init__(stream)
-        self._checked: set[int] = set()
-
-    def flatten_mapping(self, node) -> None:
-        """Check each mapping for keys set twice as it was written, once, before PyYAML merges into it
-        the keys a `<<` brings (which it may do before the mapping itself is built, when another
-        mapping merges it); keys a merge brings may be set again: that is what merging is for."""
-        if id(node) not in self._checked:
-            self._checked.add(id(node))
-            self._refuse_keys_set_twice(node)
-        super().flatten_mapping(node)
-
-    def _refuse_keys_set_twice(self, node) -> None:
-        seen = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node)
-            try:
-                duplicate = key in seen
-            except TypeError:  # an unhashable key: the safe loader says so itself
-                return
-            if duplicate:
-                written = key_node.value if isinstance(key_node, yaml.ScalarNode) else key
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping",
-                    node.start_mark,
-                    f"key {written!r} is set twice",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
 
 
 def _uses_tiny_model(assignments: list[Assignment]) -> bool:
@@ -181,9 +123,9 @@ def _absolute(assignment: Assignment, folder: Path) -> Assignment:
 
 
 def _file_assignments(path: Path, kind: str) -> list[Assignment]:
-    text = _read_config_text(path)
+    text = read_config_text(path)
     try:
-        data = yaml.load(text, Loader=_YamlLoader)
+        data = yaml.load(text, Loader=ConfigYamlLoader)
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot parse YAML file '{path}': {exc}") from None
     if data is None:
@@ -194,35 +136,6 @@ def _file_assignments(path: Path, kind: str) -> list[Assignment]:
     return [_absolute(a, folder) for a in _assignments((), data, f"{kind} '{path}'")]
 
 
-def _read_config_text(path: Path) -> str:
-    """A config file's text: a regular file (a FIFO would block the read forever) of UTF-8 text."""
-
-    def unreadable(why: str) -> ConfigError:
-        return ConfigError(f"cannot read config file '{path}': {why}")
-
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise unreadable(exc.strerror) from None
-    try:
-        mode = os.fstat(descriptor).st_mode
-        if stat.S_ISDIR(mode):
-            raise unreadable("Is a directory")
-        if not stat.S_ISREG(mode):
-            raise unreadable("not a regular file")
-        chunks = []
-        while chunk := os.read(descriptor, 1 << 20):
-            chunks.append(chunk)
-    except OSError as exc:
-        raise unreadable(exc.strerror) from None
-    finally:
-        os.close(descriptor)
-    try:
-        return b"".join(chunks).decode()
-    except UnicodeDecodeError as exc:
-        raise unreadable(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-
-
 def _override_assignments(number: int, text: str) -> list[Assignment]:
     origin = f"command-line override #{number} '{text}'"
     key, sep, raw = text.partition("=")
@@ -230,7 +143,7 @@ def _override_assignments(number: int, text: str) -> list[Assignment]:
     if not sep or not key:
         raise ConfigError(f"{origin} is not of the form key=value (e.g. trainer.total_epochs=15)")
     try:
-        value = yaml.load(raw, Loader=_YamlLoader)
+        value = yaml.load(raw, Loader=ConfigYamlLoader)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or exc
         raise ConfigError(f"cannot parse the value {raw!r} of {origin}: {problem}") from None

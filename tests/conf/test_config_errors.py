@@ -255,15 +255,15 @@ def test_a_key_set_twice_in_one_mapping_is_refused_as_omegaconf_does(tmp_path):
     assert "key 'save_freq' is set twice" in error_of(path=nested)
     merged = tmp_path / "merged.yaml"  # a key a YAML merge brings may be set again: that is its use
     merged.write_text("critic:\n  <<: {ppo_epochs: 1, ppo_mini_batch_size: 64}\n  ppo_epochs: 3\n")
-    from ppoflow.conf.loader import _YamlLoader
+    from ppoflow.conf.yaml_files import ConfigYamlLoader
 
-    read = yaml.load(merged.read_text(), Loader=_YamlLoader)
+    read = yaml.load(merged.read_text(), Loader=ConfigYamlLoader)
     assert read == {"critic": {"ppo_epochs": 3, "ppo_mini_batch_size": 64}}
     for merges in (  # a merged mapping that itself merges: read as PyYAML's own safe loader reads it
         "common: &c {lr: 0}\ndefaults: &d {<<: *c, lr: 1}\nx:\n  <<: *d\n",
         "x: {base: &b {<<: {k: 0}, k: 1}, <<: *b}\n",
         "a: &a {x: 1}\nb: &b {y: 2}\nc: {<<: [*a, *b], x: 3}\n",
     ):
-        assert yaml.load(merges, Loader=_YamlLoader) == yaml.safe_load(merges)
+        assert yaml.load(merges, Loader=ConfigYamlLoader) == yaml.safe_load(merges)
     with pytest.raises(yaml.YAMLError, match="key 'yes' is set twice"):  # the key as written
-        yaml.load("true: 1\nyes: 2\n", Loader=_YamlLoader)
+        yaml.load("true: 1\nyes: 2\n", Loader=ConfigYamlLoader)
