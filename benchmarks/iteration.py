@@ -57,7 +57,7 @@ def run_and_report(args, run_dir: Path) -> None:
     # imported inside, once PREFECT_API_URL names it
     with prefect_api():
         from ppoflow.flows import iteration, train
-        from ppoflow.tasks.storage.catalog import query
+        from ppoflow.tasks.storage.confined_query import query
 
         io_between = _count_io_between_stages(iteration, train)
         server_cpu = _sample_server_cpu_at_commits(iteration)

@@ -216,7 +216,7 @@ def _config(args) -> int:
 
 
 def _query(args) -> int:
-    from ppoflow.tasks.storage.catalog import query
+    from ppoflow.tasks.storage.confined_query import query
 
     try:
         columns, rows = query(args.run_dir, args.sql)

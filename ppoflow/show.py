@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 ROWS_SQL = """
 SELECT r.prompt_id, r.sample_idx, r.prompt_text, r.response_text, r.response_ids, r.old_log_probs,

@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import duckdb
+import pyarrow as pa
 import yaml
 
 from ppoflow.tasks.observe.diagnose_checks import CHECKS
 from ppoflow.tasks.observe.diagnose_run import SEVERITY_RANK, Finding, RunData
-from ppoflow.tasks.storage.catalog import CATALOG_NAME, connect_confined
+from ppoflow.tasks.storage.catalog import VIEWS
+from ppoflow.tasks.storage.confined_query import connect_confined, explained
 
 
 class RunDirError(ValueError):
@@ -53,8 +54,8 @@ from the update's side)."""
 
 def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
     """The run's metrics, raw-row statistics and config. RunDirError when run_dir is not a run
-    directory, RunInProgress before the first iteration writes the catalog; with require_metrics,
-    also RunInProgress or ValidationOnlyRun when no training iteration has finished."""
+    directory or its tables cannot be read (a damaged file); with require_metrics, also RunInProgress
+    or ValidationOnlyRun when no training iteration has finished."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise RunDirError(f"{run_dir} does not exist")
@@ -66,22 +67,17 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
         raise RunDirError(f"{run_dir / 'config.yaml'} cannot be read as the run's config: {error}") from None
     if not isinstance(config, dict):
         raise RunDirError(f"{run_dir / 'config.yaml'} is not the run's config: it holds no keys")
-    if not (run_dir / CATALOG_NAME).is_file():  # the first iteration's metrics stage writes it
-        raise RunInProgress(
-            f"{run_dir}: run in progress: no iteration has finished yet (no {CATALOG_NAME}; or the run "
-            "stopped before one did)"
-        )
     try:
-        with connect_confined(run_dir) as con:
+        with connect_confined(run_dir) as con, explained(run_dir.resolve(), VIEWS):
             table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
             rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
-    except (duckdb.Error, ValueError) as error:  # a catalog that is a link, or made for another folder
-        raise RunDirError(f"{run_dir}: cannot read the catalog: {error}") from error
+    except ValueError as error:  # a damaged table file, a folder DuckDB cannot glob
+        raise RunDirError(f"{run_dir}: cannot read the run's tables: {error}") from error
     iters = table["iter"].to_pylist()
     metrics = {
         name: _by_iter(zip(iters, table[name].to_pylist(), strict=True))
         for name in table.column_names
-        if name not in ("iter", "step")
+        if name not in ("iter", "step") and _numeric(table.schema.field(name).type)
     }
     run = RunData({k: v for k, v in metrics.items() if v}, rows, config)
     if require_metrics:
@@ -98,14 +94,21 @@ def require_iteration(run_dir: str | Path, run: RunData) -> None:
             f"{run_dir}: validation-only run: nothing to diagnose; see "
             f'`ppoflow query {run_dir} "SELECT * FROM validation"`'
         )
-    raise RunInProgress(f"{run_dir}: run in progress: no iteration has finished yet")
+    raise RunInProgress(
+        f"{run_dir}: no training step has finished yet (the run is in progress, or stopped before "
+        "its first step finished)"
+    )
 
 
 def validation_only(run: RunData) -> bool:
-    """trainer.val_only, or validation rows without a finished training iteration."""
-    return bool(run.setting("trainer.val_only", False)) or (
-        not run.metrics and bool(run.rows.get("validation/score_mean"))
-    )
+    """trainer.val_only: a run that validates and trains nothing. (Validation rows without metrics
+    are also what a run in progress has after step 0.)"""
+    return bool(run.setting("trainer.val_only", False))
+
+
+def _numeric(type_) -> bool:
+    """A metric's column type: a number (a column of any other type is none of ppoflow's metrics)."""
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
 
 
 def _by_iter(pairs) -> dict[int, float]:

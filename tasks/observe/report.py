@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ppoflow.tasks.observe.console import EXAMPLE_QUERY
-from ppoflow.tasks.observe.diagnose import diagnose, load_run, require_iteration, validation_only
+from ppoflow.tasks.observe.diagnose import RunDirError, diagnose, load_run, require_iteration, validation_only
 from ppoflow.tasks.observe.diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
 from ppoflow.tasks.observe.diagnose_run import RunData
-from ppoflow.tasks.storage.catalog import connect_confined
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.tables import saved_folders, write_bytes_atomic, write_text_atomic
 
@@ -57,12 +57,15 @@ def sparkline(values: list[float]) -> str:
     return "".join(SPARK[round((v - low) / span * (len(SPARK) - 1))] for v in values)
 
 
+VALIDATION_CURVE = "SELECT data_source, iter, avg(score) FROM validation GROUP BY ALL ORDER BY ALL"
+
+
 def validation_curve(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """data_source -> [(iter, mean validation score)], every validated iteration (0 = before training)."""
-    with connect_confined(run_dir) as con:
-        rows = con.execute(
-            "SELECT data_source, iter, avg(score) FROM validation GROUP BY ALL ORDER BY data_source, iter"
-        ).fetchall()
+    try:
+        rows = query(run_dir, VALIDATION_CURVE)[1]
+    except ValueError as error:  # a damaged table file
+        raise RunDirError(f"{run_dir}: cannot read the run's tables: {error}") from error
     curve: dict[str, list[tuple[int, float]]] = {}
     for source, iteration, score in rows:
         curve.setdefault(source, []).append((int(iteration), float(score)))

@@ -27,49 +27,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ppoflow.tasks.storage.catalog import sql_literal, write_catalog
+from ppoflow.tasks.storage.catalog import write_catalog
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.schemas import doc_field
+from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, PROMOTIONS_SCHEMA, ROUNDS, define_retrain_views
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic, write_table
 
 DATA_SUFFIXES = (".json", ".jsonl")
-PROMOTIONS = "promotions.parquet"
 CHAMPION = "champion.json"
 CHAMPION_LINK = "champion"
 BASE = "base"
 """The incumbent of the first round: the configured base model, not a checkpoint."""
-
-DATA_FILE = pa.struct(
-    [
-        doc_field("path", pa.string(), "Absolute path of the file when it was taken in."),
-        doc_field("sha256", pa.string(), "Content digest: a file with a digest seen before is skipped."),
-        doc_field("bytes", pa.int64(), "File size."),
-    ]
-)
-PROMOTIONS_SCHEMA = pa.schema(
-    [
-        doc_field("round", pa.int32(), "Retraining round (rounds/round=NNNNNN); also the dataset version."),
-        doc_field("decided_at", pa.timestamp("us", tz="UTC"), "When the decision was made."),
-        doc_field("decision", pa.string(), "'promoted' (the candidate is the new champion) or 'kept'."),
-        doc_field("reason", pa.string(), "Why, with both scores."),
-        doc_field("candidate_score", pa.float64(), "Validation score of the candidate.", nullable=True),
-        doc_field("champion_score", pa.float64(), "Validation score of the incumbent, same validation set."),
-        doc_field("candidate_checkpoint", pa.string(), "checkpoints/iter=NNNNNN folder of the candidate."),
-        doc_field("incumbent", pa.string(), "Checkpoint folder the round started from, or 'base'."),
-        doc_field("first_step", pa.int32(), "First PPO iteration of the round (global step)."),
-        doc_field("last_step", pa.int32(), "Last PPO iteration of the round (global step)."),
-        doc_field("train_rows", pa.int64(), "Prompts ingested from the round's files."),
-        doc_field(
-            "rejected_rows", pa.int64(), "Rows of those files rejected at ingest (the round's rejects)."
-        ),
-        doc_field("files", pa.list_(DATA_FILE), "The data files the round took in: its dataset version."),
-        doc_field("flow_run_id", pa.string(), "Prefect flow run that made the decision.", nullable=True),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -141,7 +111,7 @@ def next_round(root: Path) -> int:
 
 
 def round_dir(root: Path, number: int) -> Path:
-    return root / "rounds" / f"round={number:06d}"
+    return root / ROUNDS / f"round={number:06d}"
 
 
 def read_champion(root: Path) -> Champion | None:
@@ -219,30 +189,7 @@ def record_round(root: Path, number: int, files: list[DataFile], promotion: dict
 def refresh_retrain_catalog(root: Path) -> Path:
     """root/catalog.duckdb: promotions, dataset_files (one row per file taken in, with its version)
     and round_metrics (every round's metrics rows, with their round)."""
-
-    def define(con: duckdb.DuckDBPyConnection) -> None:
-        path = root / PROMOTIONS
-        if path.is_file():
-            con.execute(f"CREATE VIEW promotions AS SELECT * FROM read_parquet({sql_literal(str(path))})")
-        else:
-            con.register("_promotions", PROMOTIONS_SCHEMA.empty_table())
-            con.execute("CREATE TABLE promotions AS SELECT * FROM _promotions")
-        con.execute(
-            "CREATE VIEW dataset_files AS SELECT round AS version, unnest(files, recursive := true), "
-            "decided_at AS taken_at FROM promotions"
-        )
-        if any(root.glob("rounds/round=*/iter=*/metrics/*.parquet")):
-            pattern = sql_literal(str(root / "rounds/round=*/iter=*/metrics/*.parquet"))
-            con.execute(
-                "CREATE VIEW round_metrics AS SELECT "
-                r"CAST(regexp_extract(filename, 'round=(\d+)', 1) AS INTEGER) AS round, "
-                r"CAST(regexp_extract(filename, 'iter=(\d+)', 1) AS INTEGER) AS iter, * EXCLUDE (filename) "
-                f"FROM read_parquet({pattern}, union_by_name=true, filename=true, hive_partitioning=false)"
-            )
-        else:
-            con.execute("CREATE TABLE round_metrics (round INTEGER, iter INTEGER, step INTEGER)")
-
-    return write_catalog(root, define)
+    return write_catalog(root, lambda con: define_retrain_views(con, root))
 
 
 def round_overrides(

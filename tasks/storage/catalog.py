@@ -12,24 +12,16 @@ parsing reads every `key=value` folder of the absolute path, so a run under `run
 overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARCHAR. Filters on
 `iter` still prune files.
 
-`query`, behind `ppoflow query`, is read-only. It reads through `connect_confined`: the catalog
-attached READ_ONLY, and the connection confined with DuckDB's own settings, locked so that no SET or
-RESET undoes them: it opens files only under the run directory (DuckDB resolves `..` and symlinks
-before its prefix check, and `runs/demo-evil` is not under `runs/demo`), installs and loads no
-extension, sees no Python object as a table and spills nothing to a temp folder. The run directory
-stays readable, as the views need it, and DuckDB would write there too; so `query` also runs read
-statements only: SELECT (which covers WITH, VALUES, FROM-first, DESCRIBE, SHOW and SUMMARIZE), PIVOT,
-and EXPLAIN of a SELECT. Every statement is checked before the first runs; COPY, ATTACH, USE, SET,
-LOAD … are a ValueError naming their type.
+It is for any DuckDB client (`duckdb catalog.duckdb`, pandas, polars). ppoflow's own readers do not
+open it: they define the same views from the files themselves (confined_query.py).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import duckdb
@@ -48,9 +40,8 @@ __all__ = [
     "CATALOG_NAME",
     "VIEWS",
     "check_invariants",
-    "connect_confined",
     "connect_readonly",
-    "query",
+    "define_run_views",
     "refresh_catalog",
     "write_catalog",
     "table_violations",
@@ -113,20 +104,26 @@ def _recorded_tables(run_dir: Path) -> list[str] | None:
 @timed_io("catalog")
 def refresh_catalog(run_dir: str | Path) -> Path:
     """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
-    run_dir = _checked_dir(run_dir)
+    run_dir = checked_dir(run_dir)
     present = _tables_with_files(run_dir)
 
-    def define(con: duckdb.DuckDBPyConnection) -> None:
-        for name in TABLES:
-            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
-        con.execute(f"CREATE VIEW updates AS {_UPDATES}")
-
-    final = write_catalog(run_dir, define)
+    final = write_catalog(run_dir, lambda con: define_run_views(con, run_dir))
     write_json_atomic(run_dir / CATALOG_TABLES, present)
     return final
 
 
-def _checked_dir(run_dir: str | Path) -> Path:
+def define_run_views(con: duckdb.DuckDBPyConnection, run_dir: Path, names: Collection[str] = VIEWS) -> None:
+    """Create on `con` the views `names` (a view per table, and `updates`) of the run directory
+    `run_dir` (resolved), with the views they read."""
+    wanted = set(names) | ({"actor_update", "critic_update"} if "updates" in names else set())
+    for name in TABLES:
+        if name in wanted:
+            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
+    if "updates" in wanted:
+        con.execute(f"CREATE VIEW updates AS {_UPDATES}")
+
+
+def checked_dir(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir).resolve()
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
@@ -138,7 +135,7 @@ def _checked_dir(run_dir: str | Path) -> Path:
 def write_catalog(run_dir: str | Path, define: Callable[[duckdb.DuckDBPyConnection], None]) -> Path:
     """Build run_dir/catalog.duckdb with the views `define` creates, in a temp database renamed into
     place (readers never see a half-made catalog and are never locked out); returns its path."""
-    run_dir = _checked_dir(run_dir)
+    run_dir = checked_dir(run_dir)
     final = run_dir / CATALOG_NAME
     tmp = run_dir / f".{CATALOG_NAME}.{secrets.token_hex(6)}.tmp"
     try:
@@ -195,121 +192,6 @@ def connect_readonly(
                 ) from exc
             time.sleep(wait_s)
     raise AssertionError("unreachable")
-
-
-def connect_confined(run_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """connect_readonly, then confined to the run directory (_lock_down): for every reader of a run
-    (`ppoflow query`, diagnose, report), since the catalog's views are themselves read from the run.
-    A catalog copied into another folder still names the files of the run it was built for, which
-    are outside the copy: rebuild it there (refresh_catalog; `ppoflow train` does at its end)."""
-    con = connect_readonly(run_dir)
-    try:
-        _lock_down(con, Path(run_dir).resolve())
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
-def _lock_down(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
-    """Confine a connection to the run directory, once the catalog is attached: with external access
-    off, DuckDB checks every path it opens (file, glob, ATTACH, COPY, extension folder) against
-    allowed_directories, and lock_configuration refuses every later SET and RESET. In this order:
-    turning external access off adds DuckDB's temp folder to the allowed directories unless
-    temp_directory is emptied first, and allowed_directories cannot change once external access is off."""
-    for setting in (
-        "temp_directory = ''",
-        f"allowed_directories = [{sql_literal(str(run_dir))}]",
-        "enable_external_access = false",
-        "autoinstall_known_extensions = false",
-        "autoload_known_extensions = false",
-        "allow_community_extensions = false",
-        "python_enable_replacements = false",
-        "lock_configuration = true",
-    ):
-        con.execute(f"SET {setting}")
-
-
-def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
-    """Run `sql`, one or more read statements, over the run's catalog; returns (column names, rows) of
-    the last. All statements are checked before the first runs (_read_statements). A SQL error is a
-    ValueError carrying DuckDB's message and the available views; so is a file outside the run."""
-    with connect_confined(run_dir) as con:
-        statements = _read_statements(con, sql)
-        try:
-            for statement in statements:
-                con.execute(statement)
-            return [d[0] for d in con.description], con.fetchall()
-        except duckdb.PermissionException as exc:
-            raise ValueError(
-                f"{exc}\nppoflow query may read only the run's tables, under {Path(run_dir).resolve()}; "
-                f"available views: {', '.join(_view_names(con))}"
-            ) from exc
-        except duckdb.Error as exc:
-            raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
-
-
-_READS = ("SELECT", "PIVOT", "EXPLAIN SELECT")
-"""The statement kinds (see _kind) that query runs."""
-
-
-def _read_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[duckdb.Statement]:
-    """The statements of `sql`, parsed by DuckDB; a ValueError unless there is one at least and every
-    one is a read (_READS). The connection alone would still let COPY or ATTACH write in the run."""
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise ValueError(f"{exc}\navailable views: {', '.join(_view_names(con))}") from exc
-    if not statements:
-        raise ValueError("no SQL statement to run; ppoflow query runs read-only SELECT statements")
-    for statement in statements:
-        kind = _kind(con, statement)
-        if kind not in _READS:
-            raise ValueError(
-                "ppoflow query runs read-only SELECT statements (SELECT, WITH, VALUES, FROM, DESCRIBE, "
-                f"SHOW, SUMMARIZE, PIVOT, EXPLAIN of a SELECT); refused this {kind} statement: "
-                f"{_excerpt(statement.query)}"
-            )
-    return statements
-
-
-def _kind(con: duckdb.DuckDBPyConnection, statement: duckdb.Statement) -> str:
-    """DuckDB's type of a statement. EXPLAIN also names what it explains, since EXPLAIN ANALYZE runs
-    it; a PIVOT without an IN list, which DuckDB types MULTI (a temporary enum type, then a SELECT),
-    is PIVOT."""
-    suffixes = _token_suffixes(statement.query)
-    first = next(suffixes, "")
-    if statement.type == duckdb.StatementType.EXPLAIN:
-        explained = _first_statement(con, suffixes)
-        return f"EXPLAIN {_kind(con, explained) if explained else 'UNKNOWN'}"
-    if statement.type == duckdb.StatementType.MULTI and re.match(r"PIVOT(_WIDER)?\b", first, re.I):
-        return "PIVOT"
-    return statement.type.name
-
-
-def _first_statement(con: duckdb.DuckDBPyConnection, texts: Iterator[str]) -> duckdb.Statement | None:
-    """The first text that parses as one statement: after EXPLAIN, this skips ANALYZE or an option
-    list such as (ANALYZE, FORMAT json) and finds the statement explained."""
-    for text in texts:
-        try:
-            parsed = con.extract_statements(text)
-        except duckdb.ParserException:
-            continue
-        return parsed[0] if len(parsed) == 1 else None
-    return None
-
-
-def _token_suffixes(sql: str) -> Iterator[str]:
-    """`sql` from each of its tokens on, comments skipped (duckdb.tokenize counts UTF-8 bytes)."""
-    raw = sql.encode()
-    for start, kind in duckdb.tokenize(sql):
-        if kind != duckdb.token_type.comment:
-            yield raw[start:].decode()
-
-
-def _excerpt(sql: str, limit: int = 120) -> str:
-    text = " ".join(sql.split())
-    return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
 def check_invariants(run_dir: str | Path) -> dict[str, list[str]]:
@@ -374,14 +256,6 @@ def _empty_sql(con: duckdb.DuckDBPyConnection, name: str, *, with_iter: bool) ->
     columns = ["CAST(NULL AS INTEGER) AS iter"] if with_iter else []
     columns += [f"CAST(NULL AS {type_}) AS {_ident(column)}" for column, type_, *_ in described]
     return f"SELECT {', '.join(columns)} LIMIT 0"
-
-
-def _view_names(con: duckdb.DuckDBPyConnection) -> list[str]:
-    rows = con.execute(
-        "SELECT view_name FROM duckdb_views() WHERE NOT internal AND database_name = ? ORDER BY view_name",
-        [_ALIAS],
-    ).fetchall()
-    return [r[0] for r in rows]
 
 
 def _ident(name: str) -> str:

@@ -112,7 +112,7 @@ def test_show_prints_responses_with_rewards_and_per_token_values(small_run):
 
 
 def query_scores(run_dir) -> list[float]:
-    from ppoflow.tasks.storage.catalog import query
+    from ppoflow.tasks.storage.confined_query import query
 
     return [
         row[0] for row in query(run_dir, "SELECT score FROM rewards WHERE iter = 2 ORDER BY score DESC")[1]

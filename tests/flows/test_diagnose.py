@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import pyarrow as pa
 import pytest
 
 from ppoflow.tasks.observe.diagnose import (
@@ -24,7 +25,8 @@ from ppoflow.tasks.observe.diagnose import (
     load_run,
 )
 from ppoflow.tasks.observe.diagnose_run import Finding, fitted_change
-from ppoflow.tasks.storage.catalog import query, refresh_catalog
+from ppoflow.tasks.storage.confined_query import query
+from ppoflow.tasks.storage.tables import write_table
 from tests.tasks.test_diagnose_checks import evidence
 
 from .conftest import train
@@ -235,22 +237,20 @@ def test_load_run_says_what_is_wrong(runs, tmp_path):
     with pytest.raises(RunDirError, match="not a ppoflow run directory: it has no config.yaml"):
         load_run(tmp_path)
     (tmp_path / "config.yaml").write_text("trainer:\n  val_only: false\n")
-    with pytest.raises(RunInProgress, match="run in progress: no iteration has finished yet"):
-        load_run(tmp_path)  # started: config.yaml, no catalog yet
-    refresh_catalog(tmp_path)
-    with pytest.raises(RunInProgress, match="run in progress: no iteration has finished yet"):
-        load_run(tmp_path)  # a catalog whose metrics are empty
+    in_progress = "no training step has finished yet .the run is in progress, or stopped before"
+    with pytest.raises(RunInProgress, match=in_progress):
+        load_run(tmp_path)  # started: config.yaml, no table yet
     val_only = runs("val_only")
     with pytest.raises(ValidationOnlyRun, match="validation-only run: nothing to diagnose") as raised:
         load_run(val_only)
     assert f'`ppoflow query {val_only} "SELECT * FROM validation"`' in str(raised.value)
-    # Validation rows without metrics read as validation-only even when the config does not say so:
-    # a copy of the val_only run (its catalog rebuilt there) under a config without val_only.
+    # The same rows under a config without val_only are a run stopped (or still running) after its
+    # step-0 validation: in progress, not validation-only. A copy reads its own files, no catalog.
     copy = tmp_path / "copy"
     shutil.copytree(val_only, copy)
     (copy / "config.yaml").write_text("trainer:\n  val_only: false\n")
-    refresh_catalog(copy)
-    with pytest.raises(ValidationOnlyRun):
+    (copy / "catalog.duckdb").unlink()
+    with pytest.raises(RunInProgress, match=in_progress):
         load_run(copy)
     scores = dict(query(val_only, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])
     assert load_run(copy, require_metrics=False).rows["validation/score_mean"] == pytest.approx(scores)
@@ -274,3 +274,20 @@ def test_cli_exits_141_when_the_reader_closes_the_pipe(runs):
             assert out.returncode == 141 and out.stderr == "", (fmt, out.stderr)
     finally:
         os.close(write)
+
+
+def test_a_planted_column_is_no_metric_and_a_damaged_file_is_named_with_the_fix(runs, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(runs("on_policy"), run)
+    write_table(pa.table({"step": [1], "note": ["hello"]}), run, "iter=000001/metrics/part-00001.parquet")
+    loaded = load_run(run)
+    assert "note" not in loaded.metrics and loaded.metrics["critic/score/mean"]
+    rewards = run / "iter=000002/rewards/part-00000.parquet"
+    os.truncate(rewards, 500)
+    fix = "a table file of the run is damaged: run the training command again"
+    with pytest.raises(RunDirError, match=fix):
+        load_run(run)
+    with pytest.raises(ValueError, match=f"(?s){rewards}.*{fix}"):
+        query(run, "SELECT count(*) FROM rewards")
+    cli = ppoflow("report", str(run), "--out", str(tmp_path / "report"))
+    assert cli.returncode == 2 and fix in cli.stderr and "Traceback" not in cli.stderr

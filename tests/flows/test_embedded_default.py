@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ppoflow.tasks.observe.diagnose import diagnose, load_run, render_text
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ppoflow.tasks.storage.catalog import check_invariants, query
+from ppoflow.tasks.storage.catalog import check_invariants
+from ppoflow.tasks.storage.confined_query import query
 from tests.conftest import gsm8k_file
 
 CPU_PRESET = Path(__file__).resolve().parents[2] / "conf/gsm8k_cpu.yaml"

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from ppoflow.tasks.storage import tables
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 from .conftest import train
 from .test_train_flow import task_states

@@ -13,7 +13,7 @@ import math
 import pytest
 import yaml
 
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.schemas import SCHEMAS, metric_doc
 from tests.verl_validation import verl_validation_metrics

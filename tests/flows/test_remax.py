@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ppoflow.tasks.storage.catalog import check_invariants, query
+from ppoflow.tasks.storage.catalog import check_invariants
+from ppoflow.tasks.storage.confined_query import query
 
 from .conftest import train
 from .test_train_flow import task_states

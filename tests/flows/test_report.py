@@ -12,7 +12,8 @@ import pytest
 from PIL import Image
 
 from ppoflow.tasks.observe.report import ACTOR, panel_figures, sparkline, summary_markdown, write_report
-from ppoflow.tasks.storage.catalog import query, refresh_catalog
+from ppoflow.tasks.storage.catalog import refresh_catalog
+from ppoflow.tasks.storage.confined_query import query
 
 from .test_diagnose import real_run
 

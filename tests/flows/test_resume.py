@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 BASE = [
     "data.train_batch_size=16",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, sample_addition_problems
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 # The embedded default (batch 256) for 6 iterations per round, one torch thread for exact repeats.
 ROUND = {"iterations": 6, "overrides": ["trainer.num_threads=1"]}

@@ -21,7 +21,8 @@ from ppoflow.engine.reward_model import separation_auc
 from ppoflow.engine.rewards import addition_components
 from ppoflow.engine.tiny import labelled_addition_responses
 from ppoflow.reward_model_command import RewardModelRecipe, train_reward_model_dir
-from ppoflow.tasks.storage.catalog import check_invariants, query, refresh_catalog
+from ppoflow.tasks.storage.catalog import check_invariants, refresh_catalog
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.manifests import read_manifest
 
 from .conftest import SMALL, train

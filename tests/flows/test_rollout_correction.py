@@ -9,7 +9,7 @@ import pytest
 
 from ppoflow.conf.loader import load_config
 from ppoflow.conf.schema_common import ConfigError
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 from .conftest import train
 

@@ -11,7 +11,8 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from safetensors.torch import load_file
 
-from ppoflow.tasks.storage.catalog import check_invariants, query
+from ppoflow.tasks.storage.catalog import check_invariants
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import file_digest
 

@@ -15,7 +15,7 @@ import yaml
 
 from ppoflow.tasks.observe.wandb_logger import has_api_key, wandb_mode
 from ppoflow.tasks.observe.wandb_reader import BLOCK, offline_runs, read_run
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.schemas import metric_doc
 
 from .conftest import train

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 
 pytestmark = pytest.mark.gpu
 

@@ -13,11 +13,11 @@ from ppoflow.tasks.storage.catalog import (
     CATALOG_NAME,
     check_invariants,
     connect_readonly,
-    query,
     refresh_catalog,
     refresh_catalog_if_stale,
     table_violations,
 )
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.schemas import SCHEMAS, TABLES, empty_table, metrics_table
 from ppoflow.tasks.storage.tables import stage_path, write_table
 
@@ -78,6 +78,7 @@ STAGE_TABLES |= {s: s for s in ("actor_update", "critic_update", "validation")}
 
 
 def write_run(run_dir, iterations=(1, 2)):
+    write_config(run_dir)
     write_table(table("prompts", 0), run_dir, "data/train.parquet", SCHEMAS["prompts"])
     write_table(table("prompts", 1), run_dir, "data/val.parquet", SCHEMAS["prompts"])
     for it in iterations:
@@ -85,6 +86,12 @@ def write_run(run_dir, iterations=(1, 2)):
             write_table(table(name, it), run_dir, stage_path(it, stage), SCHEMAS[name])
         metrics = metrics_table({"actor/pg_clipfrac": 0.1 * it, "critic/score/mean": 0.9}, step=it)
         write_table(metrics, run_dir, stage_path(it, "metrics"))
+
+
+def write_config(run_dir):
+    """The file that makes a folder a run directory for ppoflow's readers."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text("trainer:\n  val_only: false\n")
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +155,7 @@ def test_a_table_without_files_is_an_empty_view_with_declared_columns(run):
 
 
 def test_an_empty_run_has_every_view_typed_from_the_schema(tmp_path):
+    write_config(tmp_path)
     write_table(table("prompts", 0), tmp_path, "data/train.parquet", SCHEMAS["prompts"])
     refresh_catalog(tmp_path)
     cols, result = query(tmp_path, "SELECT * FROM rollouts")
@@ -250,6 +258,7 @@ def test_refresh_while_a_reader_is_open_succeeds_and_the_reader_keeps_its_snapsh
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".catalog-tables.json",
         "catalog.duckdb",
+        "config.yaml",
         "data",
         "iter=000001",
     ]

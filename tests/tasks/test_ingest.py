@@ -13,7 +13,8 @@ import pytest
 from ppoflow.engine.tiny import build_tiny_tokenizer
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.prompts import prompts
-from ppoflow.tasks.storage.catalog import query, refresh_catalog
+from ppoflow.tasks.storage.catalog import refresh_catalog
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.states import ModelState
 
 DATA = {
@@ -262,6 +263,7 @@ def test_rejects_of_both_splits_are_queryable_in_the_catalog(tmp_path, tokenizer
     val = write_jsonl(tmp_path / "val.jsonl", ["[]", good()])
     ingest(tmp_path, tokenizer_state, train)
     ingest(tmp_path, tokenizer_state, val, split="val")
+    (tmp_path / "run/config.yaml").write_text("trainer: {}\n")  # what makes it a run to ppoflow's readers
     refresh_catalog(tmp_path / "run")
     assert query(tmp_path / "run", "SELECT reason FROM rejects ORDER BY reason")[1] == [
         ("empty prompt",),

@@ -13,13 +13,8 @@ import duckdb
 import pytest
 
 from ppoflow.tasks.retraining.rounds import DataFile, record_round, refresh_retrain_catalog
-from ppoflow.tasks.storage.catalog import (
-    CATALOG_NAME,
-    connect_confined,
-    connect_readonly,
-    query,
-    refresh_catalog,
-)
+from ppoflow.tasks.storage.catalog import CATALOG_NAME, connect_readonly, refresh_catalog
+from ppoflow.tasks.storage.confined_query import connect_confined, query
 from ppoflow.tasks.storage.schemas import metrics_table
 from ppoflow.tasks.storage.tables import write_table
 from tests.tasks.test_catalog import write_run
@@ -248,14 +243,21 @@ def test_the_confined_connections_configuration_is_locked(run):
                 con.execute(sql)
 
 
-def test_a_catalog_copied_elsewhere_is_confined_to_its_new_folder(run, tmp_path):
-    """Its views still name the original run's files: ppoflow's own readers (diagnose) follow them,
-    the user's SQL may not."""
+def test_a_copied_run_reads_its_own_files_and_a_lone_catalog_is_no_run(run, tmp_path):
+    """The views are defined from the files of the folder read, not from its catalog, whose views
+    name the run it was built for: a copy reads the copy (changed here, so the original cannot answer)."""
     copy = tmp_path / "copy"
-    copy.mkdir()
-    shutil.copy(run / CATALOG_NAME, copy / CATALOG_NAME)
-    refused(copy, "SELECT count(*) FROM metrics", RUN_ONLY)
-    with connect_readonly(copy) as con:
+    shutil.copytree(run, copy)
+    for part in copy.glob("iter=000002/*"):
+        shutil.rmtree(part)
+    assert query(copy, "SELECT DISTINCT iter FROM metrics")[1] == [(1,)]
+    assert query(run, "SELECT DISTINCT iter FROM metrics ORDER BY iter")[1] == [(1,), (2,)]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(run / CATALOG_NAME, lone / CATALOG_NAME)
+    with pytest.raises(FileNotFoundError, match="is not a ppoflow run directory"):
+        query(lone, "SELECT count(*) FROM metrics")
+    with connect_readonly(lone) as con:  # other clients still open the catalog itself
         assert con.execute("SELECT count(*) FROM metrics").fetchall() == [(2,)]
 
 
@@ -331,34 +333,34 @@ def test_the_retraining_catalogs_views_work_after_the_lockdown(tmp_path):
     assert query(tmp_path, 'SELECT round, iter, "critic/score/mean" FROM round_metrics')[1] == [(1, 4, 0.7)]
 
 
-def test_a_catalog_that_is_a_link_is_never_read(run, tmp_path):
-    other = tmp_path / "other.duckdb"
-    with duckdb.connect(str(other)) as con:
-        con.execute(f"CREATE TABLE metrics AS SELECT '{SECRET}' AS secret")
-    (run / CATALOG_NAME).unlink()
-    (run / CATALOG_NAME).symlink_to(other)
-    with pytest.raises(ValueError, match="is a link, not the run's catalog") as raised:
-        query(run, "SELECT * FROM metrics")
-    assert SECRET not in str(raised.value)
-
-
-def test_diagnose_reads_a_planted_catalog_confined(run, tmp_path):
-    """A catalog whose metrics view calls a function that writes files (the next statement of the
-    connection writes them): ppoflow's own readers run its SQL confined, as `ppoflow query` does."""
-    from ppoflow.tasks.observe.diagnose import RunDirError, load_run
+@pytest.mark.parametrize("planted", ["link", "garbage", "views"])
+def test_a_planted_or_damaged_catalog_is_never_read(run, tmp_path, planted):
+    """ppoflow's readers run no SQL read from the run: a catalog that is a link to another database,
+    that is not a database, or whose metrics view calls a function that writes files (the next
+    statement of the connection would write them) changes neither query nor diagnose."""
+    from ppoflow.tasks.observe.diagnose import load_run
     from ppoflow.tasks.storage.catalog import _view_sql, write_catalog
 
     logs = tmp_path / "duck_logs"
-    writes_logs = f"enable_logging(storage='file', storage_path='{logs}')"
+    if planted == "link":
+        other = tmp_path / "other.duckdb"
+        with duckdb.connect(str(other)) as con:
+            con.execute(f"CREATE TABLE metrics AS SELECT '{SECRET}' AS secret")
+        (run / CATALOG_NAME).unlink()
+        (run / CATALOG_NAME).symlink_to(other)
+    elif planted == "garbage":
+        (run / CATALOG_NAME).write_bytes(b"not a database" * 400)
+    else:
+        writes_logs = f"enable_logging(storage='file', storage_path='{logs}')"
 
-    def define(con):
-        for name in VIEW_ROWS.keys() - {"metrics", "updates"}:
-            con.execute(f"CREATE VIEW {name} AS {_view_sql(con, run, name)}")
-        planted = f"SELECT 1 AS iter, 1 AS step FROM (SELECT count(*) FROM {writes_logs})"
-        con.execute(f"CREATE VIEW metrics AS {planted}")
+        def define(con):
+            for name in VIEW_ROWS.keys() - {"metrics", "updates"}:
+                con.execute(f"CREATE VIEW {name} AS {_view_sql(con, run, name)}")
+            planted_sql = f"SELECT 1 AS iter, 1 AS step FROM (SELECT count(*) FROM {writes_logs})"
+            con.execute(f"CREATE VIEW metrics AS {planted_sql}")
 
-    write_catalog(run, define)
-    (run / "config.yaml").write_text("trainer:\n  val_only: false\n")
-    with pytest.raises(RunDirError, match="cannot read the catalog"):
-        load_run(run)
+        write_catalog(run, define)
+    columns, rows = query(run, "SELECT * FROM metrics ORDER BY iter")
+    assert SECRET not in columns and [r[0] for r in rows] == [1, 2]
+    assert sorted(load_run(run).metrics["critic/score/mean"]) == [1, 2]
     assert not logs.exists()

@@ -21,7 +21,7 @@ from ppoflow.tasks.retraining.rounds import (
     round_scores,
     sync_champion_pointer,
 )
-from ppoflow.tasks.storage.catalog import query
+from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 
@@ -114,6 +114,7 @@ def test_the_champion_follows_the_last_promotion_and_is_repaired_from_the_table(
 
 
 def test_an_empty_retraining_directory_has_empty_views(tmp_path):
+    (tmp_path / "rounds").mkdir()  # a round under way: nothing recorded yet
     refresh_retrain_catalog(tmp_path)
     for view in ("promotions", "dataset_files", "round_metrics"):
         assert query(tmp_path, f"SELECT count(*) FROM {view}")[1] == [(0,)]
