@@ -216,36 +216,16 @@ def _config(args) -> int:
 
 
 def _query(args) -> int:
-    from ppoflow.tasks.storage.confined_query import query
+    from ppoflow.query_output import print_rows
+    from ppoflow.tasks.storage.confined_query import query_batches
 
     try:
-        columns, rows = query(args.run_dir, args.sql)
+        with query_batches(args.run_dir, args.sql) as (columns, batches):
+            print_rows(columns, batches, args.format, _console(200, highlight=True))
     except (ValueError, FileNotFoundError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
-    _print_rows(columns, rows, args.format)
     return 0
-
-
-def _print_rows(columns: list[str], rows: list[tuple], fmt: str) -> None:
-    if fmt == "csv":
-        import csv
-
-        writer = csv.writer(sys.stdout)
-        writer.writerow(columns)
-        writer.writerows(rows)
-    elif fmt == "json":
-        import json
-
-        print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str, indent=1))
-    else:
-        from rich.table import Table
-
-        table = Table(*columns)
-        for row in rows:
-            table.add_row(*(_cell(v) for v in row))
-        _console(200, highlight=True).print(table)
-        print(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
 
 
 def _console(width: int, *, highlight: bool = False):
@@ -260,13 +240,6 @@ def _console(width: int, *, highlight: bool = False):
 
 def _reraise_broken_pipe() -> None:
     raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-
-
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    text = str(value)
-    return text if len(text) <= 80 else text[:77] + "…"
 
 
 def _show(args) -> int:

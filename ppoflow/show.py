@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ppoflow.tasks.storage.confined_query import query
 
@@ -36,13 +37,17 @@ def pick(rows: list[dict], mode: str, count: int, seed: int) -> list[dict]:
 
 
 def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
+    """The rows of `iteration`, by default the newest with advantages (a step still running has
+    its rollouts before them)."""
+    shown = query(run_dir, "SELECT min(iter), max(iter) FROM advantages")[1][0]
     if iteration is None:
-        iteration = query(run_dir, "SELECT max(iter) FROM rollouts")[1][0][0]
+        iteration = shown[1]
         if iteration is None:
-            raise ValueError(f"{run_dir} has no rollouts yet")
+            raise ValueError(f"{run_dir} has no scored rollouts yet")
     columns, rows = query(run_dir, ROWS_SQL.format(iteration=int(iteration)))
     if not rows:
-        raise ValueError(f"{run_dir} has no rollouts for iteration {iteration}")
+        have = f"iterations {shown[0]}–{shown[1]} have them" if shown[0] is not None else "none has yet"
+        raise ValueError(f"{run_dir} has no rollouts for iteration {iteration} ({have})")
     return iteration, [dict(zip(columns, row, strict=True)) for row in rows]
 
 
@@ -71,7 +76,7 @@ def token_table(row: dict, tokens: list[str]) -> Table:
     for t, token in enumerate(tokens):
         table.add_row(
             str(t),
-            repr(token)[1:-1],
+            Text(repr(token)[1:-1]),
             _num(row["old_log_probs"], t),
             _num(row["ref_log_probs"], t),
             _num(row["kl"], t),
@@ -87,17 +92,21 @@ def _num(values: list[float] | None, t: int) -> str:
 
 
 def render(console: Console, iteration: int, rows: list[dict], tokenizer) -> None:
+    """Each row's prompt, response and per-token table. Every value is data, printed as written:
+    a prompt such as `[INST] … [/INST]` is no rich markup."""
     for row in rows:
         components = ", ".join(f"{k} {v:g}" for k, v in dict(row["components"] or []).items())
         console.rule(
-            f"iter {iteration} · {row['prompt_id']} #{row['sample_idx']} · score {row['score']:.3f}"
-            + (f" ({components})" if components else "")
-            + f" · {row['finish_reason']}"
+            Text(
+                f"iter {iteration} · {row['prompt_id']} #{row['sample_idx']} · score {row['score']:.3f}"
+                + (f" ({components})" if components else "")
+                + f" · {row['finish_reason']}"
+            )
         )
-        console.print(f"[dim]prompt[/dim]   …{row['prompt_text'][-300:]}", soft_wrap=True, markup=True)
-        console.print(f"[dim]response[/dim] {row['response_text']}", soft_wrap=True, markup=True)
+        console.print(Text.assemble(("prompt", "dim"), f"   …{row['prompt_text'][-300:]}"), soft_wrap=True)
+        console.print(Text.assemble(("response", "dim"), f" {row['response_text']}"), soft_wrap=True)
         if row["error"]:
-            console.print(f"[red]reward error[/red] {row['error']}", markup=True)
+            console.print(Text.assemble(("reward error", "red"), f" {row['error']}"))
         ids = row["response_ids"]
         tokens = [tokenizer.decode([i]) for i in ids] if tokenizer else [str(i) for i in ids]
         console.print(token_table(row, tokens))

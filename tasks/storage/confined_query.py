@@ -7,7 +7,7 @@ retraining directory `define_retrain_views`). So a copied or moved run reads as 
 deleted or planted catalog.duckdb changes nothing. The connection is then confined with DuckDB's own
 settings, locked so that no SET or RESET undoes them (_lock_down): it opens files only under the
 directory (DuckDB resolves `..` and symlinks before its prefix check, and `runs/demo-evil` is not
-under `runs/demo`), finds relative paths there, installs and loads no extension, sees no Python
+under `runs/demo`), installs and loads no extension, sees no Python
 object as a table and spills nothing to a temp folder. The directory stays readable, as the views
 need it, and DuckDB would write there too; so `query` also runs read statements only: SELECT (which
 covers WITH, VALUES, FROM-first, DESCRIBE, SHOW and SUMMARIZE), PIVOT, and EXPLAIN of a SELECT.
@@ -102,7 +102,6 @@ def _lock_down(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
     for setting in (
         "temp_directory = ''",
         f"allowed_directories = [{sql_literal(str(run_dir))}]",
-        f"file_search_path = {sql_literal(str(run_dir))}",
         "enable_external_access = false",
         "autoinstall_known_extensions = false",
         "autoload_known_extensions = false",
@@ -218,7 +217,8 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
         yield
     except duckdb.PermissionException as exc:
         raise ValueError(
-            f"{exc}\nppoflow query may read only the run's tables, under {directory}; {available}"
+            f"{exc}\nppoflow query may read only the run's files, under {directory} (a relative path "
+            f"is taken from the current directory); {available}"
         ) from exc
     except duckdb.Error as exc:
         hint = available

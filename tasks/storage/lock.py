@@ -50,6 +50,11 @@ class RunLocked(RuntimeError):
     """Another live process is writing this run directory."""
 
 
+class NotARunDirectory(RunLocked):
+    """A folder that holds files and was never a run directory: ppoflow writes, replaces and deletes
+    files in its run directories (data/, model/, checkpoints/, temp files), so it takes no such folder."""
+
+
 @dataclass
 class _Held:
     fd: int
@@ -78,6 +83,7 @@ def acquire_run_lock(run_dir: Path) -> Path:
         if held:
             held.count += 1
             return path
+        _refuse_a_folder_of_other_files(key)
         fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -92,6 +98,24 @@ def acquire_run_lock(run_dir: Path) -> Path:
             raise
         _held[key] = _Held(fd, os.getpid())
         return path
+
+
+def _refuse_a_folder_of_other_files(run_dir: Path) -> None:
+    """NotARunDirectory when `run_dir` holds anything but has no lock file: every run directory has
+    had one since its first writer (it is never deleted), so this is someone's folder, not a run."""
+    if os.path.lexists(run_dir / LOCK_NAME):
+        return
+    try:
+        with os.scandir(run_dir) as entries:  # a process racing this one may have made the lock
+            held = next((entry for entry in entries if entry.name != LOCK_NAME), None)
+    except FileNotFoundError:
+        return
+    if held is not None:
+        raise NotARunDirectory(
+            f"{run_dir} holds files ({held.name!r} among them) and is not a ppoflow run directory: a "
+            "run writes, replaces and deletes files in its folder; choose a new or empty one "
+            "(trainer.default_local_dir, or trainer.experiment_name under runs/; the retrain flow's run_dir)"
+        )
 
 
 def _open_lock_file(path: Path) -> int:

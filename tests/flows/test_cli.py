@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 
@@ -108,7 +113,54 @@ def test_show_prints_responses_with_rewards_and_per_token_values(small_run):
     random_one = ppoflow("show", str(run_dir), "--iter", "1", "--random", "1", "--seed", "3")
     assert random_one.stdout.count("iter 1 · ") == 1
     missing = ppoflow("show", str(run_dir), "--iter", "9")
-    assert missing.returncode == 2 and "no rollouts for iteration 9" in missing.stderr
+    assert (
+        missing.returncode == 2 and "no rollouts for iteration 9 (iterations 1–2 have them)" in missing.stderr
+    )
+
+
+def test_show_prints_text_as_written_not_as_markup(small_run, tmp_path):
+    """A Llama-2 chat prompt closes a tag that was never opened ([/INST]): rich markup would raise;
+    a response with [red]…[/red] would lose its brackets."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(small_run[0], run_dir)
+    path = run_dir / "iter=000002/rollouts/part-00000.parquet"
+    table = pq.read_table(path)
+    prompts = pa.array(["<s>[INST] What is 3 + 9 = ? [/INST]"] * table.num_rows)
+    responses = pa.array(["[red]12[/red] [link=http://x]y[/link]"] * table.num_rows)
+    table = table.set_column(table.schema.get_field_index("prompt_text"), "prompt_text", prompts)
+    table = table.set_column(table.schema.get_field_index("response_text"), "response_text", responses)
+    pq.write_table(table, path)
+    out = ppoflow("show", str(run_dir), "--best", "1")
+    assert out.returncode == 0, out.stderr
+    assert "[INST] What is 3 + 9 = ? [/INST]" in out.stdout
+    assert "[red]12[/red] [link=http://x]y[/link]" in out.stdout
+
+
+def test_query_prints_values_as_written_in_every_format(small_run):
+    run_dir, _, _ = small_run
+    sql = (
+        "SELECT '[/INST] [red]x[/red]' AS \"[/a]\", NULL AS n, 'None' AS none_text, [1, NULL] AS l, "
+        "map(['k'], ['nan'::DOUBLE]) AS m, 0.25::DECIMAL(4, 2) AS d, repeat('y', 90) AS long"
+    )
+    table = ppoflow("query", str(run_dir), sql)
+    assert table.returncode == 0, table.stderr
+    for shown in ("[/a]", "[/INST] [red]x[/red]", "NULL", "None", "[1, null]", '{"k": null}', "0.25"):
+        assert shown in table.stdout, shown
+    assert "y" * 79 + "…" in table.stdout and "(1 row; cells over 80 characters cut" in table.stdout
+    as_json = json.loads(ppoflow("query", str(run_dir), sql, "--format", "json").stdout)
+    assert as_json == [
+        {"[/a]": "[/INST] [red]x[/red]", "n": None, "none_text": "None", "l": [1, None], "m": {"k": None},
+         "d": 0.25, "long": "y" * 90}
+    ]  # fmt: skip
+    as_csv = list(csv.reader(io.StringIO(ppoflow("query", str(run_dir), sql, "--format", "csv").stdout)))
+    assert as_csv == [
+        ["[/a]", "n", "none_text", "l", "m", "d", "long"],
+        ["[/INST] [red]x[/red]", "", "None", "[1, null]", '{"k": null}', "0.25", "y" * 90],
+    ]
+    many = ppoflow("query", str(run_dir), "SELECT * FROM range(10002)")
+    assert many.stdout.rstrip().endswith(
+        "(10,002 rows; the first 10,000 drawn: add LIMIT, or --format csv or json for all)"
+    )
 
 
 def query_scores(run_dir) -> list[float]:

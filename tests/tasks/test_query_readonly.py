@@ -20,7 +20,7 @@ from ppoflow.tasks.storage.tables import write_table
 from tests.tasks.test_catalog import write_run
 
 READ_ONLY = "ppoflow query runs read-only SELECT statements"
-RUN_ONLY = "may read only the run's tables"
+RUN_ONLY = "may read only the run's files"
 SECRET = "c0nfidential"
 """The header of the files outside the run: it must never reach an error message."""
 FORGED = "iter=000002/metrics/part-00001.parquet"  # the metrics view globs iter=*/metrics/*.parquet

@@ -333,10 +333,32 @@ def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
     outside, run = tmp_path / "outside", tmp_path / "run"
     outside.mkdir()
     run.mkdir()
+    (run / ".lock").touch()  # a run directory (see test_a_folder_of_other_files_is_no_run_directory)
     (run / ".prefect-results").symlink_to(outside)
     with pytest.raises(OSError, match="stage results are kept in a folder of the run, not a link"):
         open_run(run, "trainer: {}\n")
     assert not (run / "config.yaml").exists() and try_lock(run)  # nothing written, not left locked
+
+
+def test_a_folder_of_other_files_is_no_run_directory(tmp_path):
+    """A run replaces data/train.parquet, model/, config.yaml and deletes .*.tmp files below it: a
+    folder that holds files but never had a run's lock file is refused before anything is written."""
+    from ppoflow.tasks.run import close_run, open_run
+    from ppoflow.tasks.storage.lock import NotARunDirectory
+
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data/train.parquet").write_bytes(b"the user's data")
+    (folder / "notes").mkdir()
+    (folder / "notes/.draft.tmp").write_text("a draft")
+    with pytest.raises(NotARunDirectory, match="holds files .* and is not a ppoflow run directory"):
+        open_run(folder, "trainer: {}\n")
+    assert sorted(p.name for p in folder.rglob("*")) == [".draft.tmp", "data", "notes", "train.parquet"]
+    assert (folder / "data/train.parquet").read_bytes() == b"the user's data"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    close_run(open_run(empty, "trainer: {}\n"))  # a new or empty folder is taken, and again as a run
+    close_run(open_run(empty, "trainer: {}\n"))
 
 
 def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
