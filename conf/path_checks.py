@@ -27,9 +27,13 @@ def check_config_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> No
     for key in ("data.val_files",) if config.trainer.val_only else ("data.train_files", "data.val_files"):
         files = get_key(config, key)
         for name in [files] if isinstance(files, str) else files:
-            _require(name, key, "data file", origins)
+            _require(name, key, "data file", origins, file=True)
     _require(
-        config.custom_reward_function.path, "custom_reward_function.path", "reward function file", origins
+        config.custom_reward_function.path,
+        "custom_reward_function.path",
+        "reward function file",
+        origins,
+        file=True,
     )
 
 
@@ -51,8 +55,15 @@ def is_local(path: str | None) -> bool:
     return path is not None and not path.startswith("builtin:") and "://" not in path
 
 
-def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str]) -> None:
-    if is_local(path) and not Path(str(path)).exists():
+def _require(
+    path: str | None, key: str, what: str, origins: dict[KeyPath, str], *, file: bool = False
+) -> None:
+    """`path`, when local, exists; with `file`, as a regular file (reading a FIFO would wait forever,
+    a folder fail late)."""
+    if not is_local(path):
+        return
+    location = Path(str(path))
+    if not location.exists():
         origin = origin_of(key, origins)
         relative = (
             " (a relative path in a config file is read from the file's folder)"
@@ -60,6 +71,9 @@ def _require(path: str | None, key: str, what: str, origins: dict[KeyPath, str])
             else ""
         )
         raise ConfigError(f"{what} '{path}' ({key}) does not exist{relative}{where_set([key], origins)}")
+    if file and not location.is_file():
+        kind = "a folder" if location.is_dir() else "a pipe, socket or device"
+        raise ConfigError(f"{what} '{path}' ({key}) is {kind}, not a file{where_set([key], origins)}")
 
 
 def _check_reward_model(path: str | None, origins: dict[KeyPath, str]) -> None:

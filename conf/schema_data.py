@@ -1,6 +1,6 @@
 """The `data` section: which prompts to train and validate on and how they are batched."""
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ppoflow.engine.names import Truncation
 
@@ -38,6 +38,17 @@ class DataConfig(Section):
     """Drop prompts longer than max_prompt_length at ingest (they go to the rejects table)."""
     truncation: Truncation = "error"
     """What to do with a prompt longer than max_prompt_length that was not filtered."""
+
+    @field_validator("train_files", "val_files")
+    @classmethod
+    def _names_files(cls, value: str | list[str]) -> str | list[str]:
+        """At least one file, each named: `[]` would read no prompts (and fail, or skip validation,
+        only once the models are up)."""
+        if not (value if isinstance(value, list) else [value]):
+            raise ValueError("at least one file (an empty list reads no prompts)")
+        if any(not name.strip() for name in (value if isinstance(value, list) else [value])):
+            raise ValueError("file names, not an empty one")
+        return value
     dataloader_num_workers: int = Field(0, ge=0)
     """Worker processes reading prompts; 0 reads in the main process."""
     train_max_samples: int = -1

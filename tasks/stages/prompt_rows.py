@@ -174,7 +174,9 @@ _PROMPT_TYPE = "prompt must be a string or a list of {role, content} messages wi
 
 def _ground_truth(reward_model: Any) -> str:
     """reward_model.ground_truth as the string reward functions compare against. A bool would become
-    'True' and NaN 'nan' (pandas' missing number), which no response matches: both are rejects."""
+    'True' and NaN 'nan' (pandas' missing number), which no response matches: both are rejects. A
+    whole number stored as a float (72.0: pandas writes an integer column with a missing value as
+    floats) is that whole number ('72', which a GSM8K answer '#### 72' matches; '72.0' matched none)."""
     truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
     if truth is None:
         raise Rejected("missing ground truth", "missing reward_model.ground_truth")
@@ -189,6 +191,8 @@ def _ground_truth(reward_model: Any) -> str:
         )
     if not str(truth).strip():
         raise Rejected("empty ground truth", "empty reward_model.ground_truth")
+    if isinstance(truth, float) and truth.is_integer():
+        return str(int(truth))
     return str(truth)
 
 

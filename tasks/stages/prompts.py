@@ -32,7 +32,7 @@ from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
 from ppoflow.tasks.stages.rollouts import prompt_token_ids
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
-from ppoflow.tasks.storage.regular_files import refuse_links_below
+from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
@@ -277,12 +277,18 @@ def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
 
 
 def _read_bytes(path: Path) -> bytes:
+    """A data file's bytes: a regular file's (a FIFO put there since the config was checked would
+    block the read forever)."""
     try:
-        return path.read_bytes()
+        descriptor = open_regular_file(path, os.O_RDONLY, follow_links=True)
     except FileNotFoundError:
         raise FileNotFoundError(
             f"data file {path} does not exist (data.train_files / data.val_files)"
         ) from None
+    except OSError as error:
+        raise OSError(f"data file {path} cannot be read: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as f:
+        return f.read()
 
 
 def _rejects_path(split: str) -> str:

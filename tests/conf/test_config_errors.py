@@ -228,6 +228,31 @@ def test_data_files_must_exist(tmp_path):
     )
 
 
+def test_a_data_or_reward_file_that_is_a_pipe_or_a_folder_is_refused_at_load(tmp_path):
+    """Reading a FIFO would wait forever (after the server and the models had started); a folder
+    failed with EISDIR, naming no key."""
+    pipe, folder = tmp_path / "train.jsonl", tmp_path / "val.jsonl"
+    os.mkfifo(pipe)
+    folder.mkdir()
+    assert error_of(f"data.train_files={pipe}").startswith(
+        f"data file '{pipe}' (data.train_files) is a pipe, socket or device, not a file"
+    )
+    assert error_of(f"data.val_files=[{folder}]").startswith(
+        f"data file '{folder}' (data.val_files) is a folder, not a file"
+    )
+    assert error_of(f"custom_reward_function.path={folder}").startswith(
+        f"reward function file '{folder}' (custom_reward_function.path) is a folder, not a file"
+    )
+
+
+def test_an_empty_list_of_data_files_is_refused_at_load():
+    for key in ("data.train_files", "data.val_files"):
+        assert error_of(f"{key}=[]").startswith(
+            f"invalid value [] for '{key}' (command-line override #1 '{key}=[]'): expected at least one "
+            "file (an empty list reads no prompts)"
+        )
+
+
 def test_unreadable_config_file(tmp_path):
     assert error_of(path=tmp_path / "missing.yaml").startswith("cannot read config file")
     bad = tmp_path / "bad.yaml"
