@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("source", type=Path, help="a run directory (its newest actor) or a checkpoint folder")
     export.add_argument("out", type=Path, help="folder to write model/ (and adapter/) into")
+    export.add_argument(
+        "--unverified",
+        action="store_true",
+        help="export a run's checkpoint whose recorded digest (trainer_state.json) is gone, unchecked",
+    )
     return parser
 
 
@@ -309,7 +314,7 @@ def _export(args) -> int:
     from ppoflow.tasks.storage.export import ExportError, export_actor
 
     try:
-        written = export_actor(args.source, args.out)
+        written = export_actor(args.source, args.out, unverified=args.unverified)
     except (ExportError, ModelLoadError, OSError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2

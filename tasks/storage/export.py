@@ -6,8 +6,9 @@
                    loads with peft's PeftModel.from_pretrained(base, OUT/adapter) (the base model is
                    named in adapter_config.json)
 
-The checkpoint is checked against the digest its run recorded (trainer_state.json) and a LoRA
-checkpoint's base model against its lineage before anything is written; nothing is unpickled.
+The checkpoint is checked against the digest its run recorded (trainer_state.json; a run's
+checkpoint without it is refused unless exported --unverified) and a LoRA checkpoint's base model
+against its lineage before anything is written; nothing is unpickled.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ppoflow.tasks.storage.checkpoints import (
     holds_model,
     readable_as_the_umask_allows,
 )
-from ppoflow.tasks.storage.tables import read_json, saved_folders
+from ppoflow.tasks.storage.tables import read_json, saved_folders, step_of
 from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 
@@ -52,11 +53,12 @@ def actor_checkpoint(source: Path) -> Path:
     )
 
 
-def export_actor(source: Path, out: Path) -> dict[str, Path]:
+def export_actor(source: Path, out: Path, *, unverified: bool = False) -> dict[str, Path]:
     """Write OUT/model/ (and OUT/adapter/ for a LoRA checkpoint) from the actor `source` names;
-    returns the folders written by form ("model", "adapter")."""
+    returns the folders written by form ("model", "adapter"). A checkpoint of a run whose recorded
+    digest is gone is refused unless `unverified`."""
     actor = actor_checkpoint(source)
-    _check_recorded_digest(actor)
+    _check_recorded_digest(actor, unverified)
     targets = {"model": out / "model"}
     record = adapter_record(actor)
     if record is not None:
@@ -74,10 +76,15 @@ def export_actor(source: Path, out: Path) -> dict[str, Path]:
     return targets
 
 
-def _check_recorded_digest(actor: Path) -> None:
+def _check_recorded_digest(actor: Path, unverified: bool) -> None:
     state_file = actor.parent / STATE_FILE
     if not state_file.is_file():
-        return  # an actor directory outside a checkpoint folder: nothing recorded to check against
+        if step_of(actor.parent.name) is None or actor.parent.parent.name != "checkpoints" or unverified:
+            return  # an actor directory outside a checkpoint folder: nothing recorded to check against
+        raise ExportError(
+            f"{state_file}, which records the digest of {actor}, is missing: the checkpoint cannot be "
+            "checked; `ppoflow export --unverified` exports it as it is"
+        )
     try:
         recorded = (read_json(state_file).get("actor") or {}).get("digest")
     except (OSError, ValueError, AttributeError) as error:

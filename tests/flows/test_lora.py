@@ -182,6 +182,13 @@ def test_an_altered_adapter_checkpoint_is_not_exported(lora_run, tmp_path, capsy
     assert main(["export", str(copy / "checkpoints/iter=000003"), str(tmp_path / "out")]) == 2
     assert "altered or truncated since its run saved it" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+    # Without the record of its digest, the damage cannot be seen: refused unless asked for.
+    (copy / "checkpoints/iter=000003/trainer_state.json").unlink()
+    assert main(["export", str(copy / "checkpoints/iter=000003"), str(tmp_path / "out")]) == 2
+    assert "trainer_state.json, which records the digest of" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert main(["export", "--unverified", str(copy / "checkpoints/iter=000003"), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out/adapter/adapter_model.safetensors").is_file()
 
 
 def test_resuming_an_adapter_checkpoint_needs_the_same_lora_settings(lora_run):
