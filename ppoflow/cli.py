@@ -324,11 +324,15 @@ def _export(args) -> int:
 
 
 def _schema(args) -> int:
+    from ppoflow.tasks.storage.catalog import UPDATES_DOC
     from ppoflow.tasks.storage.schemas import TABLE_DOCS, describe
 
     if args.table is None:
-        for name, doc in TABLE_DOCS.items():
+        for name, doc in (TABLE_DOCS | {"updates": UPDATES_DOC}).items():
             print(f"{name:<14} {doc}")
+        return 0
+    if args.table == "updates":
+        print(f"### updates\n\n{UPDATES_DOC}")
         return 0
     try:
         print(describe(args.table))

@@ -53,6 +53,10 @@ CATALOG_TABLES = ".catalog-tables.json"
 VIEWS: tuple[str, ...] = (*TABLES, "updates")
 _ALIAS = "catalog"
 _ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
+UPDATES_DOC = (
+    "A view: the rows of actor_update and critic_update together, with `role` ('actor' or 'critic') "
+    "first; their columns: `ppoflow schema actor_update`, `ppoflow schema critic_update`."
+)
 _UPDATES = (
     "SELECT 'actor' AS role, * FROM actor_update "
     "UNION ALL BY NAME SELECT 'critic' AS role, * FROM critic_update"

@@ -89,6 +89,9 @@ def test_schema_documents_the_tables():
     assert "rollouts" in listing.stdout and "advantages" in listing.stdout
     rollouts = ppoflow("schema", "rollouts")
     assert "old_log_probs" in rollouts.stdout and "response_ids" in rollouts.stdout
+    updates = ppoflow("schema", "updates")  # a view the README lists beside the tables
+    assert updates.returncode == 0 and "the rows of actor_update and critic_update together" in updates.stdout
+    assert "\nupdates " in listing.stdout
     unknown = ppoflow("schema", "nosuch")
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("ppoflow: unknown table 'nosuch'; tables: prompts, rejects, rollouts")
