@@ -94,6 +94,7 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     """Fill derived keys, convert deprecated micro-batch sizes, and check the batch arithmetic."""
     _fill_derived(cfg)
     _check_same_n(cfg)
+    _check_prompt_budget(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
     pairs += REWARD_MODEL_MICRO_PAIRS if cfg.reward_model.enable else ()
@@ -162,6 +163,18 @@ def _check_vllm(cfg: "PPOFlowConfig") -> None:
                 "data.max_prompt_length",
                 "data.max_response_length",
             ),
+        )
+
+
+def _check_prompt_budget(cfg: "PPOFlowConfig") -> None:
+    """Ingest keeps prompts of up to data.max_prompt_length tokens; the rollout must take them."""
+    budget, longest = cfg.actor_rollout_ref.rollout.prompt_length, cfg.data.max_prompt_length
+    if budget < longest:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.prompt_length={budget} is below data.max_prompt_length={longest}: "
+            "prompts that ingest keeps would not fit the rollout; remove the first (it follows the "
+            "second) or lower the second",
+            keys=("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length"),
         )
 
 

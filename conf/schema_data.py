@@ -49,6 +49,7 @@ class DataConfig(Section):
         if any(not name.strip() for name in (value if isinstance(value, list) else [value])):
             raise ValueError("file names, not an empty one")
         return value
+
     dataloader_num_workers: int = Field(0, ge=0)
     """Worker processes reading prompts; 0 reads in the main process."""
     train_max_samples: int = -1

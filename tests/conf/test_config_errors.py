@@ -253,6 +253,20 @@ def test_an_empty_list_of_data_files_is_refused_at_load():
         )
 
 
+def test_a_rollout_prompt_budget_below_the_ingest_limit_is_refused_at_load():
+    """Ingest keeps prompts up to data.max_prompt_length; a smaller rollout budget failed in the
+    rollout stage, naming data.max_prompt_length."""
+    assert error_of("actor_rollout_ref.rollout.prompt_length=4").startswith(
+        "actor_rollout_ref.rollout.prompt_length=4 is below data.max_prompt_length=16"
+    )
+    assert (
+        load_config(
+            None, ["actor_rollout_ref.rollout.prompt_length=32"]
+        ).actor_rollout_ref.rollout.prompt_length
+        == 32
+    )
+
+
 def test_unreadable_config_file(tmp_path):
     assert error_of(path=tmp_path / "missing.yaml").startswith("cannot read config file")
     bad = tmp_path / "bad.yaml"
