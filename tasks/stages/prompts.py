@@ -30,7 +30,7 @@ from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.run import Run
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
-from ppoflow.tasks.stages.rollouts import prompt_token_ids
+from ppoflow.tasks.stages.rollouts import prompt_token_ids, rendered_prompt
 from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
@@ -168,16 +168,43 @@ def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[
     return rows, rejects
 
 
+HEAD_CHARS_PER_TOKEN = 16
+"""A prompt longer than data.max_prompt_length × this in characters is first measured by its head
+of that many characters: a head that alone holds more tokens than the limit (and a margin for the
+word it cuts) makes it overlong without tokenizing the rest (a 20 MB prompt took 8 GB and 38 s to
+tokenize whole)."""
+
+
 def _check_length(tokenizer, row: dict, data: dict) -> None:
     """Measure the prompt as rollout renders it; overlong is a reject when filtered or when
     data.truncation=error (which then fails the ingest), else rollout truncates it."""
+    limit = data["max_prompt_length"]
+    rejected = data["filter_overlong_prompts"] or data["truncation"] == "error"
+    kind = "overlong prompt" if data["filter_overlong_prompts"] else "overlong prompt (truncation=error)"
+    if rejected:
+        _check_head(tokenizer, row, limit, kind)
     ids = prompt_token_ids(tokenizer, row)
     if isinstance(ids, str):
         raise Rejected("cannot render", ids)
-    limit = data["max_prompt_length"]
-    if len(ids) > limit and (data["filter_overlong_prompts"] or data["truncation"] == "error"):
-        kind = "overlong prompt" if data["filter_overlong_prompts"] else "overlong prompt (truncation=error)"
+    if len(ids) > limit and rejected:
         raise Rejected(kind, f"prompt is {len(ids)} tokens, longer than data.max_prompt_length={limit}")
+
+
+def _check_head(tokenizer, row: dict, limit: int, kind: str) -> None:
+    try:
+        text = rendered_prompt(tokenizer, row)
+    except Exception:  # measured (and rejected, naming why) by prompt_token_ids
+        return
+    head = text[: limit * HEAD_CHARS_PER_TOKEN]
+    if len(head) == len(text):
+        return
+    tokens = len(tokenizer(head, add_special_tokens=False)["input_ids"])
+    if tokens > limit + HEAD_CHARS_PER_TOKEN:
+        raise Rejected(
+            kind,
+            f"prompt is {len(text):,} characters, longer than data.max_prompt_length={limit} tokens "
+            f"(its first {len(head):,} characters alone are {tokens:,} tokens)",
+        )
 
 
 def _read_rows(path: Path) -> Iterator[tuple[int, str, Any]]:

@@ -18,17 +18,20 @@ from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, ti
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
 
+def rendered_prompt(tokenizer, row: dict) -> str:
+    """A prompt's text as the model sees it: the chat template applied to message prompts (raises
+    what a missing or broken template raises)."""
+    if row["prompt_messages"] is not None:
+        messages = row["prompt_messages"]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return row["prompt_text"]
+
+
 def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
-    """Untruncated token ids of a prompt as the model sees it (chat template applied to message
-    prompts), or why it cannot be rendered. Shared by ingest (which measures) and rollout."""
+    """Untruncated token ids of a prompt as the model sees it (rendered_prompt), or why it cannot be
+    rendered. Shared by ingest (which measures) and rollout."""
     try:
-        if row["prompt_messages"] is not None:
-            text = tokenizer.apply_chat_template(
-                row["prompt_messages"], add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = row["prompt_text"]
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(tokenizer(rendered_prompt(tokenizer, row), add_special_tokens=False)["input_ids"])
     except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
         return f"cannot render the prompt: {type(exc).__name__}: {exc}"
 

@@ -160,6 +160,21 @@ def test_overlong_prompts_are_rejected_when_filtered(tmp_path, tokenizer_state):
     assert ids(rows) == ["train-0"]
 
 
+def test_a_prompt_of_millions_of_characters_is_measured_by_its_head(tmp_path, tokenizer_state):
+    """Tokenized whole, a 20 MB prompt took 8 GB; its first max_prompt_length × 16 characters alone
+    show it is overlong."""
+    source = write_jsonl(tmp_path / "t.jsonl", [good(), good(prompt="1 + " * 2_000_000 + "1 = ")])
+    _, rows = ingest(tmp_path, tokenizer_state, source, filter_overlong_prompts=True)
+    assert rejects(tmp_path) == [
+        (
+            2,
+            "prompt is 8,000,004 characters, longer than data.max_prompt_length=16 tokens (its first 256 "
+            "characters alone are 256 tokens)",
+        )
+    ]
+    assert ids(rows) == ["train-0"]
+
+
 def test_overlong_prompts_under_truncation_error_fail_naming_the_first_line(tmp_path, tokenizer_state):
     source = write_jsonl(tmp_path / "t.jsonl", OVERLONG)
     expected = re.escape(
