@@ -20,6 +20,7 @@ from ppoflow.tasks.stages.prepare_model import (
     require_same_tokenizer,
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
+from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
@@ -74,6 +75,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     first, state = _starting_state(run, cfg, base, critic_base)
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     settings = run_settings(cfg, total)
+    check_custom_reward(settings.reward["custom_function"], settings.reward["timeout_s"])
     if isinstance(run.models, WorkerGroupHost):
         run.models.assign(role_layouts(cfg, settings))
     tracking = Tracking(cfg, run.path, total)

@@ -84,6 +84,14 @@ def run_custom_reward(
     return outcomes
 
 
+def check_custom_reward(function: dict | None, timeout_s: float) -> None:
+    """Load the custom reward function (a `custom_function_section`) once in a worker, as scoring
+    will: a RewardFunctionError now, before any generation, for a file that does not import or has
+    no such function (verl loads it when its trainer starts, too)."""
+    if function is not None:
+        _run_worker(function, [], 0, timeout_s, [], stop_at_timeout=False)
+
+
 def _run_worker(
     function: dict,
     calls: list[RewardCall],
@@ -107,6 +115,8 @@ def _run_worker(
     where = f"custom_reward_function.path={function['path']}"
     try:
         kind, payload = _receive(receive, max(LOAD_TIMEOUT_S, timeout_s), worker)
+        if kind == "load_error":  # load_function's message names the file already
+            raise RewardFunctionError(payload)
         if kind != "ready":
             reason = {"timeout": f"importing took longer than {max(LOAD_TIMEOUT_S, timeout_s):g} s"}
             raise RewardFunctionError(f"{where}: {reason.get(kind, payload)}")

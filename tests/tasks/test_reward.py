@@ -12,7 +12,11 @@ import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
-from ppoflow.tasks.stages.reward_functions import RewardFunctionError, custom_function_section
+from ppoflow.tasks.stages.reward_functions import (
+    RewardFunctionError,
+    check_custom_reward,
+    custom_function_section,
+)
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
 from ppoflow.tasks.stages.settings import run_settings
 
@@ -136,8 +140,14 @@ def test_on_error_fail_stops_at_the_first_timeout(tmp_path):
 )
 def test_a_file_that_cannot_serve_is_one_clear_error_before_scoring(tmp_path, text, name, message):
     path = reward_file(tmp_path, text)
-    with pytest.raises(RewardFunctionError, match=f"custom_reward_function.path={path}: {message}"):
+    named_once = f"^custom_reward_function.path={path}: {message}"  # the key was named twice
+    with pytest.raises(RewardFunctionError, match=named_once):
         score(["7"], config(path, name=name))
+    # The train flow checks it before anything is generated, as scoring will load it.
+    with pytest.raises(RewardFunctionError, match=named_once):
+        check_custom_reward(custom_function_section(str(path), name), timeout_s=10)
+    check_custom_reward(custom_function_section(str(reward_file(tmp_path)), "compute_score"), timeout_s=10)
+    check_custom_reward(None, timeout_s=10)
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path):
