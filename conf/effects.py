@@ -202,6 +202,11 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "dropout is always off in ppoflow's models, and the KV cache is used where it helps",
     ),
     NoEffect(
+        ("trainer.resume_from_path",),
+        "it is read only with trainer.resume_mode=resume_path, as in verl",
+        lambda cfg: cfg.trainer.resume_mode != "resume_path",
+    ),
+    NoEffect(
         ("trainer.rollout_data_dir", "trainer.validation_data_dir"),
         "every rollout and validation generation is in the rollouts and validation tables (ppoflow query)",
     ),

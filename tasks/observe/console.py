@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator
@@ -257,7 +258,7 @@ def report_run(run, actor, history: list[dict[str, float]]) -> dict:
     say(f"\nrun directory   {run.path}")
     say(f"final actor     {checkpoint}")
     say(f"catalog         {run.path / 'catalog.duckdb'}")
-    say(f'try             ppoflow query {run.path} "{EXAMPLE_QUERY}"')
+    say(f'try             ppoflow query {shlex.quote(str(run.path))} "{EXAMPLE_QUERY}"')  # runs/it's
     scores = [validation_score(m) for m in history]
     return {
         "run_dir": str(run.path),

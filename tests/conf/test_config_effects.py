@@ -265,3 +265,12 @@ def test_a_refusal_reached_through_a_followed_key_is_said_once():
     with pytest.raises(ConfigError) as raised:
         load_config(None, ["actor_rollout_ref.model.tokenizer_path=builtin:smollm2-135m-instruct"])
     assert "\n" not in str(raised.value) and "critic.model.tokenizer_path" not in str(raised.value)
+
+
+def test_a_resume_path_without_its_mode_is_named_as_without_effect(tmp_path):
+    cfg = load_config(None, [f"trainer.resume_from_path={tmp_path}"], check_paths=False)
+    assert dict(cfg.settings_without_effect())["trainer.resume_from_path"].startswith(
+        "it is read only with trainer.resume_mode=resume_path"
+    )
+    with_mode = [f"trainer.resume_from_path={tmp_path}", "trainer.resume_mode=resume_path"]
+    assert load_config(None, with_mode, check_paths=False).no_effect_warning() is None
