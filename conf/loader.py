@@ -133,7 +133,22 @@ def _file_assignments(path: Path, kind: str) -> list[Assignment]:
     if not isinstance(data, dict):
         raise ConfigError(f"YAML file '{path}' must map keys to values, but holds a {type(data).__name__}")
     folder = path.resolve().parent  # a linked config file names paths from where it really lives
-    return [_absolute(a, folder) for a in _assignments((), data, f"{kind} '{path}'")]
+    assignments = list(_assignments((), data, f"{kind} '{path}'"))
+    _refuse_keys_set_twice(assignments, path)
+    return [_absolute(a, folder) for a in assignments]
+
+
+def _refuse_keys_set_twice(assignments: list[Assignment], path: Path) -> None:
+    """One file sets each key once: `data.train_batch_size: 16` beside `data: {train_batch_size: 32}`
+    is a key set twice that YAML itself cannot see (the loader refuses the plain repeats)."""
+    seen: set[KeyPath] = set()
+    for assignment in assignments:
+        if assignment.path in seen:
+            raise ConfigError(
+                f"YAML file '{path}' sets '{'.'.join(assignment.path)}' twice (once as a dotted key, "
+                "once under its section): keep one"
+            )
+        seen.add(assignment.path)
 
 
 def _override_assignments(number: int, text: str) -> list[Assignment]:

@@ -306,3 +306,14 @@ def test_a_key_set_twice_in_one_mapping_is_refused_as_omegaconf_does(tmp_path):
         assert yaml.load(merges, Loader=ConfigYamlLoader) == yaml.safe_load(merges)
     with pytest.raises(yaml.YAMLError, match="key 'yes' is set twice"):  # the key as written
         yaml.load("true: 1\nyes: 2\n", Loader=ConfigYamlLoader)
+    dotted = tmp_path / "dotted.yaml"  # the same key, once dotted and once nested: YAML sees two keys
+    dotted.write_text("data.train_batch_size: 16\ndata:\n  train_batch_size: 32\n")
+    assert error_of(path=dotted) == (
+        f"YAML file '{dotted}' sets 'data.train_batch_size' twice (once as a dotted key, once under its "
+        "section): keep one"
+    )
+    merged.write_text("critic:\n  <<: {ppo_epochs: 1}\n  ppo_epochs: 3\ncritic.ppo_mini_batch_size: 8\n")
+    micro = [f"{s}.ppo_micro_batch_size_per_gpu=8" for s in ("actor_rollout_ref.actor", "critic")]
+    micro.append("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8")
+    cfg = load_config(merged, micro)
+    assert (cfg.critic.ppo_epochs, cfg.critic.ppo_mini_batch_size) == (3, 8)
