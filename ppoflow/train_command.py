@@ -27,7 +27,7 @@ from ppoflow.tasks.storage.regular_files import make_run_directory, open_regular
 
 LOG_NAME = "logs/train.log"
 SERVER_LOG_NAME = "logs/prefect-server.log"
-EXIT_FAILED, EXIT_LOCKED, EXIT_INTERRUPTED = 1, 3, 130
+EXIT_FAILED, EXIT_LOCKED = 1, 3
 
 
 def run_training(
@@ -49,12 +49,12 @@ def _run_training(
 ) -> tuple[int, bool]:
     """(the exit code, whether the run's logs are this process's: not when another one trains it)."""
     resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
-    ctrl_c = _CtrlC()
+    interrupt = _Interrupt()
     try:
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
-        with ctrl_c, _run_lock(run_dir), server, _logging_to(log_file, verbose):
+        with interrupt, _run_lock(run_dir), server, _logging_to(log_file, verbose, interrupt):
             try:
-                return _train(config_file, overrides, log_file, resume, ctrl_c), True
+                return _train(config_file, overrides, log_file, resume, interrupt), True
             finally:
                 deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
@@ -65,14 +65,16 @@ def _run_training(
     except BrokenPipeError:  # the reader of the output left: main's exit 141
         raise
     except (ServerDidNotStart, OSError) as error:  # no server, or no writable run directory
-        if not ctrl_c.pressed:
+        if not interrupt.by:
             _say(f"ppoflow: {error}")
             return EXIT_FAILED, True
-    _say(f"\nppoflow: interrupted; {_finished(run_dir)}; resume with: {resume}")
-    return EXIT_INTERRUPTED, True
+    _say(f"\nppoflow: {interrupt.said()}; {_finished(run_dir)}; resume with: {resume}")
+    return interrupt.exit_code(), True
 
 
-def _train(config_file: str | None, overrides: list[str], log_file: Path, resume: str, ctrl_c: _CtrlC) -> int:
+def _train(
+    config_file: str | None, overrides: list[str], log_file: Path, resume: str, interrupt: _Interrupt
+) -> int:
     from ppoflow.flows.train import ppo_train
     from ppoflow.tasks.storage.checkpoints import StateUnavailable
     from ppoflow.tasks.storage.lock import RunLocked
@@ -85,7 +87,7 @@ def _train(config_file: str | None, overrides: list[str], log_file: Path, resume
     except BrokenPipeError:
         raise
     except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
-        if ctrl_c.pressed:  # Ctrl-C surfaced as another error: Prefect reports a crashed run
+        if interrupt.by:  # the interrupt surfaced as another error: Prefect reports a crashed run
             raise KeyboardInterrupt from error
         logging.getLogger("ppoflow").exception("training stopped")
         _say(f"ppoflow: training stopped: {describe(error)}")
@@ -94,23 +96,38 @@ def _train(config_file: str | None, overrides: list[str], log_file: Path, resume
     return 0
 
 
-class _CtrlC:
-    """Records that Ctrl-C was pressed (then raises KeyboardInterrupt, as Python does), so an
-    interrupt that surfaces as another error is still reported as an interrupt."""
+class _Interrupt:
+    """Ctrl-C (SIGINT) and SIGTERM (`kill`, a service manager, a container stopping) both stop training
+    as Ctrl-C does in Python, by raising KeyboardInterrupt; which one came is recorded, so an interrupt
+    that surfaces as another error is still reported as one, and the exit code is the shell's 128 + the
+    signal's number."""
+
+    SAID = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
+    LOGGED = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
 
     def __init__(self) -> None:
-        self.pressed = False
+        self.by: signal.Signals | None = None
 
-    def __enter__(self) -> _CtrlC:
-        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+    def __enter__(self) -> _Interrupt:
+        self.previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SAID}
         return self
 
     def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self.previous)
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
-    def _on_sigint(self, signum, frame) -> None:
-        self.pressed = True
+    def _on_signal(self, signum, frame) -> None:
+        self.by = signal.Signals(signum)
         raise KeyboardInterrupt
+
+    def said(self) -> str:
+        return self.SAID[self.by or signal.SIGINT]
+
+    def logged(self) -> str:
+        return self.LOGGED[self.by or signal.SIGINT]
+
+    def exit_code(self) -> int:
+        return 128 + (self.by or signal.SIGINT)
 
 
 MAX_MESSAGE = 400
@@ -176,7 +193,7 @@ def _logs_folder(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
+def _logging_to(log_file: Path, verbose: bool, interrupt: _Interrupt) -> Iterator[None]:
     """Everything logged (Prefect's task and flow errors with their tracebacks, library warnings,
     ppoflow's step lines) is appended to `log_file`; Prefect's console output only with -v."""
     from prefect.logging.configuration import ensure_logging_setup
@@ -200,7 +217,7 @@ def _logging_to(log_file: Path, verbose: bool) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        ours.warning("interrupted (Ctrl-C)")
+        ours.warning(interrupt.logged())
         raise
     finally:
         logging.captureWarnings(False)

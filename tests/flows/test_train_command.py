@@ -96,7 +96,16 @@ def test_a_failed_stage_is_one_line_and_the_rerun_resumes_saying_cached(
 
 
 @pytest.mark.slow
-def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("stop", "code", "said", "logged"),
+    [
+        ("ctrl-c", 130, "interrupted", "interrupted (Ctrl-C)"),
+        ("sigterm", 143, "stopped by SIGTERM", "stopped by SIGTERM"),
+    ],
+)
+def test_one_ctrl_c_or_sigterm_stops_training_in_seconds_with_one_line_and_no_process_left(
+    tiny_model_dir, tmp_path, stop, code, said, logged
+):
     trainer = subprocess.Popen(
         _command(tmp_path, "trainer.total_training_steps=20"),
         env=_env(own_server=True),
@@ -110,23 +119,26 @@ def test_one_ctrl_c_stops_training_in_seconds_with_one_line_and_no_process_left(
         started = set(descendants(trainer.pid))
         assert started, "the trainer runs its Prefect server as a child"
         sent = time.monotonic()
-        os.killpg(trainer.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        if stop == "ctrl-c":
+            os.killpg(trainer.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        else:
+            os.kill(trainer.pid, signal.SIGTERM)  # what `kill` or a service manager does: the trainer only
         out, err = trainer.communicate(timeout=60)
         stopped_after = time.monotonic() - sent
     finally:
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
-    assert trainer.returncode == 130, err[-3000:]
+    assert trainer.returncode == code, err[-3000:]
     assert stopped_after < 20, f"took {stopped_after:.1f} s to stop"
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err[-3000:]
     [line] = lines
-    assert line.startswith("ppoflow: interrupted; step") and f"finished and kept in {tmp_path};" in line
+    assert line.startswith(f"ppoflow: {said}; step") and f"finished and kept in {tmp_path};" in line
     assert line.endswith(
         "resume with: ppoflow train " + " ".join(_command(tmp_path)[4:]) + " trainer.total_training_steps=20"
     )
     assert "Traceback" not in out + err
-    assert "interrupted (Ctrl-C)" in (tmp_path / "logs/train.log").read_text()
+    assert logged in (tmp_path / "logs/train.log").read_text()
     assert (tmp_path / "logs/prefect-server.log").is_file()  # what the server said, kept off the terminal
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
 
@@ -311,6 +323,7 @@ def test_a_planted_log_file_is_refused_before_anything_is_written_through_it(tmp
     outside.write_text("not the run's\n")
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
+    (run_dir / ".lock").touch()  # a run directory that was trained before
     log = run_dir / "logs" / name
     if planted == "link":
         log.symlink_to(outside)
@@ -332,6 +345,7 @@ def test_a_logs_folder_that_is_a_link_or_a_file_is_refused(tmp_path, planted):
     elsewhere.mkdir()
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    (run_dir / ".lock").touch()  # a run directory that was trained before
     if planted == "link":
         (run_dir / "logs").symlink_to(elsewhere)
     else:
@@ -368,9 +382,9 @@ def test_a_refused_program_leaves_the_running_trainers_log_alone_on_its_way_out(
     not into the log of the process that trains the run."""
     from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 
+    acquire_run_lock(tmp_path)  # this process trains it
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs/train.log").write_text("the trainer's own words\n")
-    acquire_run_lock(tmp_path)  # this process trains it
     try:
         refused = subprocess.run(
             [sys.executable, "-c", _as_program(_command(tmp_path)[3:])],
