@@ -25,6 +25,7 @@ from ppoflow.tasks.retraining.rounds import (
     refresh_retrain_catalog,
     round_overrides,
     round_scores,
+    start_promotions_table,
     sync_champion_pointer,
 )
 from ppoflow.tasks.stages.prompts import NotEnoughData
@@ -59,6 +60,7 @@ def retrain(
     root.mkdir(parents=True, exist_ok=True)
     acquire_run_lock(root)
     try:
+        start_promotions_table(root)
         champion = sync_champion_pointer(root)
         new, skipped = take_stock(data_dir, root)
         holder = champion.describe() if champion else BASE

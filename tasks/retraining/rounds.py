@@ -40,6 +40,8 @@ CHAMPION = "champion.json"
 CHAMPION_LINK = "champion"
 BASE = "base"
 """The incumbent of the first round: the configured base model, not a checkpoint."""
+SCORE_TOLERANCE = 1e-9
+"""Scores this close are a tie: the same accuracy summed in another order differs in its last bits."""
 
 
 @dataclass(frozen=True)
@@ -162,10 +164,10 @@ def decide(candidate: float | None, incumbent: float, min_improvement: float) ->
     if candidate is None or math.isnan(candidate):
         return "kept", "the candidate has no validation score"
     line = f"candidate {candidate:.4f} vs champion {incumbent:.4f}"
+    if math.isclose(candidate, incumbent, rel_tol=SCORE_TOLERANCE, abs_tol=SCORE_TOLERANCE):
+        return "kept", f"{line}: a tie keeps the champion"
     if candidate > incumbent + min_improvement:
         return "promoted", f"{line}: better by {candidate - incumbent:+.4f}"
-    if candidate == incumbent:
-        return "kept", f"{line}: a tie keeps the champion"
     if candidate < incumbent:
         return "kept", f"{line}: a regression of {candidate - incumbent:+.4f}"
     return "kept", f"{line}: {candidate - incumbent:+.4f} is not more than min_improvement={min_improvement}"
@@ -184,6 +186,13 @@ def record_round(root: Path, number: int, files: list[DataFile], promotion: dict
     sync_champion_pointer(root)
     refresh_retrain_catalog(root)
     return row
+
+
+def start_promotions_table(root: Path) -> None:
+    """Write the empty promotions table on a retraining directory's first run, so that the directory
+    is one (for `ppoflow query` and its catalog) before any round has decided."""
+    if not (root / PROMOTIONS).is_file():
+        write_table(PROMOTIONS_SCHEMA.empty_table(), root, PROMOTIONS, PROMOTIONS_SCHEMA, sync_now=True)
 
 
 def refresh_retrain_catalog(root: Path) -> Path:

@@ -42,6 +42,14 @@ def test_promotion_rule(candidate, incumbent, margin, decision, phrase):
     assert got == decision and phrase in reason
 
 
+def test_the_same_score_summed_in_another_order_is_a_tie():
+    candidate, incumbent = (0.1 + 0.2 + 0.3) / 3, (0.3 + 0.2 + 0.1) / 3
+    assert candidate > incumbent  # by one unit in the last place
+    tie = ("kept", "candidate 0.2000 vs champion 0.2000: a tie keeps the champion")
+    assert decide(candidate, incumbent, 0.0) == tie
+    assert decide(incumbent + 1e-6, incumbent, 0.0)[0] == "promoted"  # one more right answer in a million
+
+
 def _promotion(root: Path, step: int, score: float, decision: str = "promoted") -> dict:
     checkpoint = root / f"rounds/round=000001/checkpoints/iter={step:06d}"
     (checkpoint / "actor").mkdir(parents=True, exist_ok=True)
