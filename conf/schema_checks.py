@@ -2,11 +2,12 @@
 filled in (so that each section stands alone as a task's input and cache key), verl's deprecated
 global micro-batch sizes become per-GPU sizes, and verl's batch-size arithmetic is checked."""
 
+import difflib
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from ppoflow.engine.names import VLLM_LOAD_FORMATS, VLLM_MAX_TEMPERATURE
+from ppoflow.engine.names import BUILTIN_REWARD_COMPONENTS, RM_SCORE, VLLM_LOAD_FORMATS, VLLM_MAX_TEMPERATURE
 
 from .schema_common import ConfigError
 
@@ -95,6 +96,7 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     _fill_derived(cfg)
     _check_same_n(cfg)
     _check_prompt_budget(cfg)
+    _check_reward_weights(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
     pairs += REWARD_MODEL_MICRO_PAIRS if cfg.reward_model.enable else ()
@@ -175,6 +177,24 @@ def _check_prompt_budget(cfg: "PPOFlowConfig") -> None:
             "prompts that ingest keeps would not fit the rollout; remove the first (it follows the "
             "second) or lower the second",
             keys=("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length"),
+        )
+
+
+def _check_reward_weights(cfg: "PPOFlowConfig") -> None:
+    """Without a custom reward function the components are the built-in rewards': a weight of any
+    other name would fail every row of the first rewards stage, after the first rollouts."""
+    if cfg.custom_reward_function.path is not None:
+        return
+    known = (*BUILTIN_REWARD_COMPONENTS, RM_SCORE)
+    unknown = [name for name in cfg.reward.weights if name not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(
+            f"reward.weights names {', '.join(map(repr, unknown))}{hint}, a component the built-in "
+            f"rewards do not return: they return {', '.join(BUILTIN_REWARD_COMPONENTS)} (and {RM_SCORE}, "
+            "the reward model's score); a custom_reward_function.path returns the components it names",
+            keys=("reward.weights",),
         )
 
 

@@ -39,3 +39,7 @@ Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
 RM_SCORE = "rm_score"
 """The reward component that holds a reward model's score of a response (verl's `rm_scores`); its
 weight in the score is reward.weights.rm_score."""
+
+BUILTIN_REWARD_COMPONENTS = ("correctness", "format")
+"""The components every built-in rule reward returns (addition, openai/gsm8k): what reward.weights
+may name beside rm_score when no custom_reward_function is set."""

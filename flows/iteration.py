@@ -20,12 +20,18 @@ from ppoflow.tasks.stages.validation import validation
 from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, TrainState
+from ppoflow.tasks.storage.tables import ArtifactRef
 
 
 @dataclass(frozen=True)
 class Datasets:
     train: StageResult | None  # None when only validating (trainer.val_only)
     val: StageResult
+
+    def prompt_tables(self) -> dict[str, ArtifactRef]:
+        """Split → its prompts table."""
+        tables = {"train": self.train.ref} if self.train is not None else {}
+        return tables | {"val": self.val.ref}
 
 
 def validate(

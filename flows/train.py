@@ -21,6 +21,7 @@ from ppoflow.tasks.stages.prepare_model import (
 )
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
+from ppoflow.tasks.stages.rewards import require_builtin_rewards
 from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
@@ -76,6 +77,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
     settings = run_settings(cfg, total)
     check_custom_reward(settings.reward["custom_function"], settings.reward["timeout_s"])
+    require_builtin_rewards(run, settings.reward, data.prompt_tables())
     if isinstance(run.models, WorkerGroupHost):
         run.models.assign(role_layouts(cfg, settings))
     tracking = Tracking(cfg, run.path, total)

@@ -13,6 +13,7 @@ import dataclasses
 import json
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from prefect import task
 
 from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
@@ -46,6 +47,31 @@ def reward_components(
         case _:
             raise ValueError(
                 f"no built-in reward for data_source '{data_source}'; set custom_reward_function.path"
+            )
+
+
+BUILTIN_DATA_SOURCES = (ADDITION_DATA_SOURCE, GSM8K_DATA_SOURCE)
+
+
+def require_builtin_rewards(run: Run, reward: dict, prompts: dict[str, ArtifactRef]) -> None:
+    """When the built-in rewards score the run (no custom_reward_function, a rule reward in the score),
+    every prompt's data_source must have one: checked right after ingest (`prompts`: split → its
+    prompts table), not when the first rewards stage fails after the first rollouts."""
+    if reward["custom_function"] is not None or not reward["rule_reward"]:
+        return
+    known = pa.array(BUILTIN_DATA_SOURCES)
+    for split, ref in prompts.items():
+        table = read_table(run.path, ref, clock=run.io).select(["data_source", "row_index"])
+        unknown = table.filter(pc.invert(pc.is_in(table["data_source"], value_set=known)))
+        if unknown.num_rows:
+            source, row = unknown["data_source"][0].as_py(), unknown["row_index"][0].as_py()
+            named = reward["reward_fn_key"]
+            field = "data_source" if named == "data_source" else f"{named} (data.reward_fn_key)"
+            raise RewardFunctionError(
+                f"{unknown.num_rows} {split} prompt(s) have a {field} with no built-in reward, the first "
+                f"{source!r} (row {row} of data.{split}_files); the built-in rewards score "
+                f"{', '.join(BUILTIN_DATA_SOURCES)}: set custom_reward_function.path to a file with verl's "
+                "compute_score for the others"
             )
 
 

@@ -101,3 +101,12 @@ def test_unusable_results_are_errors(result, message):
 def test_error_rate_is_the_share_of_rows_with_an_error():
     assert error_rate([None, "boom", None, "x"]) == 0.5
     assert error_rate([]) == 0.0
+
+
+def test_every_built_in_reward_returns_the_components_weights_may_name():
+    from ppoflow.engine.gsm8k import gsm8k_components
+    from ppoflow.engine.names import BUILTIN_REWARD_COMPONENTS
+
+    assert set(addition_components("7", "7")) == set(BUILTIN_REWARD_COMPONENTS)
+    for method in ("strict", "flexible"):
+        assert set(gsm8k_components("#### 7", "7", method)) == set(BUILTIN_REWARD_COMPONENTS)

@@ -198,3 +198,67 @@ def test_reward_section_carries_the_file_digest_timeout_and_policy(tmp_path):
     edited = run_settings(load_config(None, overrides), 1).reward
     assert edited["custom_function"]["digest"] != reward["custom_function"]["digest"]
     assert run_settings(load_config(None, []), 1).reward["custom_function"] is None
+
+
+def _prompts(run_dir, sources: list[str], split: str):
+    import pyarrow as pa
+
+    from ppoflow.tasks.storage.schemas import SCHEMAS
+    from ppoflow.tasks.storage.tables import write_table
+
+    rows = [
+        {
+            "prompt_id": f"{split}-{i}",
+            "split": split,
+            "row_index": i,
+            "data_source": source,
+            "ability": "math",
+            "prompt_text": "1+1=",
+            "prompt_messages": None,
+            "ground_truth": "2",
+            "extra_info": "{}",
+        }
+        for i, source in enumerate(sources)
+    ]
+    table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
+    return write_table(table, run_dir, f"data/prompts_{split}.parquet", SCHEMAS["prompts"])
+
+
+def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_path):
+    from ppoflow.tasks.run import close_run, open_run
+    from ppoflow.tasks.stages.rewards import require_builtin_rewards
+
+    run = open_run(tmp_path / "run", "trainer: {}\n")
+    try:
+        known = [ADDITION_DATA_SOURCE, "openai/gsm8k"]
+        tables = {"train": _prompts(run.path, known * 3, "train"), "val": _prompts(run.path, known, "val")}
+        builtin = config(None) | {"rule_reward": True}
+        require_builtin_rewards(run, builtin, tables)
+        tables["val"] = _prompts(run.path, [*known, "my/math", "my/math"], "val")
+        reward = builtin | {"reward_fn_key": "source"}
+        with pytest.raises(RewardFunctionError) as refused:
+            require_builtin_rewards(run, reward, tables)
+        assert str(refused.value).startswith(
+            "2 val prompt(s) have a source (data.reward_fn_key) with no built-in reward, the first 'my/math' "
+            "(row 2 of data.val_files); the built-in rewards score ppoflow/addition, openai/gsm8k: set "
+            "custom_reward_function.path"
+        )
+        require_builtin_rewards(run, config(reward_file(tmp_path)) | {"rule_reward": True}, tables)
+        require_builtin_rewards(run, reward | {"rule_reward": False}, tables)  # the reward model's alone
+    finally:
+        close_run(run)
+
+
+@pytest.mark.parametrize(
+    ("weights", "hint"), [("{corectness: 1.0}", " (did you mean 'correctness'?)"), ("{fluency: 0.5}", "")]
+)
+def test_a_weight_of_a_component_the_built_in_rewards_do_not_return_is_refused_at_load(weights, hint):
+    from ppoflow.conf.schema_common import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, [f"reward.weights={weights}"])
+    name = weights.strip("{}").split(":")[0]
+    assert f"reward.weights names '{name}'{hint}, a component the built-in rewards do not return" in str(
+        refused.value
+    )
+    load_config(None, [f"reward.weights={weights}", "custom_reward_function.path=" + __file__])
