@@ -226,6 +226,30 @@ NO_EFFECT: tuple[NoEffect, ...] = (
 )
 
 
+GROUP_BASELINES = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+"""Estimators whose baseline is the mean score of the prompt's other responses."""
+
+
+def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:
+    """Training rollouts decoded greedily (temperature 0 or do_sample false) are the same for every
+    sample of a prompt and equal to ReMax's greedy baseline: an estimator that compares them with
+    each other, or with that baseline, gets advantages of 0 and the actor learns nothing."""
+    rollout, estimator = cfg.actor_rollout_ref.rollout, cfg.algorithm.adv_estimator
+    if rollout.do_sample and rollout.temperature > 0:
+        return None
+    setting = "do_sample=false" if not rollout.do_sample else "temperature=0"
+    if estimator == "remax":
+        why = "each response is the greedy one ReMax subtracts as its baseline"
+    elif estimator in GROUP_BASELINES and rollout.n > 1:
+        why = f"the n={rollout.n} responses of a prompt are the same, the baseline {estimator} subtracts"
+    else:
+        return None
+    return (
+        f"actor_rollout_ref.rollout.{setting} decodes training rollouts greedily: {why}, so every "
+        "advantage is 0 and the actor does not learn; sample with temperature > 0 and do_sample=true"
+    )
+
+
 def without_effect(cfg: "PPOFlowConfig", set_keys: Iterable[str]) -> list[tuple[str, str]]:
     """(key, why) for each key the user set that has no effect in this run, in the order given."""
     found = []

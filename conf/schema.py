@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 from pydantic_core import to_jsonable_python
 
-from .effects import without_effect
+from .effects import greedy_rollout_warning, without_effect
 from .schema_actor import ActorRolloutRefConfig
 from .schema_algorithm import AlgorithmConfig, CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
 from .schema_checks import DERIVED, followed_source, resolve_and_check
@@ -114,6 +114,11 @@ class PPOFlowConfig(Section):
             and followed_source(self, key) is None  # a read-back effective config: as it would be anyway
         ]
         return without_effect(self, chosen)
+
+    def warnings(self) -> list[str]:
+        """What to say at start about this config: keys without effect, and a rollout setting that
+        leaves nothing to learn."""
+        return [w for w in (self.no_effect_warning(), greedy_rollout_warning(self)) if w is not None]
 
     def no_effect_warning(self) -> str | None:
         """One line naming the keys set that have no effect in this run, grouped by why; or None."""

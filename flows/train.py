@@ -52,7 +52,7 @@ def train(cfg: PPOFlowConfig) -> dict:
         device=cfg.trainer.device,
         group=GroupPlan(cfg.world_size, cfg.trainer.device, num_threads=cfg.trainer.num_threads),
     )
-    if (warning := cfg.no_effect_warning()) is not None:
+    for warning in cfg.warnings():
         say(f"ppoflow: {warning}")
     try:
         return _train(run, cfg)

@@ -215,7 +215,7 @@ def _config(args) -> int:
     if cfg is None:
         return 2
     print(cfg.to_yaml(origins=True), end="")
-    if (warning := cfg.no_effect_warning()) is not None:
+    for warning in cfg.warnings():
         print(f"ppoflow: {warning}", file=sys.stderr)
     return 0
 

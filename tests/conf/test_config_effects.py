@@ -274,3 +274,41 @@ def test_a_resume_path_without_its_mode_is_named_as_without_effect(tmp_path):
     )
     with_mode = [f"trainer.resume_from_path={tmp_path}", "trainer.resume_mode=resume_path"]
     assert load_config(None, with_mode, check_paths=False).no_effect_warning() is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (
+            [
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.rollout.temperature=0",
+            ],
+            "actor_rollout_ref.rollout.temperature=0 decodes training rollouts greedily: the n=4 responses "
+            "of a prompt are the same, the baseline grpo subtracts, so every advantage is 0 and the actor "
+            "does not learn",
+        ),
+        (
+            [
+                "algorithm.adv_estimator=rloo",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.rollout.do_sample=false",
+            ],
+            "actor_rollout_ref.rollout.do_sample=false decodes training rollouts greedily: the n=2 responses",
+        ),
+        (
+            ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.temperature=0"],
+            "each response is the greedy one ReMax subtracts as its baseline, so every advantage is 0",
+        ),
+        (["actor_rollout_ref.rollout.temperature=0"], None),  # GAE learns from the critic's values
+        (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"], None),
+    ],
+)
+def test_greedy_training_rollouts_that_leave_nothing_to_learn_are_named_at_start(overrides, said):
+    warnings = load_config(None, overrides, check_paths=False).warnings()
+    if said is None:
+        assert warnings == []
+    else:
+        [warning] = warnings
+        assert said in warning and warning.endswith("sample with temperature > 0 and do_sample=true")
