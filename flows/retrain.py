@@ -25,6 +25,7 @@ from ppoflow.tasks.retraining.rounds import (
     refresh_retrain_catalog,
     round_overrides,
     round_scores,
+    set_aside_unusable,
     start_promotions_table,
     sync_champion_pointer,
 )
@@ -63,11 +64,15 @@ def retrain(
         start_promotions_table(root)
         champion = sync_champion_pointer(root)
         new, skipped = take_stock(data_dir, root)
+        new, unusable = set_aside_unusable(root, new)
+        for file in unusable:
+            say(f"set aside (listed in unusable_files, not tried again): {file['reason']}")
         holder = champion.describe() if champion else BASE
         if not new:
-            return _nothing_to_do(
-                root, f"no new data in {data_dir} ({skipped} file(s), all taken in before)", holder, champion
-            )
+            seen = f"{skipped} file(s), all taken in or set aside before"
+            if unusable:
+                seen = f"{skipped} file(s) seen before, {len(unusable)} set aside as unusable now"
+            return _nothing_to_do(root, f"no new data in {data_dir} ({seen})", holder, champion)
         number = next_round(root)
         start = champion.step if champion else 0
         say(f"round {number}: {len(new)} new file(s) in {data_dir}; {iterations} iterations from {holder}")

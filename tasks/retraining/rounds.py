@@ -8,8 +8,10 @@ A retraining directory (the `run_dir` of the retrain flow) holds:
     champion -> rounds/round=000001/checkpoints/iter=000005   (a symlink to the same folder)
     rounds/round=NNNNNN/    one ppoflow run directory per round, with its own catalog
     evaluations/            validation-only runs of the evaluate flow
-    catalog.duckdb          views promotions, dataset_files (one row per file taken in) and
-                            round_metrics (every round's metrics rows)
+    unusable_files.parquet  files of the data folder that cannot be read as data, with the reason:
+                            set aside, so that one broken file does not fail every round
+    catalog.duckdb          views promotions, dataset_files (one row per file taken in),
+                            round_metrics (every round's metrics rows) and unusable_files
 
 Files are content-addressed: a file whose bytes were taken in before (under any name) is not taken
 in again. The promotions table is the record; champion.json and the symlink are derived from its last
@@ -30,9 +32,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ppoflow.tasks.stages.prompts import unreadable_data_file
 from ppoflow.tasks.storage.catalog import write_catalog
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, PROMOTIONS_SCHEMA, ROUNDS, define_retrain_views
+from ppoflow.tasks.storage.retrain_tables import (
+    PROMOTIONS,
+    PROMOTIONS_SCHEMA,
+    ROUNDS,
+    UNUSABLE,
+    UNUSABLE_SCHEMA,
+    define_retrain_views,
+)
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic, write_table
 
 DATA_SUFFIXES = (".json", ".jsonl")
@@ -85,15 +95,16 @@ def _promotions(root: Path) -> pa.Table:
 
 
 def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int]:
-    """The .json/.jsonl files directly in `data_dir` whose content was never taken in (sorted by name;
-    hidden files are skipped, so write a file under a dot-name and rename it when complete), and how
-    many files were skipped as seen before."""
+    """The .json/.jsonl files directly in `data_dir` whose content was never taken in nor set aside
+    (sorted by name; hidden files are skipped, so write a file under a dot-name and rename it when
+    complete), and how many files were skipped as seen before."""
     folder = Path(data_dir).resolve()
     if not folder.is_dir():
         raise FileNotFoundError(
             f"retraining data folder {folder} does not exist; create it and drop .json/.jsonl files there"
         )
     seen = {f["sha256"] for files in _promotions(root)["files"].to_pylist() for f in files}
+    seen |= set(_unusable(root)["sha256"].to_pylist())
     new: list[DataFile] = []
     skipped = 0
     for path in sorted(folder.iterdir()):
@@ -106,6 +117,33 @@ def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int
         seen.add(digest)
         new.append(DataFile(str(path), digest, path.stat().st_size))
     return new, skipped
+
+
+def _unusable(root: Path) -> pa.Table:
+    path = root / UNUSABLE
+    return pq.read_table(path, schema=UNUSABLE_SCHEMA) if path.is_file() else UNUSABLE_SCHEMA.empty_table()
+
+
+def set_aside_unusable(root: Path, files: list[DataFile]) -> tuple[list[DataFile], list[dict]]:
+    """(the files that can be read as data, the rows of those that cannot): the latter are appended
+    to unusable_files.parquet, so that one broken file does not fail every round from now on (its
+    bytes are not tried again; an edited file is new content)."""
+    found_at = datetime.now(UTC)
+    usable, unusable = [], []
+    for file in files:
+        reason = unreadable_data_file(Path(file.path))
+        if reason is None:
+            usable.append(file)
+        else:
+            unusable.append(
+                {"path": file.path, "sha256": file.sha256, "bytes": file.bytes}
+                | {"found_at": found_at, "reason": reason}
+            )
+    if unusable:
+        table = pa.concat_tables([_unusable(root), pa.Table.from_pylist(unusable, schema=UNUSABLE_SCHEMA)])
+        write_table(table, root, UNUSABLE, UNUSABLE_SCHEMA, sync_now=True)
+        refresh_retrain_catalog(root)
+    return usable, unusable
 
 
 def next_round(root: Path) -> int:

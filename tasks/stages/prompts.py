@@ -207,6 +207,21 @@ def _check_head(tokenizer, row: dict, limit: int, kind: str) -> None:
         )
 
 
+def unreadable_data_file(path: Path) -> str | None:
+    """Why `path` cannot be read as a data file at all — an unsupported format, not a JSON list, not
+    parquet, no rows, no row that is JSON — or None. (Rows that are each bad are the rejects of an
+    ingest, not this.)"""
+    try:
+        rows = [record for _, _, record in _read_rows(path)]
+    except (ValueError, OSError) as error:
+        return str(error)
+    if not rows:
+        return f"data file {path} has no rows"
+    if all(isinstance(record, Rejected) for record in rows):
+        return f"data file {path}: none of its {len(rows)} rows is JSON (the first: {rows[0].reason})"
+    return None
+
+
 def _read_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
     """(line, raw text, parsed record or Rejected) per row: the 1-based line of a JSONL file, the
     element (JSON list) or row (parquet) index + 1."""

@@ -14,8 +14,9 @@ from ppoflow.tasks.storage.catalog import sql_literal
 from ppoflow.tasks.storage.schemas import doc_field
 
 PROMOTIONS = "promotions.parquet"
+UNUSABLE = "unusable_files.parquet"
 ROUNDS = "rounds"
-RETRAIN_VIEWS = ("promotions", "dataset_files", "round_metrics")
+RETRAIN_VIEWS = ("promotions", "dataset_files", "round_metrics", "unusable_files")
 
 DATA_FILE = pa.struct(
     [
@@ -46,6 +47,19 @@ PROMOTIONS_SCHEMA = pa.schema(
 )
 
 
+UNUSABLE_SCHEMA = pa.schema(
+    [
+        doc_field("path", pa.string(), "Absolute path of the file when it was found."),
+        doc_field("sha256", pa.string(), "Content digest: the same bytes are not tried again."),
+        doc_field("bytes", pa.int64(), "File size."),
+        doc_field("found_at", pa.timestamp("us", tz="UTC"), "When the retrain flow set it aside."),
+        doc_field("reason", pa.string(), "Why it cannot be read as data (format, encoding, no rows)."),
+    ]
+)
+"""Files of the data folder that could not be read as data at all, set aside so that the rounds go on
+(an edited file is new content: it is tried again)."""
+
+
 def is_retraining_directory(directory: Path) -> bool:
     """Whether `directory` is the run directory of the retrain flow (its promotions or its rounds)."""
     return (directory / PROMOTIONS).is_file() or (directory / ROUNDS).is_dir()
@@ -54,20 +68,15 @@ def is_retraining_directory(directory: Path) -> bool:
 def define_retrain_views(
     con: duckdb.DuckDBPyConnection, root: Path, names: Collection[str] = RETRAIN_VIEWS
 ) -> None:
-    """Create promotions, dataset_files (one row per file taken in, with its version) and
-    round_metrics (every round's metrics rows, with their round) on `con`: all three, whichever of
+    """Create promotions, dataset_files (one row per file taken in, with its version), round_metrics
+    (every round's metrics rows, with their round) and unusable_files on `con`: all four, whichever of
     `names` a query reads (dataset_files reads promotions; round_metrics alone costs anything)."""
-    path = root / PROMOTIONS
-    if path.is_file():
-        con.execute(f"CREATE VIEW promotions AS SELECT * FROM read_parquet({sql_literal(str(path))})")
-    else:
-        con.register("_promotions", PROMOTIONS_SCHEMA.empty_table())
-        con.execute("CREATE TABLE promotions AS SELECT * FROM _promotions")
-        con.unregister("_promotions")
+    _define_table(con, root / PROMOTIONS, "promotions", PROMOTIONS_SCHEMA)
     con.execute(
         "CREATE VIEW dataset_files AS SELECT round AS version, unnest(files, recursive := true), "
         "decided_at AS taken_at FROM promotions"
     )
+    _define_table(con, root / UNUSABLE, "unusable_files", UNUSABLE_SCHEMA)
     if any(root.glob(f"{ROUNDS}/round=*/iter=*/metrics/*.parquet")):
         pattern = sql_literal(str(root / f"{ROUNDS}/round=*/iter=*/metrics/*.parquet"))
         con.execute(
@@ -78,3 +87,13 @@ def define_retrain_views(
         )
     else:
         con.execute("CREATE TABLE round_metrics (round INTEGER, iter INTEGER, step INTEGER)")
+
+
+def _define_table(con: duckdb.DuckDBPyConnection, path: Path, name: str, schema: pa.Schema) -> None:
+    """A view of the parquet file at `path`, or an empty table of `schema` while there is none."""
+    if path.is_file():
+        con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(path))})")
+    else:
+        con.register("_empty", schema.empty_table())
+        con.execute(f"CREATE TABLE {name} AS SELECT * FROM _empty")
+        con.unregister("_empty")

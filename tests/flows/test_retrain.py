@@ -63,9 +63,24 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     # The same bytes under another name, and no other file: nothing is trained.
     (incoming / "batch-1-copy.jsonl").write_bytes((incoming / "batch-1.jsonl").read_bytes())
     (incoming / ".batch-2.jsonl.partial").write_text("{not yet complete")
+    # Files that cannot be read as data are set aside once, not failed on every night.
+    (incoming / "empty.jsonl").write_text("\n")
+    (incoming / "binary.jsonl").write_bytes(b"\x00\xff\xfe garbage\n\x89PNG\r\n")
     second = retrain(incoming, root)
     assert second["trained"] is False and "no new data" in second["reason"]
+    assert "2 file(s) seen before, 2 set aside as unusable now" in second["reason"]
     assert len(promotions(root)) == 1 and not (root / "rounds/round=000002").exists()
+    _, unusable = query(root, "SELECT path, reason FROM unusable_files ORDER BY path")
+    assert [(Path(path).name, reason.split(": ", 1)[-1]) for path, reason in unusable] == [
+        (
+            "binary.jsonl",
+            "none of its 2 rows is JSON (the first: not UTF-8: 'utf-8' codec can't decode byte "
+            "0xff in position 1: invalid start byte)",
+        ),
+        ("empty.jsonl", f"data file {incoming / 'empty.jsonl'} has no rows".split(": ", 1)[-1]),
+    ]
+    again = retrain(incoming, root)
+    assert "4 file(s), all taken in or set aside before" in again["reason"]
 
     # Too few new prompts for one batch (train_batch_size 256): nothing trains, the file stays new.
     addition_file(incoming / "batch-0.jsonl", 100, seed=10)
