@@ -122,6 +122,8 @@ def ppo_iteration(
             settings=s.actor,
             save=save,
         )
+    for updated in (critic, actor):  # how to rebuild them, should their optimizer state be pruned
+        run.models.history.remember(updated)
     validated = None
     if s.test_freq > 0 and (step % s.test_freq == 0 or step == s.total_steps):
         validated, was_cached = validate(run, s, step, actor, data)

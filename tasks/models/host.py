@@ -26,7 +26,7 @@ from ppoflow.engine.rollout import RolloutEngine, RolloutOutput, SamplingParams
 from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
-from ppoflow.tasks.models.replay import apply_update
+from ppoflow.tasks.models.replay import UpdateHistory, apply_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.storage.checkpoints import (
@@ -64,6 +64,7 @@ class ModelHost:
         self._trained: dict[str, Trainable] = {}  # role → trained by `train`, not yet kept
         self._reward_models: dict[str, tuple[torch.nn.Module, object]] = {}  # digest → model, tokenizer
         self._engines = RolloutEngines()
+        self.history = UpdateHistory()
 
     def rollouts(
         self,
@@ -190,14 +191,14 @@ class ModelHost:
         try:
             value = self._load(run, state, optim, lora)
         except StateUnavailable as missing:
-            inputs = state.origin
+            inputs = self.history.origin_of(state)
             if inputs is None:
                 raise
             try:
                 value = self.trainable(run, inputs.parent, optim, inputs.lora)
             except StateUnavailable as error:
                 raise StateUnavailable(f"{missing}, and it cannot be rebuilt: {error}") from error
-            say(f"rebuilding the {state.role} of step {state.step}: replaying its update (not on disk)")
+            say(f"rebuilding the {state.role} of step {state.step} by replaying its update: {missing}")
             apply_update(run, state.role, inputs, value, self.tokenizer(run, inputs.parent))
         self.keep(state, value)
         return value
@@ -211,9 +212,10 @@ class ModelHost:
         try:
             directory = verified_dir(run, state)
         except StateUnavailable:
-            if state.origin is None:
+            inputs = self.history.origin_of(state)
+            if inputs is None:
                 raise
-            return self.trainable(run, state, state.origin.optim, state.origin.lora).model
+            return self.trainable(run, state, inputs.optim, inputs.lora).model
         return self._placed(self._read(run, state, directory))
 
     def reference_for(

@@ -19,12 +19,33 @@ from ppoflow.engine.update import (
     update_critic,
 )
 from ppoflow.tasks.storage.checkpoints import Trainable
-from ppoflow.tasks.storage.states import UpdateInputs
+from ppoflow.tasks.storage.states import ModelState, UpdateInputs
 from ppoflow.tasks.storage.tables import IOClock, read_table
 from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
+
+
+class UpdateHistory:
+    """The update that produced each model state this run has seen, by lineage. A state handed on
+    after its checkpoint was saved carries no history (the checkpoint stands in for it), but once its
+    optimizer state is pruned (only the newest checkpoints keep one) the checkpoint cannot be trained
+    on: the state is then rebuilt by replaying its update from its parent, and so on back to a state
+    that can be loaded, at worst the base model. The flow remembers every update stage's state, cached
+    or computed, so that chain is known."""
+
+    def __init__(self) -> None:
+        self._origins: dict[str, UpdateInputs] = {}
+
+    def remember(self, state: ModelState | None) -> None:
+        while state is not None and state.origin is not None and state.lineage not in self._origins:
+            self._origins[state.lineage] = state.origin
+            state = state.origin.parent
+
+    def origin_of(self, state: ModelState) -> UpdateInputs | None:
+        """The update that produced `state`; None for a base model (or a state never seen)."""
+        return state.origin or self._origins.get(state.lineage)
 
 
 def update_steps(inputs: UpdateInputs, n_rows: int) -> int:

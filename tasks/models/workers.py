@@ -27,6 +27,7 @@ from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
 from ppoflow.tasks.models.reaper import reap_after_exit
+from ppoflow.tasks.models.replay import UpdateHistory
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
@@ -170,6 +171,7 @@ class WorkerGroupHost:
         self._layouts: dict[str, RoleLayout] = {}
         self._live: dict[str, str] = {}  # role → lineage its workers hold
         self._tokenizers = RecentTokenizers()
+        self.history = UpdateHistory()
 
     def start(self, run: Run) -> None:
         """Start the workers and check that every rank reads and writes the run directory."""
@@ -205,12 +207,12 @@ class WorkerGroupHost:
         try:
             directory = verified_dir(run, state)
             optimizer = str(verified_optimizer_dir(run, state)) if state.step > 0 else None
-        except StateUnavailable:
-            inputs = state.origin
+        except StateUnavailable as missing:
+            inputs = self.history.origin_of(state)
             if inputs is None:
                 raise
             self._ensure(run, inputs.parent, what)
-            say(f"rebuilding the {role} of step {state.step}: replaying its update (not on disk)")
+            say(f"rebuilding the {role} of step {state.step} by replaying its update: {missing}")
             self._train(run, role, inputs, what)
         else:
             self.group.call(

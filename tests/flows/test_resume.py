@@ -7,6 +7,7 @@ torch thread so that numerics are identical between processes.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +188,27 @@ def test_the_two_newest_checkpoints_keep_optimizer_state_and_an_older_one_is_ref
     [line] = [line for line in refused.stderr.splitlines() if "optimizer state is not there" in line]
     assert "iter=000001" in line and "newest 2 checkpoints" in line
     assert not (tmp_path / "iter=000002").exists()
+
+
+def test_an_update_lost_after_its_parents_optimizer_state_was_pruned_is_replayed_from_the_base_model(
+    reference, tmp_path
+):
+    """Step 2's update tables are deleted; step 1's checkpoint no longer has optimizer state (only the
+    two newest keep it), so step 1 is rebuilt by replaying its update on the base model, then step 2."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    assert not (run_dir / "checkpoints/iter=000001/actor.optim").exists()
+    for role in ("actor", "critic"):
+        shutil.rmtree(run_dir / f"iter=000002/{role}_update")
+    resumed = ppoflow_train(run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rebuilt = [line for line in resumed.stdout.splitlines() if line.startswith("rebuilding")]
+    assert sorted(rebuilt) == [
+        f"rebuilding the {role} of step 1 by replaying its update: the optimizer state of the {role} at "
+        "step 1 was not kept (only the newest 2 checkpoints of a role keep it)"
+        for role in ("actor", "critic")
+    ]
+    assert_same_run(run_dir, reference)
 
 
 def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
