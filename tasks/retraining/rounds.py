@@ -161,7 +161,17 @@ def read_champion(root: Path) -> Champion | None:
     if not promoted:
         return None
     last = promoted[-1]
-    return Champion(last["round"], last["last_step"], last["candidate_checkpoint"], last["candidate_score"])
+    checkpoint = checkpoint_here(root, last["candidate_checkpoint"])
+    return Champion(last["round"], last["last_step"], checkpoint, last["candidate_score"])
+
+
+def checkpoint_here(root: Path, recorded: str) -> str:
+    """A round's checkpoint folder that the promotions table names (by its absolute path when it was
+    decided), in this retraining directory: a moved or copied directory continues from its own
+    rounds, not from the folder it was copied from."""
+    parts = Path(recorded).parts
+    starts = [i for i in range(len(parts) - 1) if parts[i] == ROUNDS and parts[i + 1].startswith("round=")]
+    return str(root.joinpath(*parts[starts[-1] :])) if starts else recorded
 
 
 def _pointed_at(pointer: Path) -> str | None:

@@ -121,6 +121,21 @@ def test_the_champion_follows_the_last_promotion_and_is_repaired_from_the_table(
     ]
 
 
+def test_a_moved_or_copied_retraining_directory_continues_from_its_own_champion(tmp_path):
+    first = tmp_path / "first"
+    first.mkdir()
+    record_round(first, 1, [], _promotion(first, 4, 0.7))
+    moved = tmp_path / "elsewhere" / "rounds" / "moved"  # a path that has a folder named rounds itself
+    moved.parent.mkdir(parents=True)
+    first.rename(moved)
+    champion = sync_champion_pointer(moved)
+    assert champion.checkpoint == str(moved / "rounds/round=000001/checkpoints/iter=000004")
+    assert json.loads((moved / "champion.json").read_text())["checkpoint"] == champion.checkpoint
+    assert (moved / "champion").resolve() == Path(champion.checkpoint)
+    overrides = round_overrides(moved, 2, [], champion, iterations=3, test_freq=0)
+    assert f"trainer.resume_from_path={champion.checkpoint}" in overrides
+
+
 def test_an_empty_retraining_directory_has_empty_views(tmp_path):
     (tmp_path / "rounds").mkdir()  # a round under way: nothing recorded yet
     refresh_retrain_catalog(tmp_path)
