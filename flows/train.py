@@ -25,6 +25,7 @@ from ppoflow.tasks.stages.rewards import require_builtin_rewards
 from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
+from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
 
@@ -54,6 +55,8 @@ def train(cfg: PPOFlowConfig) -> dict:
     )
     for warning in cfg.warnings():
         say(f"ppoflow: {warning}")
+    if run.config_changes:
+        say(f"ppoflow: {changes_line(list(run.config_changes))}")
     try:
         return _train(run, cfg)
     finally:

@@ -17,7 +17,8 @@ from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import make_run_directory, remove_stale_temp_files
 from ppoflow.tasks.storage.results import RESULTS_DIR
-from ppoflow.tasks.storage.tables import IOClock, write_text_atomic
+from ppoflow.tasks.storage.run_config import record_config
+from ppoflow.tasks.storage.tables import IOClock
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ class Run:
     """Where the run's actor, critic and reference live (`run.models.model(state)`)."""
     io: IOClock = field(default_factory=IOClock, compare=False, repr=False)
     """Seconds spent reading and writing the run's files."""
+    config_changes: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """The keys whose values differ from the run's previous start ("key: old → new")."""
 
     @property
     def path(self) -> Path:
@@ -48,9 +51,10 @@ def open_run(
     group: GroupPlan | None = None,
 ) -> Run:
     """Take the run directory's lock (one writer per run), clear what killed writes left behind,
-    and write its effective config (config.yaml). `recompute` (trainer.resume_mode=disable) runs
-    every stage again; the run's models live on `device` (trainer.device), in this process or, with
-    a `group` of world size > 1, in a worker group (started by `WorkerGroupHost.assign`)."""
+    and write its effective config (config.yaml; the Run's `config_changes` name what differs from
+    the last start's). `recompute` (trainer.resume_mode=disable) runs every stage again; the run's
+    models live on `device` (trainer.device), in this process or, with a `group` of world size > 1,
+    in a worker group (started by `WorkerGroupHost.assign`)."""
     path = Path(run_dir).resolve()
     make_run_directory(path)
     if device == "cpu":  # DeepSpeed (imported by transformers' integrations too) would warn it found no GPU
@@ -59,12 +63,12 @@ def open_run(
     try:
         _require_results_folder(path / RESULTS_DIR)
         remove_stale_temp_files(path)
-        write_text_atomic(path / "config.yaml", config_yaml)
+        changes = record_config(path, config_yaml)
     except BaseException:
         release_run_lock(path)
         raise
     models = WorkerGroupHost(group) if group is not None and group.world_size > 1 else ModelHost(device)
-    return Run(str(path), recompute=recompute, models=models)
+    return Run(str(path), recompute=recompute, models=models, config_changes=tuple(changes))
 
 
 def _require_results_folder(path: Path) -> None:
