@@ -111,7 +111,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     except BaseException:
         tracking.fail()
         raise
-    summary = report_run(finished, state.actor, history) | {
+    summary = report_run(finished, state.actor, history, validation_only=val_only) | {
         "io_seconds": run.io.seconds,
         "io_seconds_by_kind": dict(run.io.by_kind),
     }

@@ -188,6 +188,8 @@ def _to_run_log(text: str) -> None:
 
 
 EXAMPLE_QUERY = "SELECT iter, avg(score) FROM rewards GROUP BY iter ORDER BY iter"
+VALIDATION_QUERY = "SELECT iter, data_source, avg(score) FROM validation GROUP BY ALL ORDER BY ALL"
+"""The query to try on a run that only validated (trainer.val_only): it has no rewards rows."""
 
 
 def show_generations(step: int, rows: list[dict]) -> None:
@@ -252,13 +254,14 @@ def report_iteration(step: int, total: int, result, *, seconds: float | None) ->
     return metrics | {"wall_time": time.time()}
 
 
-def report_run(run, actor, history: list[dict[str, float]]) -> dict:
+def report_run(run, actor, history: list[dict[str, float]], *, validation_only: bool = False) -> dict:
     """Where the data is and a query to try; returns a small summary."""
     checkpoint = run.path / actor.checkpoint if actor.checkpoint else None
     say(f"\nrun directory   {run.path}")
     say(f"final actor     {checkpoint}")
     say(f"catalog         {run.path / 'catalog.duckdb'}")
-    say(f'try             ppoflow query {shlex.quote(str(run.path))} "{EXAMPLE_QUERY}"')  # runs/it's
+    example = VALIDATION_QUERY if validation_only else EXAMPLE_QUERY
+    say(f'try             ppoflow query {shlex.quote(str(run.path))} "{example}"')  # runs/it's
     scores = [validation_score(m) for m in history]
     return {
         "run_dir": str(run.path),

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ppoflow.tasks.observe.console import EXAMPLE_QUERY
+from ppoflow.tasks.observe.console import EXAMPLE_QUERY, VALIDATION_QUERY
 from ppoflow.tasks.observe.diagnose import RunDirError, diagnose, load_run, require_iteration, validation_only
 from ppoflow.tasks.observe.diagnose_policy import CLIPFRAC_HIGH, KL_HIGH
 from ppoflow.tasks.observe.diagnose_run import RunData
@@ -43,7 +43,6 @@ HEADLINE_METRICS = (
 )
 """The summary's final metrics, and the columns of the Prefect metrics table artifact."""
 SPARK = "▁▂▃▄▅▆▇█"
-VALIDATION_QUERY = "SELECT iter, data_source, avg(score) FROM validation GROUP BY ALL ORDER BY ALL"
 ITERATION_TICKS = 12
 """Up to this many iterations, each gets its tick; beyond, matplotlib picks integer ticks."""
 

@@ -137,11 +137,17 @@ def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp
     assert len(list(copy.glob("checkpoints/iter=*/actor"))) == 2  # pruning happens only when updates run
 
 
-def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, tmp_path):
+def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, tmp_path, capsys):
+    from ppoflow.tasks.observe.console import VALIDATION_QUERY
+
     summary, _ = train(tmp_path, "trainer.val_only=true")
     assert query(tmp_path, "SELECT DISTINCT iter FROM validation")[1] == [(0,)]
     assert query(tmp_path, "SELECT count(*) FROM rollouts")[1] == [(0,)]
     assert len(summary["val_scores"]) == 1
+    assert f'"{VALIDATION_QUERY}"' in capsys.readouterr().out  # the query it suggests has rows
+    assert query(tmp_path, VALIDATION_QUERY)[1] == [
+        (0, "ppoflow/addition", pytest.approx(summary["val_scores"][0]))
+    ]
 
 
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
