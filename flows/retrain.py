@@ -29,7 +29,7 @@ from ppoflow.tasks.retraining.rounds import (
     start_promotions_table,
     sync_champion_pointer,
 )
-from ppoflow.tasks.stages.prompts import NotEnoughData
+from ppoflow.tasks.stages.prompts import NotEnoughData, unreadable_data_file
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 
 take_stock = task(find_new_data, name="find_new_data", cache_policy=NO_CACHE)
@@ -64,7 +64,7 @@ def retrain(
         start_promotions_table(root)
         champion = sync_champion_pointer(root)
         new, skipped = take_stock(data_dir, root)
-        new, unusable = set_aside_unusable(root, new)
+        new, unusable = set_aside_unusable(root, new, unreadable_data_file)
         for file in unusable:
             say(f"set aside (listed in unusable_files, not tried again): {file['reason']}")
         holder = champion.describe() if champion else BASE

@@ -20,11 +20,13 @@ promoted row (and rewritten from it, under the retraining lock, if a crash left 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +34,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ppoflow.tasks.stages.prompts import unreadable_data_file
 from ppoflow.tasks.storage.catalog import write_catalog
 from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.retrain_tables import (
@@ -124,21 +125,21 @@ def _unusable(root: Path) -> pa.Table:
     return pq.read_table(path, schema=UNUSABLE_SCHEMA) if path.is_file() else UNUSABLE_SCHEMA.empty_table()
 
 
-def set_aside_unusable(root: Path, files: list[DataFile]) -> tuple[list[DataFile], list[dict]]:
-    """(the files that can be read as data, the rows of those that cannot): the latter are appended
-    to unusable_files.parquet, so that one broken file does not fail every round from now on (its
-    bytes are not tried again; an edited file is new content)."""
+def set_aside_unusable(
+    root: Path, files: list[DataFile], unreadable: Callable[[Path], str | None]
+) -> tuple[list[DataFile], list[dict]]:
+    """(the files that can be read as data, the rows of those that cannot, by `unreadable`: why a
+    file cannot be read as data, or None): the latter are appended to unusable_files.parquet, so that
+    one broken file does not fail every round from now on (its bytes are not tried again; an edited
+    file is new content)."""
     found_at = datetime.now(UTC)
     usable, unusable = [], []
     for file in files:
-        reason = unreadable_data_file(Path(file.path))
+        reason = unreadable(Path(file.path))
         if reason is None:
             usable.append(file)
         else:
-            unusable.append(
-                {"path": file.path, "sha256": file.sha256, "bytes": file.bytes}
-                | {"found_at": found_at, "reason": reason}
-            )
+            unusable.append(dataclasses.asdict(file) | {"found_at": found_at, "reason": reason})
     if unusable:
         table = pa.concat_tables([_unusable(root), pa.Table.from_pylist(unusable, schema=UNUSABLE_SCHEMA)])
         write_table(table, root, UNUSABLE, UNUSABLE_SCHEMA, sync_now=True)
