@@ -44,12 +44,18 @@ if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
 
 
-def saved_tokenizer_dir(run: Run, state: ModelState) -> Path:
-    """The checkpoint directory of `state`, or of its nearest saved ancestor, or of a LoRA state's
-    base: the tokenizer there is the state's (training never changes it, and every checkpoint of
-    whole weights carries the base model's)."""
-    while state.checkpoint is None and state.origin is not None:
-        state = state.origin.parent
+def saved_tokenizer_dir(run: Run, state: ModelState, history: UpdateHistory | None = None) -> Path:
+    """The checkpoint directory of `state`, or of its nearest ancestor whose checkpoint is there (a
+    pruned or deleted one is not; `history` knows the ancestors of a state handed on without them),
+    or of a LoRA state's base: the tokenizer there is the state's (training never changes it, and
+    every checkpoint of whole weights carries the base model's)."""
+    while state.base is None:
+        if state.checkpoint is not None and model_dir(run, state).is_dir():
+            break
+        origin = history.origin_of(state) if history is not None else state.origin
+        if origin is None:
+            break
+        state = origin.parent
     return model_dir(run, state.base or state)
 
 
@@ -124,7 +130,7 @@ class ModelHost:
             self.tokenizer(run, actor),
             batch_size=batch_size,
             vllm=vllm,
-            model_dir=str(saved_tokenizer_dir(run, actor)),
+            model_dir=str(saved_tokenizer_dir(run, actor, self.history)),
             version=actor.lineage,
         )
 
@@ -241,7 +247,7 @@ class ModelHost:
     def tokenizer(self, run: Run, state: ModelState):
         """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
         changes the tokenizer, and every checkpoint carries the base model's)."""
-        return self._tokenizers.get(str(saved_tokenizer_dir(run, state)))
+        return self._tokenizers.get(str(saved_tokenizer_dir(run, state, self.history)))
 
     def keep(self, state: ModelState, value: Trainable | None = None) -> None:
         """Hold `value` (by default what `train` produced for the role) as the newest state of its

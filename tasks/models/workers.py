@@ -195,7 +195,7 @@ class WorkerGroupHost:
         return self._group
 
     def tokenizer(self, run: Run, state: ModelState):
-        return self._tokenizers.get(str(saved_tokenizer_dir(run, state)))
+        return self._tokenizers.get(str(saved_tokenizer_dir(run, state, self.history)))
 
     def _ensure(self, run: Run, state: ModelState, what: str) -> None:
         """Make the workers hold `state`: already held, else its intact checkpoint (with its optimizer
@@ -230,7 +230,7 @@ class WorkerGroupHost:
         progress=None,
     ) -> Rollouts:
         self._ensure(run, actor, "rollouts")
-        tokenizer_dir = str(saved_tokenizer_dir(run, actor))
+        tokenizer_dir = str(saved_tokenizer_dir(run, actor, self.history))
         ref = (reference.lineage, str(verified_dir(run, reference))) if reference is not None else None
         starts = _share_starts(len(prompt_ids), self.plan.world_size)
         per_rank = [
@@ -256,7 +256,7 @@ class WorkerGroupHost:
         progress=None,
     ) -> RolloutOutput:
         self._ensure(run, actor, "validation")
-        tokenizer_dir = str(saved_tokenizer_dir(run, actor))
+        tokenizer_dir = str(saved_tokenizer_dir(run, actor, self.history))
         starts = _share_starts(len(prompt_ids), self.plan.world_size)
         per_rank = [
             (tokenizer_dir, prompt_ids[a:b], sampling, seeds[a:b], engine, batch_size, vllm)
@@ -293,7 +293,7 @@ class WorkerGroupHost:
         return result
 
     def _train(self, run: Run, role: str, inputs: UpdateInputs, what: str) -> UpdateResult:
-        tokenizer_dir = str(saved_tokenizer_dir(run, inputs.parent))
+        tokenizer_dir = str(saved_tokenizer_dir(run, inputs.parent, self.history))
         results = self.group.call(
             "train", str(run.path), role, inputs, tokenizer_dir, what=f"{what} (step {inputs.step})"
         )

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-console = Console(highlight=False)
+console = Console(highlight=False, markup=False, emoji=False)  # what it says is plain text: paths, values
 log = logging.getLogger("ppoflow.console")
 RUN_LOGGER = "ppoflow.run_log"
 """The logger name the lines carry on a Prefect run's Logs tab."""
@@ -58,7 +58,7 @@ def _progress_mode() -> str:
 @functools.cache
 def _warn_once(text: str) -> None:
     """A line on stderr (and in the run's log file), once per process."""
-    Console(stderr=True, highlight=False).print(f"ppoflow: {text}", soft_wrap=True)
+    Console(stderr=True, highlight=False, markup=False, emoji=False).print(f"ppoflow: {text}", soft_wrap=True)
     log.warning(text)
 
 

@@ -194,19 +194,22 @@ def test_an_update_lost_after_its_parents_optimizer_state_was_pruned_is_replayed
     reference, tmp_path
 ):
     """Step 2's update tables are deleted; step 1's checkpoint no longer has optimizer state (only the
-    two newest keep it), so step 1 is rebuilt by replaying its update on the base model, then step 2."""
+    two newest keep it), or not even its actor's weights and tokenizer, so step 1 is rebuilt by
+    replaying its update on the base model, then step 2 trained again."""
     run_dir = tmp_path / "run"
     shutil.copytree(reference, run_dir)
     assert not (run_dir / "checkpoints/iter=000001/actor.optim").exists()
     for role in ("actor", "critic"):
         shutil.rmtree(run_dir / f"iter=000002/{role}_update")
+    shutil.rmtree(run_dir / "checkpoints/iter=000001/actor")
     resumed = ppoflow_train(run_dir)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rebuilt = [line for line in resumed.stdout.splitlines() if line.startswith("rebuilding")]
     assert sorted(rebuilt) == [
-        f"rebuilding the {role} of step 1 by replaying its update: the optimizer state of the {role} at "
-        "step 1 was not kept (only the newest 2 checkpoints of a role keep it)"
-        for role in ("actor", "critic")
+        f"rebuilding the actor of step 1 by replaying its update: checkpoint {run_dir}/checkpoints/"
+        "iter=000001/actor of the actor at step 1 is missing",
+        "rebuilding the critic of step 1 by replaying its update: the optimizer state of the critic at "
+        "step 1 was not kept (only the newest 2 checkpoints of a role keep it)",
     ]
     assert_same_run(run_dir, reference)
 
