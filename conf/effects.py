@@ -44,6 +44,7 @@ class NoEffect:
     keys: tuple[str, ...]
     why: str
     applies: Callable[["PPOFlowConfig"], bool] = lambda cfg: True
+    except_keys: tuple[str, ...] = ()
 
 
 def _hf_rollout(cfg: "PPOFlowConfig") -> bool:
@@ -51,6 +52,13 @@ def _hf_rollout(cfg: "PPOFlowConfig") -> bool:
 
 
 NO_EFFECT: tuple[NoEffect, ...] = (
+    NoEffect(
+        ("reward.weights.*",),
+        "custom_reward_function.path scores each response itself (its float, or its dict's 'score'); "
+        "reward.weights weighs the built-in rewards' components and rm_score",
+        lambda cfg: cfg.custom_reward_function.path is not None,
+        except_keys=("reward.weights.rm_score",),
+    ),
     NoEffect(
         ("critic.*",),
         "the critic is trained and used only with algorithm.adv_estimator=gae",
@@ -231,13 +239,19 @@ GROUP_BASELINES = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
 def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:
-    """Training rollouts decoded greedily (temperature 0 or do_sample false) are the same for every
+    """Training rollouts decoded greedily (temperature 0, top_k 1 or do_sample false) are the same for every
     sample of a prompt and equal to ReMax's greedy baseline: an estimator that compares them with
     each other, or with that baseline, gets advantages of 0 and the actor learns nothing."""
     rollout, estimator = cfg.actor_rollout_ref.rollout, cfg.algorithm.adv_estimator
-    if rollout.do_sample and rollout.temperature > 0:
+    if cfg.trainer.val_only or (rollout.do_sample and rollout.temperature > 0 and rollout.top_k != 1):
         return None
-    setting = "do_sample=false" if not rollout.do_sample else "temperature=0"
+    setting = (
+        "do_sample=false"
+        if not rollout.do_sample
+        else "temperature=0"
+        if rollout.temperature == 0
+        else "top_k=1"
+    )
     if estimator == "remax":
         why = "each response is the greedy one ReMax subtracts as its baseline"
     elif estimator in GROUP_BASELINES and rollout.n > 1:
@@ -246,7 +260,8 @@ def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:
         return None
     return (
         f"actor_rollout_ref.rollout.{setting} decodes training rollouts greedily: {why}, so every "
-        "advantage is 0 and the actor does not learn; sample with temperature > 0 and do_sample=true"
+        "advantage is 0 but for float rounding, and the actor learns nothing but that noise; sample "
+        "with temperature > 0, top_k other than 1 and do_sample=true"
     )
 
 
@@ -255,7 +270,12 @@ def without_effect(cfg: "PPOFlowConfig", set_keys: Iterable[str]) -> list[tuple[
     found = []
     for key in set_keys:
         rule = next(
-            (r for r in NO_EFFECT if any(fnmatchcase(key, p) for p in r.keys) and r.applies(cfg)), None
+            (
+                r
+                for r in NO_EFFECT
+                if any(fnmatchcase(key, p) for p in r.keys) and key not in r.except_keys and r.applies(cfg)
+            ),
+            None,
         )
         if rule is not None:
             found.append((key, rule.why))

@@ -193,7 +193,7 @@ def _check_reward_weights(cfg: "PPOFlowConfig") -> None:
         raise ConfigError(
             f"reward.weights names {', '.join(map(repr, unknown))}{hint}, a component the built-in "
             f"rewards do not return: they return {', '.join(BUILTIN_REWARD_COMPONENTS)} (and {RM_SCORE}, "
-            "the reward model's score); a custom_reward_function.path returns the components it names",
+            "the reward model's score)",
             keys=("reward.weights",),
         )
 

@@ -29,8 +29,9 @@ from ppoflow.tasks.retraining.rounds import (
     start_promotions_table,
     sync_champion_pointer,
 )
-from ppoflow.tasks.stages.prompts import NotEnoughData, unreadable_data_file
+from ppoflow.tasks.stages.prompts import NotEnoughData, ingest_settings, unusable_data_file
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
+from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, ROUNDS
 
 take_stock = task(find_new_data, name="find_new_data", cache_policy=NO_CACHE)
 
@@ -58,20 +59,36 @@ def retrain(
     overrides = list(overrides or [])
     settings = load_config(config_file, overrides)  # a bad config fails here, before anything is written
     root = Path(run_dir).resolve()
+    if (root / "config.yaml").exists():
+        raise ValueError(
+            f"{root} is a training run directory; retraining keeps its rounds in a folder of its own"
+        )
     root.mkdir(parents=True, exist_ok=True)
     acquire_run_lock(root)
     try:
         start_promotions_table(root)
         champion = sync_champion_pointer(root)
+        if champion is not None and not Path(champion.checkpoint).is_dir():
+            raise FileNotFoundError(
+                f"the champion that {root / PROMOTIONS} names (round {champion.round}, "
+                f"{champion.checkpoint}) is not there: a copied retraining directory needs its "
+                f"{ROUNDS}/ folder too (or start a new retraining directory)"
+            )
         new, skipped = take_stock(data_dir, root)
-        new, unusable = set_aside_unusable(root, new, unreadable_data_file)
+        data = ingest_settings(settings.data, "train")
+        new, unusable, unreadable = set_aside_unusable(root, new, lambda path: unusable_data_file(path, data))
         for file in unusable:
             say(f"set aside (listed in unusable_files, not tried again): {file['reason']}")
+        for why in unreadable:
+            say(f"cannot be read now, left for the next run: {why}")
         holder = champion.describe() if champion else BASE
         if not new:
             seen = f"{skipped} file(s), all taken in or set aside before"
-            if unusable:
-                seen = f"{skipped} file(s) seen before, {len(unusable)} set aside as unusable now"
+            if unusable or unreadable:
+                seen = (
+                    f"{skipped} file(s) seen before, {len(unusable)} set aside as unusable now, "
+                    f"{len(unreadable)} unreadable now"
+                )
             return _nothing_to_do(root, f"no new data in {data_dir} ({seen})", holder, champion)
         number = next_round(root)
         start = champion.step if champion else 0

@@ -126,25 +126,30 @@ def _unusable(root: Path) -> pa.Table:
 
 
 def set_aside_unusable(
-    root: Path, files: list[DataFile], unreadable: Callable[[Path], str | None]
-) -> tuple[list[DataFile], list[dict]]:
-    """(the files that can be read as data, the rows of those that cannot, by `unreadable`: why a
-    file cannot be read as data, or None): the latter are appended to unusable_files.parquet, so that
-    one broken file does not fail every round from now on (its bytes are not tried again; an edited
-    file is new content)."""
+    root: Path, files: list[DataFile], unusable: Callable[[Path], str | None]
+) -> tuple[list[DataFile], list[dict], list[str]]:
+    """(the files to train on, the rows of those that cannot be, why others cannot be read now).
+    `unusable` says why a file cannot be taken in as data (None: it can), or raises OSError when it
+    cannot be read now. The unusable ones are appended to unusable_files.parquet, so that one broken
+    file does not fail every round from now on (their bytes are not tried again; an edited file is
+    new content); a file that cannot be read now is left for the next run."""
     found_at = datetime.now(UTC)
-    usable, unusable = [], []
+    usable, rows, unreadable = [], [], []
     for file in files:
-        reason = unreadable(Path(file.path))
+        try:
+            reason = unusable(Path(file.path))
+        except OSError as error:
+            unreadable.append(f"{file.path}: {error.strerror or error}")
+            continue
         if reason is None:
             usable.append(file)
         else:
-            unusable.append(dataclasses.asdict(file) | {"found_at": found_at, "reason": reason})
-    if unusable:
-        table = pa.concat_tables([_unusable(root), pa.Table.from_pylist(unusable, schema=UNUSABLE_SCHEMA)])
+            rows.append(dataclasses.asdict(file) | {"found_at": found_at, "reason": reason})
+    if rows:
+        table = pa.concat_tables([_unusable(root), pa.Table.from_pylist(rows, schema=UNUSABLE_SCHEMA)])
         write_table(table, root, UNUSABLE, UNUSABLE_SCHEMA, sync_now=True)
         refresh_retrain_catalog(root)
-    return usable, unusable
+    return usable, rows, unreadable
 
 
 def next_round(root: Path) -> int:

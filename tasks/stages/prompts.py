@@ -207,18 +207,32 @@ def _check_head(tokenizer, row: dict, limit: int, kind: str) -> None:
         )
 
 
-def unreadable_data_file(path: Path) -> str | None:
-    """Why `path` cannot be read as a data file at all — an unsupported format, not a JSON list, not
-    parquet, no rows, no row that is JSON — or None. (Rows that are each bad are the rejects of an
-    ingest, not this.)"""
+def unusable_data_file(path: Path, data: dict) -> str | None:
+    """Why `path` cannot be taken in as training data at all, or None: its format cannot be read
+    (unsupported, not a JSON list, not parquet), it has no rows, or more than
+    data.max_reject_fraction of its rows are not dataset rows (malformed JSON, missing fields, with
+    `data`'s prompt_key and reward_fn_key; rows too long for the tokenizer are ingest's to count).
+    OSError when it cannot be read now (it may be readable later)."""
+    rows = rejected = 0
+    first = None
     try:
-        rows = [record for _, _, record in _read_rows(path)]
-    except (ValueError, OSError) as error:
+        for position, (_, _, record) in enumerate(_read_rows(path)):
+            rows += 1
+            try:
+                prompt_row(record, data["prompt_key"], "train", position, data["reward_fn_key"])
+            except Rejected as reject:
+                rejected += 1
+                first = first or reject.reason
+    except ValueError as error:
         return str(error)
+    limit = data["max_reject_fraction"]
     if not rows:
         return f"data file {path} has no rows"
-    if all(isinstance(record, Rejected) for record in rows):
-        return f"data file {path}: none of its {len(rows)} rows is JSON (the first: {rows[0].reason})"
+    if rejected / rows > limit:
+        return (
+            f"data file {path}: {rejected} of its {rows} rows are not dataset rows, more than "
+            f"data.max_reject_fraction={limit} (the first: {first})"
+        )
     return None
 
 

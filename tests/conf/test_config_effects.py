@@ -286,8 +286,8 @@ def test_a_resume_path_without_its_mode_is_named_as_without_effect(tmp_path):
                 "actor_rollout_ref.rollout.temperature=0",
             ],
             "actor_rollout_ref.rollout.temperature=0 decodes training rollouts greedily: the n=4 responses "
-            "of a prompt are the same, the baseline grpo subtracts, so every advantage is 0 and the actor "
-            "does not learn",
+            "of a prompt are the same, the baseline grpo subtracts, so every advantage is 0 but for float "
+            "rounding",
         ),
         (
             [
@@ -303,6 +303,22 @@ def test_a_resume_path_without_its_mode_is_named_as_without_effect(tmp_path):
         ),
         (["actor_rollout_ref.rollout.temperature=0"], None),  # GAE learns from the critic's values
         (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4"], None),
+        (
+            [
+                "algorithm.adv_estimator=grpo",
+                "actor_rollout_ref.rollout.n=4",
+                "actor_rollout_ref.rollout.top_k=1",
+            ],
+            "actor_rollout_ref.rollout.top_k=1 decodes training rollouts greedily",
+        ),
+        (
+            [
+                "algorithm.adv_estimator=remax",
+                "actor_rollout_ref.rollout.temperature=0",
+                "trainer.val_only=true",
+            ],
+            None,
+        ),
     ],
 )
 def test_greedy_training_rollouts_that_leave_nothing_to_learn_are_named_at_start(overrides, said):
@@ -311,4 +327,6 @@ def test_greedy_training_rollouts_that_leave_nothing_to_learn_are_named_at_start
         assert warnings == []
     else:
         [warning] = warnings
-        assert said in warning and warning.endswith("sample with temperature > 0 and do_sample=true")
+        assert said in warning and warning.endswith(
+            "sample with temperature > 0, top_k other than 1 and do_sample=true"
+        )

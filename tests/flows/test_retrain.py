@@ -63,24 +63,31 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     # The same bytes under another name, and no other file: nothing is trained.
     (incoming / "batch-1-copy.jsonl").write_bytes((incoming / "batch-1.jsonl").read_bytes())
     (incoming / ".batch-2.jsonl.partial").write_text("{not yet complete")
-    # Files that cannot be read as data are set aside once, not failed on every night.
+    # Files that cannot be taken in as data are set aside once, not failed on every night.
     (incoming / "empty.jsonl").write_text("\n")
     (incoming / "binary.jsonl").write_bytes(b"\x00\xff\xfe garbage\n\x89PNG\r\n")
+    good_rows = (incoming / "batch-1.jsonl").read_text().splitlines(keepends=True)[:20]
+    (incoming / "fields.jsonl").write_text('{"foo": 1}\n' * 100 + "".join(good_rows))
     second = retrain(incoming, root)
     assert second["trained"] is False and "no new data" in second["reason"]
-    assert "2 file(s) seen before, 2 set aside as unusable now" in second["reason"]
+    assert "2 file(s) seen before, 3 set aside as unusable now, 0 unreadable now" in second["reason"]
     assert len(promotions(root)) == 1 and not (root / "rounds/round=000002").exists()
     _, unusable = query(root, "SELECT path, reason FROM unusable_files ORDER BY path")
     assert [(Path(path).name, reason.split(": ", 1)[-1]) for path, reason in unusable] == [
         (
             "binary.jsonl",
-            "none of its 2 rows is JSON (the first: not UTF-8: 'utf-8' codec can't decode byte "
-            "0xff in position 1: invalid start byte)",
+            "2 of its 2 rows are not dataset rows, more than data.max_reject_fraction=0.1 (the first: "
+            "not UTF-8: 'utf-8' codec can't decode byte 0xff in position 1: invalid start byte)",
         ),
         ("empty.jsonl", f"data file {incoming / 'empty.jsonl'} has no rows".split(": ", 1)[-1]),
+        (
+            "fields.jsonl",
+            "100 of its 120 rows are not dataset rows, more than data.max_reject_fraction=0.1 (the first: "
+            "missing prompt: no 'prompt' field (data.prompt_key))",
+        ),
     ]
     again = retrain(incoming, root)
-    assert "4 file(s), all taken in or set aside before" in again["reason"]
+    assert "5 file(s), all taken in or set aside before" in again["reason"]
 
     # Too few new prompts for one batch (train_batch_size 256): nothing trains, the file stays new.
     addition_file(incoming / "batch-0.jsonl", 100, seed=10)
@@ -126,3 +133,31 @@ def test_evaluate_without_a_champion_says_so(prefect_server, tmp_path):
 
     with pytest.raises(FileNotFoundError, match="no champion in .* yet: run the retrain flow first"):
         evaluate(run_dir=str(tmp_path))
+
+
+def test_a_training_run_or_a_copy_without_its_rounds_is_refused_before_anything_is_written(
+    prefect_server, tmp_path
+):
+    from ppoflow.tasks.retraining.rounds import record_round
+
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    training = tmp_path / "training"
+    training.mkdir()
+    (training / "config.yaml").write_text("trainer: {}\n")
+    with pytest.raises(ValueError, match="is a training run directory; retraining keeps its rounds"):
+        retrain(incoming, training)
+    assert sorted(p.name for p in training.iterdir()) == ["config.yaml"]
+
+    copy = tmp_path / "copy"  # promotions.parquet copied, rounds/ not
+    checkpoint = copy / "rounds/round=000001/checkpoints/iter=000004"
+    row = {
+        "decision": "promoted", "reason": "test", "candidate_score": 0.7, "champion_score": 0.5,
+        "candidate_checkpoint": str(checkpoint), "incumbent": "base", "first_step": 1, "last_step": 4,
+        "train_rows": 512, "rejected_rows": 0, "flow_run_id": None,
+    }  # fmt: skip
+    copy.mkdir()
+    (copy / ".lock").touch()  # copied with the rest
+    record_round(copy, 1, [], row)
+    with pytest.raises(FileNotFoundError, match=r"names \(round 1, .*iter=000004\) is not there: a copied"):
+        retrain(incoming, copy)

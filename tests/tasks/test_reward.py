@@ -261,4 +261,7 @@ def test_a_weight_of_a_component_the_built_in_rewards_do_not_return_is_refused_a
     assert f"reward.weights names '{name}'{hint}, a component the built-in rewards do not return" in str(
         refused.value
     )
-    load_config(None, [f"reward.weights={weights}", "custom_reward_function.path=" + __file__])
+    custom = load_config(None, [f"reward.weights={weights}", "custom_reward_function.path=" + __file__])
+    assert custom.no_effect_warning().startswith(  # the function scores each response itself
+        f"no effect in this run: reward.weights.{name} (custom_reward_function.path scores each response"
+    )
