@@ -54,13 +54,16 @@ BUILTIN_DATA_SOURCES = (ADDITION_DATA_SOURCE, GSM8K_DATA_SOURCE)
 
 
 def require_builtin_rewards(run: Run, reward: dict, prompts: dict[str, ArtifactRef]) -> None:
-    """When the built-in rewards score the run (no custom_reward_function, a rule reward in the score),
-    every prompt's data_source must have one: checked right after ingest (`prompts`: split → its
-    prompts table), not when the first rewards stage fails after the first rollouts."""
-    if reward["custom_function"] is not None or not reward["rule_reward"]:
+    """When the built-in rewards score the run (no custom_reward_function), every prompt they score
+    must have a data_source they know: checked right after ingest (`prompts`: split → its prompts
+    table), not when the first rewards stage fails after the first rollouts. Validation is always
+    scored by them (as in verl); training not when the reward model's score is the reward alone."""
+    if reward["custom_function"] is not None:
         return
     known = pa.array(BUILTIN_DATA_SOURCES)
     for split, ref in prompts.items():
+        if split == "train" and not reward["rule_reward"]:  # the reward model's score alone
+            continue
         table = read_table(run.path, ref, clock=run.io).select(["data_source", "row_index"])
         unknown = table.filter(pc.invert(pc.is_in(table["data_source"], value_set=known)))
         if unknown.num_rows:

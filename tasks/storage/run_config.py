@@ -48,9 +48,8 @@ def changes_line(changes: list[str]) -> str:
     shown = "; ".join(changes[:SHOWN_CHANGES])
     more = f"; and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
     return (
-        f"the config differs from this run's last start ({shown}{more}): the stages that read a changed "
-        f"key are computed again, from the first step that reads it ({PREVIOUS_CONFIG} holds the config "
-        "before)"
+        f"the config differs from this run's last start ({shown}{more}): a stage whose settings changed "
+        f"is computed again, with every stage after it ({PREVIOUS_CONFIG} holds the config before)"
     )
 
 
@@ -84,7 +83,7 @@ def _parsed(text: str | None) -> dict | None:
         return None
     try:
         value = yaml.load(text, Loader=_DataOnly)  # noqa: S506 - a SafeLoader, with aliases refused
-    except (yaml.YAMLError, RecursionError):
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError):  # 2024-13-45, …
         return None
     return value if isinstance(value, dict) else None
 

@@ -244,7 +244,11 @@ def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_pat
             "custom_reward_function.path"
         )
         require_builtin_rewards(run, config(reward_file(tmp_path)) | {"rule_reward": True}, tables)
-        require_builtin_rewards(run, reward | {"rule_reward": False}, tables)  # the reward model's alone
+        tables["train"] = _prompts(run.path, ["my/math"], "train")
+        only_model = reward | {"rule_reward": False}  # the reward model's score alone, in training
+        require_builtin_rewards(run, only_model, {"train": tables["train"]})
+        with pytest.raises(RewardFunctionError, match="val prompt"):  # validation is scored by rules
+            require_builtin_rewards(run, only_model, tables)
     finally:
         close_run(run)
 

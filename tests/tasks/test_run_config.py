@@ -39,7 +39,14 @@ def test_what_is_not_a_config_ppoflow_wrote_is_replaced_without_comparing(tmp_pa
         f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
         for i in range(20)
     )
-    for planted in (laughs, "- a list\n", "not: [yaml\n", b"\xff\xfe".decode("latin-1")):
+    planted_files = (
+        laughs,
+        "- a list\n",
+        "not: [yaml\n",
+        b"\xff\xfe".decode("latin-1"),
+        "when: 2024-13-45\n",
+    )
+    for planted in (*planted_files, f"n: {'9' * 5000}\n"):
         (tmp_path / "config.yaml").write_text(planted)
         assert record_config(tmp_path, _yaml()) == []
     (tmp_path / "config.yaml").unlink()
