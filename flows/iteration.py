@@ -17,7 +17,9 @@ from ppoflow.tasks.stages.rewards import rewards
 from ppoflow.tasks.stages.rollouts import rollouts
 from ppoflow.tasks.stages.settings import RunSettings, checkpoint_due
 from ppoflow.tasks.stages.validation import validation
+from ppoflow.tasks.storage.cache_keys import key_for
 from ppoflow.tasks.storage.commit import commit_step
+from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, TrainState
 from ppoflow.tasks.storage.tables import ArtifactRef
@@ -49,6 +51,27 @@ def validate(
     )
 
 
+def rollouts_inputs(settings: RunSettings, step: int, state: TrainState, data: Datasets) -> dict:
+    """What the rollouts stage of `step` is called with, from the state the step starts from."""
+    return {
+        "step": step,
+        "actor": state.actor,
+        "reference": state.reference,
+        "prompts": data.train.ref,
+        "data": settings.data,
+        "settings": settings.rollout,
+    }
+
+
+def continues_from(run: Run, settings: RunSettings, step: int, state: TrainState, data: Datasets) -> bool:
+    """Whether the committed step `step` on disk was trained from `state` (its rollouts stage has the
+    cache key it would have now): a step an earlier start trained from another state does not."""
+    manifest = read_manifest(run.path, step)
+    entry = (manifest or {}).get("stages", {}).get("rollouts") if isinstance(manifest, dict) else None
+    recorded = entry.get("cache_key") if isinstance(entry, dict) else None
+    return recorded == key_for(rollouts, rollouts_inputs(settings, step, state, data))
+
+
 def ppo_iteration(
     run: Run, settings: RunSettings, step: int, state: TrainState, data: Datasets, epoch: int
 ) -> tuple[TrainState, StageResult, bool]:
@@ -63,15 +86,7 @@ def ppo_iteration(
         cached.append(was_cached)
         return result
 
-    generated = stage(
-        rollouts,
-        step=step,
-        actor=state.actor,
-        reference=state.reference,
-        prompts=data.train.ref,
-        data=s.data,
-        settings=s.rollout,
-    )
+    generated = stage(rollouts, **rollouts_inputs(s, step, state, data))
     model_scored = None
     if s.reward_model is not None:
         model_scored = stage(

@@ -7,7 +7,7 @@ import time
 from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
-from ppoflow.flows.iteration import Datasets, ppo_iteration, validate
+from ppoflow.flows.iteration import Datasets, continues_from, ppo_iteration, validate
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
@@ -22,11 +22,18 @@ from ppoflow.tasks.stages.prepare_model import (
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
-from ppoflow.tasks.stages.settings import lora_specs, role_layouts, run_settings, total_training_steps
+from ppoflow.tasks.stages.settings import (
+    RunSettings,
+    lora_specs,
+    role_layouts,
+    run_settings,
+    total_training_steps,
+)
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
+from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
 from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
 
 
@@ -107,6 +114,8 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
             state, metrics, cached = ppo_iteration(run, settings, step, state, data, position["epoch"])
             record_trainer_state(run, step, state, position)
             record(step, metrics, None if cached else time.perf_counter() - started)
+        if not val_only:
+            _set_aside_steps_not_continued(run, settings, total, state, data)
         finished = finish_run(run)  # waits for the last files' fsyncs, which can fail
     except BaseException:
         tracking.fail()
@@ -143,6 +152,22 @@ def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
     if train is not None:
         require_full_batch(train, cfg.data.train_files, cfg.data.train_batch_size)
     return Datasets(train=train, val=ingest(cfg.data.val_files, "val"))
+
+
+def _set_aside_steps_not_continued(
+    run: Run, settings: RunSettings, last: int, state: TrainState, data: Datasets
+) -> None:
+    """Steps after `last` that an earlier start trained from another step `last` (another config)
+    are moved to superseded/, so that nothing takes them for this run's; steps that continue this
+    run (the same config, trained further before) stay for a longer run to reuse."""
+    later = steps_after(run.path, last)
+    if not later or continues_from(run, settings, last + 1, state, data):
+        return
+    stamp = set_aside_steps(run.path, later)
+    say(
+        f"ppoflow: steps {later[0]}–{later[-1]} of an earlier start were trained from another step {last}: "
+        f"moved to {SUPERSEDED}/{stamp}/ (their checkpoints to checkpoints/{SUPERSEDED}/{stamp}/)"
+    )
 
 
 def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:

@@ -59,8 +59,8 @@ def train_state(
             checkpoint, digest, optimizer_digest = run.models.save(
                 run, role, inputs.step, tokenizer, base, inputs.lora
             )
-            prune_checkpoints(run, role, keep_checkpoints)
-            prune_optimizer_states(run, role)
+            prune_checkpoints(run, role, keep_checkpoints, inputs.step)
+            prune_optimizer_states(run, role, inputs.step)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
             saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})

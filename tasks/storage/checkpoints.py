@@ -289,21 +289,28 @@ OPTIMIZER_STATES_KEPT = 2
 one before it, from which a damaged newest is trained again."""
 
 
-def prune_optimizer_states(run: Run, role: str) -> None:
-    """Delete the optimizer state of every checkpoint of `role` but the newest OPTIMIZER_STATES_KEPT
-    (an older state that is ever trained again is rebuilt by replay)."""
+def prune_optimizer_states(run: Run, role: str, step: int) -> None:
+    """Delete the optimizer state of every checkpoint of `role` up to `step` (the one just saved)
+    but the newest OPTIMIZER_STATES_KEPT (an older state that is ever trained again is rebuilt by
+    replay). Later steps on disk are an earlier start's, not newer than this one."""
     root = run.path / "checkpoints"
-    for directory in saved_folders(root, f"{role}.optim")[:-OPTIMIZER_STATES_KEPT]:
+    for directory in _up_to(saved_folders(root, f"{role}.optim"), step)[:-OPTIMIZER_STATES_KEPT]:
         if not leads_outside(root, directory):
             remove_from_run(root, directory)
 
 
-def prune_checkpoints(run: Run, role: str, keep: int | None) -> None:
-    """Delete all but the newest `keep` checkpoints of `role` (None keeps all, as verl)."""
+def prune_checkpoints(run: Run, role: str, keep: int | None, step: int) -> None:
+    """Delete all but the newest `keep` checkpoints of `role` up to `step` (the one just saved;
+    None keeps all, as verl)."""
     if keep is None or keep <= 0:
         return
     root = run.path / "checkpoints"
-    for directory in saved_folders(root, role)[:-keep]:
+    for directory in _up_to(saved_folders(root, role), step)[:-keep]:
         if not leads_outside(root, directory):  # a planted link's target is not the run's
             remove_from_run(root, directory)
             remove_from_run(root, optimizer_dir(directory))
+
+
+def _up_to(folders: list[Path], step: int) -> list[Path]:
+    """The checkpoints/iter=k/<name> folders of steps k <= `step`."""
+    return [folder for folder in folders if (step_of(folder.parent.name) or 0) <= step]

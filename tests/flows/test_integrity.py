@@ -160,3 +160,30 @@ def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
     ):
         train(tmp_path, "data.train_max_samples=20")
     assert not list(tmp_path.glob("iter=*"))  # not even the validation before training ran
+
+
+def test_steps_an_earlier_start_trained_from_another_step_are_moved_aside(small_run, tmp_path, capsys):
+    """A shorter rerun with the same config keeps the steps after it (a longer run reuses them); with
+    another config, they were trained from a step that is no longer the run's: moved to superseded/,
+    so that queries and export see the run as its last start left it."""
+    from ppoflow.tasks.storage.export import actor_checkpoint
+
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    train(copy, "trainer.total_training_steps=1")
+    assert (copy / "iter=000002/_manifest.json").is_file() and not (copy / "superseded").exists()
+    capsys.readouterr()
+    lr, keep_one = "actor_rollout_ref.actor.optim.lr=2e-4", "trainer.max_actor_ckpt_to_keep=1"
+    train(copy, "trainer.total_training_steps=1", lr, keep_one)
+    [moved] = (copy / "superseded").iterdir()
+    assert (
+        f"steps 2–2 of an earlier start were trained from another step 1: moved to superseded/{moved.name}/"
+        in (capsys.readouterr().out)
+    )
+    assert (moved / "iter=000002/_manifest.json").is_file()
+    assert (copy / "checkpoints/superseded" / moved.name / "iter=000002/actor/model.safetensors").is_file()
+    assert not (copy / "iter=000002").exists() and not (copy / "checkpoints/iter=000002").exists()
+    assert query(copy, "SELECT max(iter) FROM metrics")[1] == [(1,)]
+    assert actor_checkpoint(copy) == copy / "checkpoints/iter=000001/actor"
+    for role in ("actor", "critic"):  # the later steps on disk did not make step 1's checkpoint "old"
+        assert (copy / f"checkpoints/iter=000001/{role}.optim").is_dir()
