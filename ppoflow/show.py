@@ -12,6 +12,8 @@ from rich.text import Text
 
 from ppoflow.tasks.storage.confined_query import query
 
+SHOWN_PROMPT_CHARS = 300
+"""A prompt is shown by its end (where the question is), cut to this many characters."""
 ROWS_SQL = """
 SELECT r.prompt_id, r.sample_idx, r.prompt_text, r.response_text, r.response_ids, r.old_log_probs,
        r.ref_log_probs, r.finish_reason, w.score, w.components, w.error, a."values", a.advantages,
@@ -103,7 +105,9 @@ def render(console: Console, iteration: int, rows: list[dict], tokenizer) -> Non
                 + f" · {row['finish_reason']}"
             )
         )
-        console.print(Text.assemble(("prompt", "dim"), f"   …{row['prompt_text'][-300:]}"), soft_wrap=True)
+        prompt = row["prompt_text"]
+        shown = prompt if len(prompt) <= SHOWN_PROMPT_CHARS else "…" + prompt[-SHOWN_PROMPT_CHARS:]
+        console.print(Text.assemble(("prompt", "dim"), f"   {shown}"), soft_wrap=True)
         console.print(Text.assemble(("response", "dim"), f" {row['response_text']}"), soft_wrap=True)
         if row["error"]:
             console.print(Text.assemble(("reward error", "red"), f" {row['error']}"))

@@ -242,7 +242,7 @@ def report_iteration(step: int, total: int, result, *, seconds: float | None) ->
     parts.append(f"val {val:.3f}" if val is not None else "val   —  ")
     if accuracy:
         parts[-1] += f" (correct {sum(accuracy) / len(accuracy):.2f})"
-    if step > 0:
+    if "critic/score/mean" in metrics:  # a training step (a validation on its own has no rewards)
         parts += [
             f"reward {_fmt(metrics, 'critic/score/mean')}",
             f"ppo_kl {_fmt(metrics, 'actor/ppo_kl', '.4f')}",

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from ppoflow.conf.schema_checks import DERIVED
 from ppoflow.conf.yaml_files import ConfigYamlLoader
 from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.tables import write_text_atomic
@@ -32,10 +33,11 @@ def record_config(run_dir: Path, config_yaml: str) -> list[str]:
     before, after = _parsed(previous_text), _parsed(config_yaml)
     if before is not None and after is not None:
         before, after = _flat(before), _flat(after)
+        changed = {key for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+        followers = {key for key, sources in DERIVED.items() if changed.intersection(sources)}
         changes = [
             f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}"
-            for key in sorted(before.keys() | after.keys())
-            if before.get(key) != after.get(key)
+            for key in sorted(changed - followers)  # critic.rollout_n with actor_rollout_ref.rollout.n
         ]
         if changes:
             write_text_atomic(run_dir / PREVIOUS_CONFIG, previous_text)

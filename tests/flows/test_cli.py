@@ -113,6 +113,8 @@ def test_show_prints_responses_with_rewards_and_per_token_values(small_run):
         assert column in out.stdout
     best = query_scores(run_dir)
     assert f"score {best[0]:.3f}" in out.stdout
+    prompts = [line for line in out.stdout.splitlines() if line.startswith("prompt ")]
+    assert len(prompts) == 2 and all(" = " in line and "…" not in line for line in prompts)  # not cut
     random_one = ppoflow("show", str(run_dir), "--iter", "1", "--random", "1", "--seed", "3")
     assert random_one.stdout.count("iter 1 · ") == 1
     missing = ppoflow("show", str(run_dir), "--iter", "9")

@@ -105,3 +105,11 @@ def test_the_progress_switch_takes_the_usual_spellings(no_terminal, capsys, flag
     assert _progress_mode() == mode  # stdout is not a terminal here: "lines" unless switched
     refused = f"ppoflow: PPOFLOW_PROGRESS={flag!r} is not 1 or 0 (true/false, yes/no, on/off); ignored"
     assert capsys.readouterr().err.splitlines() == ([refused] if flag == "auto" else [])
+
+
+def test_a_validation_on_its_own_is_one_val_figure_at_any_step(capsys):
+    """A validation-only run of a step-7 checkpoint has no rewards or update: no training figures,
+    and no "cached" for a validation it just computed."""
+    validated = {"val-core/ppoflow/addition/reward/mean@1": 0.75}
+    report_iteration(7, 7, SimpleNamespace(values=tuple(validated.items())), seconds=None)
+    assert capsys.readouterr().out == "step   7/7 · val 0.750\n"

@@ -60,6 +60,12 @@ def test_what_is_not_a_config_ppoflow_wrote_is_replaced_without_comparing(tmp_pa
     assert (tmp_path / "elsewhere.yaml").read_text() == _yaml("trainer.seed=9")
 
 
+def test_a_key_that_follows_a_changed_one_is_not_named_again(tmp_path):
+    record_config(tmp_path, _yaml())
+    changes = record_config(tmp_path, _yaml("actor_rollout_ref.rollout.n=4"))
+    assert changes == ["actor_rollout_ref.rollout.n: 1 → 4"]  # not critic.rollout_n, which follows it
+
+
 def test_open_run_hands_the_changes_to_the_flow(tmp_path):
     close_run(open_run(tmp_path, _yaml("trainer.seed=1")))
     run = open_run(tmp_path, _yaml("trainer.seed=2"))
