@@ -4,6 +4,7 @@ and its table."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 
 from ppoflow.tasks.run import Run
@@ -63,11 +64,26 @@ def rollouts_inputs(settings: RunSettings, step: int, state: TrainState, data: D
     }
 
 
+def starting_point(state: TrainState) -> dict:
+    """What a step starts from, as its manifest records it: its model states' lineages and β."""
+    models = {"actor": state.actor, "critic": state.critic, "reference": state.reference}
+    lineages = {role: model.lineage if model is not None else None for role, model in models.items()}
+    return json.loads(json.dumps(lineages | {"kl_coef": state.kl_coef}))
+
+
 def continues_from(run: Run, settings: RunSettings, step: int, state: TrainState, data: Datasets) -> bool:
-    """Whether the committed step `step` on disk was trained from `state` (its rollouts stage has the
-    cache key it would have now): a step an earlier start trained from another state does not."""
-    manifest = read_manifest(run.path, step)
-    entry = (manifest or {}).get("stages", {}).get("rollouts") if isinstance(manifest, dict) else None
+    """Whether the committed step `step` on disk was trained from `state`: a step an earlier start
+    trained from another state (another config) was not. Its manifest records what it started from;
+    one written before it did is judged by its rollouts stage's cache key (the actor's state only)."""
+    try:
+        manifest = read_manifest(run.path, step)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(manifest, dict):
+        return False
+    if "started_from" in manifest:
+        return manifest["started_from"] == starting_point(state)
+    entry = manifest.get("stages", {}).get("rollouts") if isinstance(manifest.get("stages"), dict) else None
     recorded = entry.get("cache_key") if isinstance(entry, dict) else None
     return recorded == key_for(rollouts, rollouts_inputs(settings, step, state, data))
 
@@ -165,6 +181,6 @@ def ppo_iteration(
         },
         n_devices=s.n_devices,
     )
-    commit_step(run, step, [*results.finished(), recorded])
+    commit_step(run, step, [*results.finished(), recorded], started_from=starting_point(state))
     kl_coef = next_kl_coef(s.kl_control, state.kl_coef, current_kl, generated.ref.rows)
     return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), recorded, all(cached)

@@ -24,9 +24,12 @@ MANIFEST_NAME = "_manifest.json"
 MANIFEST_STAGE_KEYS = ("refs", "rows", "cache_key", "seconds")
 
 
-def manifest_document(iteration: int, stages: Mapping[str, Mapping[str, Any]]) -> dict:
+def manifest_document(
+    iteration: int, stages: Mapping[str, Mapping[str, Any]], started_from: Mapping[str, Any] | None = None
+) -> dict:
     """iter=NNNNNN/_manifest.json's content: per stage its refs, rows, cache_key and seconds (extra
-    keys are kept)."""
+    keys are kept), and what the step started from (`started_from`: the model states' lineages and β)
+    when given."""
     entries = {}
     for name, stage in sorted(stages.items()):
         missing = [k for k in MANIFEST_STAGE_KEYS if k not in stage]
@@ -34,16 +37,20 @@ def manifest_document(iteration: int, stages: Mapping[str, Mapping[str, Any]]) -
             raise ValueError(f"manifest entry for stage {name!r} lacks {missing}")
         refs = [r if isinstance(r, ArtifactRef) else ArtifactRef.from_dict(r) for r in stage["refs"]]
         entries[name] = {**stage, "refs": [r.to_dict() for r in refs]}
-    return {"iteration": iteration_number(iteration), "stages": entries}
+    document = {"iteration": iteration_number(iteration), "stages": entries}
+    return document | ({"started_from": dict(started_from)} if started_from is not None else {})
 
 
 @timed_io("tables")
 def write_manifest(
-    run_dir: str | Path, iteration: int, stages: Mapping[str, Mapping[str, Any]]
+    run_dir: str | Path,
+    iteration: int,
+    stages: Mapping[str, Mapping[str, Any]],
+    started_from: Mapping[str, Any] | None = None,
 ) -> ArtifactRef:
     """Write iter=NNNNNN/_manifest.json, the iteration's commit record (`manifest_document`). Call it
     after every stage's files are written. Returns its reference (rows: the number of stages)."""
-    manifest = manifest_document(iteration, stages)
+    manifest = manifest_document(iteration, stages, started_from)
     path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
     refuse_links_below(run_dir, path.parent)
     digest = write_json_atomic(path, manifest)

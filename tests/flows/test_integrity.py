@@ -173,7 +173,9 @@ def test_steps_an_earlier_start_trained_from_another_step_are_moved_aside(small_
     train(copy, "trainer.total_training_steps=1")
     assert (copy / "iter=000002/_manifest.json").is_file() and not (copy / "superseded").exists()
     capsys.readouterr()
-    lr, keep_one = "actor_rollout_ref.actor.optim.lr=2e-4", "trainer.max_actor_ckpt_to_keep=1"
+    # The critic's learning rate: step 1's actor is the same, its critic is not, so step 2 on disk
+    # (its advantages, both updates) was trained from another step 1.
+    lr, keep_one = "critic.optim.lr=2e-5", "trainer.max_critic_ckpt_to_keep=1"
     train(copy, "trainer.total_training_steps=1", lr, keep_one)
     [moved] = (copy / "superseded").iterdir()
     assert (
@@ -187,3 +189,4 @@ def test_steps_an_earlier_start_trained_from_another_step_are_moved_aside(small_
     assert actor_checkpoint(copy) == copy / "checkpoints/iter=000001/actor"
     for role in ("actor", "critic"):  # the later steps on disk did not make step 1's checkpoint "old"
         assert (copy / f"checkpoints/iter=000001/{role}.optim").is_dir()
+    assert (copy / "checkpoints/iter=000001/critic/model.safetensors").is_file()  # kept: the newest
