@@ -71,19 +71,37 @@ def starting_point(state: TrainState) -> dict:
     return json.loads(json.dumps(lineages | {"kl_coef": state.kl_coef}))
 
 
-def continues_from(run: Run, settings: RunSettings, step: int, state: TrainState, data: Datasets) -> bool:
-    """Whether the committed step `step` on disk was trained from `state`: a step an earlier start
-    trained from another state (another config) was not. Its manifest records what it started from;
-    one written before it did is judged by its rollouts stage's cache key (the actor's state only)."""
-    try:
-        manifest = read_manifest(run.path, step)
-    except (OSError, ValueError):
-        return False
-    if not isinstance(manifest, dict):
-        return False
-    if "started_from" in manifest:
-        return manifest["started_from"] == starting_point(state)
-    entry = manifest.get("stages", {}).get("rollouts") if isinstance(manifest.get("stages"), dict) else None
+def first_step_not_continued(
+    run: Run, settings: RunSettings, last: int, later: list[int], state: TrainState, data: Datasets
+) -> int | None:
+    """The first of `later` (the steps on disk after the run's last, `last`, in order) that was not
+    trained on from `state` (the run's final state), step after step: each must be the next step,
+    committed, and start from what the one before ended with. A step of an earlier start with another
+    config, or of a start killed mid-step, breaks the chain; None when all continue it. A manifest
+    written before steps recorded their states is judged by its rollouts stage's cache key (the
+    actor's state only)."""
+    expected: dict | None = starting_point(state)
+    for step, wanted in zip(later, range(last + 1, last + 1 + len(later)), strict=True):
+        try:
+            manifest = read_manifest(run.path, step) if step == wanted else None
+        except (OSError, ValueError):
+            manifest = None
+        if not isinstance(manifest, dict):
+            return step
+        if "started_from" in manifest:
+            if expected is not None and manifest["started_from"] != expected:
+                return step
+        elif step == last + 1 and not _same_rollouts_key(manifest, settings, step, state, data):
+            return step
+        expected = manifest.get("ended_with")
+    return None
+
+
+def _same_rollouts_key(
+    manifest: dict, settings: RunSettings, step: int, state: TrainState, data: Datasets
+) -> bool:
+    stages = manifest.get("stages")
+    entry = stages.get("rollouts") if isinstance(stages, dict) else None
     recorded = entry.get("cache_key") if isinstance(entry, dict) else None
     return recorded == key_for(rollouts, rollouts_inputs(settings, step, state, data))
 
@@ -181,6 +199,8 @@ def ppo_iteration(
         },
         n_devices=s.n_devices,
     )
-    commit_step(run, step, [*results.finished(), recorded], started_from=starting_point(state))
     kl_coef = next_kl_coef(s.kl_control, state.kl_coef, current_kl, generated.ref.rows)
-    return replace(state, actor=actor, critic=critic, kl_coef=kl_coef), recorded, all(cached)
+    ended = replace(state, actor=actor, critic=critic, kl_coef=kl_coef)
+    states = {"started_from": starting_point(state), "ended_with": starting_point(ended)}
+    commit_step(run, step, [*results.finished(), recorded], states)
+    return ended, recorded, all(cached)

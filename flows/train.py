@@ -7,7 +7,7 @@ import time
 from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
-from ppoflow.flows.iteration import Datasets, continues_from, ppo_iteration, validate
+from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validate
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
@@ -157,16 +157,24 @@ def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
 def _set_aside_steps_not_continued(
     run: Run, settings: RunSettings, last: int, state: TrainState, data: Datasets
 ) -> None:
-    """Steps after `last` that an earlier start trained from another step `last` (another config)
-    are moved to superseded/, so that nothing takes them for this run's; steps that continue this
-    run (the same config, trained further before) stay for a longer run to reuse."""
+    """Steps after `last` that do not continue this run's final state (an earlier start trained them
+    with another config, or was killed among them) are moved to superseded/, so that nothing takes
+    them for this run's; steps that continue it (the same config, trained further before) stay for a
+    longer run to reuse."""
     later = steps_after(run.path, last)
-    if not later or continues_from(run, settings, last + 1, state, data):
+    first = first_step_not_continued(run, settings, last, later, state, data) if later else None
+    if first is None:
         return
-    stamp = set_aside_steps(run.path, later)
+    moved = [step for step in later if step >= first]
+    steps = f"steps {first}–{moved[-1]}"
+    try:
+        stamp = set_aside_steps(run.path, moved)
+    except OSError as error:
+        say(f"ppoflow: {steps} do not continue this run, but could not be moved aside: {error}")
+        return
     say(
-        f"ppoflow: steps {later[0]}–{later[-1]} of an earlier start were trained from another step {last}: "
-        f"moved to {SUPERSEDED}/{stamp}/ (their checkpoints to checkpoints/{SUPERSEDED}/{stamp}/)"
+        f"ppoflow: {steps} of an earlier start do not continue this run's step {first - 1}: moved to "
+        f"{SUPERSEDED}/{stamp}/ (their checkpoints to checkpoints/{SUPERSEDED}/{stamp}/)"
     )
 
 

@@ -17,21 +17,22 @@ if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
 
 
-def commit_step(run: Run, step: int, results: list[StageResult], started_from: dict | None = None) -> None:
-    """Write step `step`'s manifest from its stages' results (and what it started from: see
-    `manifest_document`), then refresh the catalog. A manifest on disk that names the same files and
-    cache keys is kept as it is: a step served from cache leaves its files alone, and a stage
-    recomputed to the same output keeps the seconds the step's (cached) metrics were computed from."""
+def commit_step(run: Run, step: int, results: list[StageResult], states: dict | None = None) -> None:
+    """Write step `step`'s manifest from its stages' results (and the model states it started from
+    and ended with: see `manifest_document`), then refresh the catalog. A manifest on disk that names
+    the same files, cache keys and states is kept as it is: a step served from cache leaves its files
+    alone, and a stage recomputed to the same output keeps the seconds the step's (cached) metrics
+    were computed from."""
     stages = {r.stage: _entry(r) for r in results}
     try:
         current = read_manifest(run.path, step)
     except (OSError, ValueError):
         current = None
-    wanted = json.loads(json.dumps(manifest_document(step, stages, started_from)))
+    wanted = json.loads(json.dumps(manifest_document(step, stages, states)))
     with run.io.timing("sync"):  # the stages' files and checkpoints are on disk before a manifest names them
         wait_durable(run.path)
     if _outputs(current) is None or _outputs(current) != _outputs(wanted):
-        write_manifest(run.path, step, stages, started_from, clock=run.io)
+        write_manifest(run.path, step, stages, states, clock=run.io)
     refresh_catalog_if_stale(run.path, step, clock=run.io)
 
 
@@ -44,7 +45,7 @@ def _outputs(manifest: object) -> dict | None:
     return {
         name: {k: v for k, v in entry.items() if k not in ("seconds", "timers")}
         for name, entry in stages.items()
-    } | {"started_from": manifest.get("started_from")}
+    } | {key: manifest.get(key) for key in ("started_from", "ended_with")}
 
 
 def _entry(result: StageResult) -> dict:

@@ -25,11 +25,11 @@ MANIFEST_STAGE_KEYS = ("refs", "rows", "cache_key", "seconds")
 
 
 def manifest_document(
-    iteration: int, stages: Mapping[str, Mapping[str, Any]], started_from: Mapping[str, Any] | None = None
+    iteration: int, stages: Mapping[str, Mapping[str, Any]], states: Mapping[str, Any] | None = None
 ) -> dict:
     """iter=NNNNNN/_manifest.json's content: per stage its refs, rows, cache_key and seconds (extra
-    keys are kept), and what the step started from (`started_from`: the model states' lineages and β)
-    when given."""
+    keys are kept), and, when given, `states`: what the step started from and ended with
+    ("started_from", "ended_with": the model states' lineages and β)."""
     entries = {}
     for name, stage in sorted(stages.items()):
         missing = [k for k in MANIFEST_STAGE_KEYS if k not in stage]
@@ -38,7 +38,7 @@ def manifest_document(
         refs = [r if isinstance(r, ArtifactRef) else ArtifactRef.from_dict(r) for r in stage["refs"]]
         entries[name] = {**stage, "refs": [r.to_dict() for r in refs]}
     document = {"iteration": iteration_number(iteration), "stages": entries}
-    return document | ({"started_from": dict(started_from)} if started_from is not None else {})
+    return document | dict(states or {})
 
 
 @timed_io("tables")
@@ -46,11 +46,11 @@ def write_manifest(
     run_dir: str | Path,
     iteration: int,
     stages: Mapping[str, Mapping[str, Any]],
-    started_from: Mapping[str, Any] | None = None,
+    states: Mapping[str, Any] | None = None,
 ) -> ArtifactRef:
     """Write iter=NNNNNN/_manifest.json, the iteration's commit record (`manifest_document`). Call it
     after every stage's files are written. Returns its reference (rows: the number of stages)."""
-    manifest = manifest_document(iteration, stages, started_from)
+    manifest = manifest_document(iteration, stages, states)
     path = iteration_dir(run_dir, iteration) / MANIFEST_NAME
     refuse_links_below(run_dir, path.parent)
     digest = write_json_atomic(path, manifest)

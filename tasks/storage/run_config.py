@@ -34,7 +34,16 @@ def record_config(run_dir: Path, config_yaml: str) -> list[str]:
     if before is not None and after is not None:
         before, after = _flat(before), _flat(after)
         changed = {key for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
-        followers = {key for key, sources in DERIVED.items() if changed.intersection(sources)}
+        followers = {  # keys that took their (changed) source's value, before and after
+            key
+            for key, sources in DERIVED.items()
+            if any(
+                source in changed
+                and before.get(key) == before.get(source)
+                and after.get(key) == after.get(source)
+                for source in sources
+            )
+        }
         changes = [
             f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}"
             for key in sorted(changed - followers)  # critic.rollout_n with actor_rollout_ref.rollout.n

@@ -29,19 +29,22 @@ def steps_after(run_dir: Path, last: int) -> list[int]:
 def set_aside_steps(run_dir: Path, steps: list[int]) -> str:
     """Move the folders of `steps` to superseded/<UTC time>/ (their tables) and
     checkpoints/superseded/<UTC time>/ (their checkpoints: on the same disk, should checkpoints/ be a
-    link to another); returns the <UTC time> folder name."""
+    link to another); returns the <UTC time> folder name. A step folder that is a link is moved as
+    the link. Every target is checked before anything moves: a link planted on the way raises
+    OSError with nothing moved."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     bases = (run_dir, run_dir / "checkpoints")
     while any((base / SUPERSEDED / stamp).exists() for base in bases):  # two starts in one second
         stamp += "+"
-    for step in steps:
-        name = f"iter={step:06d}"
-        for base in bases:
-            source = base / name
-            if not source.is_dir() or source.is_symlink():
-                continue
-            target = base / SUPERSEDED / stamp / name
-            refuse_links_below(base, target.parent)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(source, target)
+    moves = [
+        (base / f"iter={step:06d}", base / SUPERSEDED / stamp / f"iter={step:06d}")
+        for step in steps
+        for base in bases
+        if os.path.lexists(base / f"iter={step:06d}")
+    ]
+    for _, target in moves:
+        refuse_links_below(target.parent.parent.parent, target.parent)
+    for source, target in moves:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(source, target)
     return stamp

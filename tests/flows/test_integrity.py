@@ -170,16 +170,24 @@ def test_steps_an_earlier_start_trained_from_another_step_are_moved_aside(small_
 
     run_dir, _, _ = small_run
     copy = _copy(run_dir, tmp_path)
-    train(copy, "trainer.total_training_steps=1")
-    assert (copy / "iter=000002/_manifest.json").is_file() and not (copy / "superseded").exists()
+    # A step 3 that an earlier start (another config, killed after it) trained from another step 2:
+    # the chain is checked step after step, so step 2 stays and step 3 is moved.
+    shutil.copytree(copy / "iter=000002", copy / "iter=000003")
+    manifest = json.loads((copy / "iter=000003/_manifest.json").read_text())
+    manifest["iteration"], manifest["started_from"]["critic"] = 3, "0" * 64
+    (copy / "iter=000003/_manifest.json").write_text(json.dumps(manifest))
     capsys.readouterr()
+    train(copy, "trainer.total_training_steps=1")
+    assert "steps 3–3 of an earlier start do not continue this run's step 2: moved" in capsys.readouterr().out
+    assert (copy / "iter=000002/_manifest.json").is_file() and not (copy / "iter=000003").exists()
+    shutil.rmtree(copy / "superseded")
     # The critic's learning rate: step 1's actor is the same, its critic is not, so step 2 on disk
     # (its advantages, both updates) was trained from another step 1.
     lr, keep_one = "critic.optim.lr=2e-5", "trainer.max_critic_ckpt_to_keep=1"
     train(copy, "trainer.total_training_steps=1", lr, keep_one)
     [moved] = (copy / "superseded").iterdir()
     assert (
-        f"steps 2–2 of an earlier start were trained from another step 1: moved to superseded/{moved.name}/"
+        f"steps 2–2 of an earlier start do not continue this run's step 1: moved to superseded/{moved.name}/"
         in (capsys.readouterr().out)
     )
     assert (moved / "iter=000002/_manifest.json").is_file()

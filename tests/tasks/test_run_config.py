@@ -64,6 +64,11 @@ def test_a_key_that_follows_a_changed_one_is_not_named_again(tmp_path):
     record_config(tmp_path, _yaml())
     changes = record_config(tmp_path, _yaml("actor_rollout_ref.rollout.n=4"))
     assert changes == ["actor_rollout_ref.rollout.n: 1 → 4"]  # not critic.rollout_n, which follows it
+    epochs = "actor_rollout_ref.actor.ppo_epochs"
+    changes = record_config(
+        tmp_path, _yaml("actor_rollout_ref.rollout.n=4", f"{epochs}=2", "critic.ppo_epochs=3")
+    )
+    assert changes == [f"{epochs}: 4 → 2", "critic.ppo_epochs: 1 → 3"]  # set, not followed: named
 
 
 def test_open_run_hands_the_changes_to_the_flow(tmp_path):
