@@ -113,3 +113,12 @@ def test_a_validation_on_its_own_is_one_val_figure_at_any_step(capsys):
     validated = {"val-core/ppoflow/addition/reward/mean@1": 0.75}
     report_iteration(7, 7, SimpleNamespace(values=tuple(validated.items())), seconds=None)
     assert capsys.readouterr().out == "step   7/7 · val 0.750\n"
+
+
+def test_a_line_is_printed_as_written_not_read_as_markup(capsys):
+    """A config value such as [/data/a.jsonl] once stopped a run: rich read it as a closing tag."""
+    from ppoflow.tasks.observe.console import say
+
+    text = "data.train_files: [/data/a.jsonl] → [/data/a.jsonl, /data/b.jsonl]; [bold]x[/bold] :smile:"
+    say(text)
+    assert capsys.readouterr().out == text + "\n"
