@@ -74,7 +74,13 @@ def load_config(
     try:
         require_micro_batch_sizes(config)
     except ConfigError as error:
-        raise ConfigError(f"{error}{where_set(error.keys, origins)}", keys=error.keys) from None
+        hint = ""
+        if config_path is not None and config.actor_rollout_ref.model.path == TINY_MODEL:
+            hint = (
+                f"; the built-in model's sizes are in conf/{EMBEDDED_DEFAULT.name}, which applies only "
+                "without a config file: copy what your file needs from it"
+            )
+        raise ConfigError(f"{error}{where_set(error.keys, origins)}{hint}", keys=error.keys) from None
     return config
 
 

@@ -337,3 +337,17 @@ def test_a_validation_only_run_needs_no_micro_batch_size(model_dir):
     """The evaluate flow validates a Hugging Face directory with trainer.val_only: nothing trains."""
     cfg = load_config(None, [f"actor_rollout_ref.model.path={model_dir}", "trainer.val_only=true"])
     assert cfg.trainer.val_only and cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+
+
+def test_a_config_file_for_the_built_in_model_is_told_where_its_sizes_are(tmp_path):
+    """The embedded default applies only without a config file: a file of one's own for the tiny
+    model starts from verl's defaults, whose micro-batch sizes are unset."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("actor_rollout_ref:\n  actor:\n    optim:\n      lr: 1.0e-5\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(mine)
+    assert str(refused.value).startswith("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is not set")
+    assert str(refused.value).endswith(
+        "; the built-in model's sizes are in conf/embedded_default.yaml, which applies only without a "
+        "config file: copy what your file needs from it"
+    )
