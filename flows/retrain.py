@@ -32,6 +32,7 @@ from ppoflow.tasks.retraining.rounds import (
 from ppoflow.tasks.stages.prompts import NotEnoughData, ingest_settings, unusable_data_file
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, ROUNDS
+from ppoflow.tasks.storage.run_config import CONFIG
 
 take_stock = task(find_new_data, name="find_new_data", cache_policy=NO_CACHE)
 
@@ -59,7 +60,7 @@ def retrain(
     overrides = list(overrides or [])
     settings = load_config(config_file, overrides)  # a bad config fails here, before anything is written
     root = Path(run_dir).resolve()
-    if (root / "config.yaml").exists():
+    if (root / CONFIG).exists():
         raise ValueError(
             f"{root} is a training run directory; retraining keeps its rounds in a folder of its own"
         )

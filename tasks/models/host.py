@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
 
 
-def saved_tokenizer_dir(run: Run, state: ModelState, history: UpdateHistory | None = None) -> Path:
+def saved_tokenizer_dir(run: Run, state: ModelState, history: UpdateHistory) -> Path:
     """The checkpoint directory of `state`, or of its nearest ancestor whose checkpoint is there (a
     pruned or deleted one is not; `history` knows the ancestors of a state handed on without them),
     or of a LoRA state's base: the tokenizer there is the state's (training never changes it, and
@@ -52,7 +52,7 @@ def saved_tokenizer_dir(run: Run, state: ModelState, history: UpdateHistory | No
     while state.base is None:
         if state.checkpoint is not None and model_dir(run, state).is_dir():
             break
-        origin = history.origin_of(state) if history is not None else state.origin
+        origin = history.origin_of(state)
         if origin is None:
             break
         state = origin.parent

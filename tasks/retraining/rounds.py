@@ -88,11 +88,14 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _stored(root: Path, name: str, schema: pa.Schema) -> pa.Table:
+    """The retraining directory's table `name`, or an empty one of `schema` while there is none."""
+    path = root / name
+    return pq.read_table(path, schema=schema) if path.is_file() else schema.empty_table()
+
+
 def _promotions(root: Path) -> pa.Table:
-    path = root / PROMOTIONS
-    return (
-        pq.read_table(path, schema=PROMOTIONS_SCHEMA) if path.is_file() else PROMOTIONS_SCHEMA.empty_table()
-    )
+    return _stored(root, PROMOTIONS, PROMOTIONS_SCHEMA)
 
 
 def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int]:
@@ -121,8 +124,7 @@ def find_new_data(data_dir: str | Path, root: Path) -> tuple[list[DataFile], int
 
 
 def _unusable(root: Path) -> pa.Table:
-    path = root / UNUSABLE
-    return pq.read_table(path, schema=UNUSABLE_SCHEMA) if path.is_file() else UNUSABLE_SCHEMA.empty_table()
+    return _stored(root, UNUSABLE, UNUSABLE_SCHEMA)
 
 
 def set_aside_unusable(
