@@ -3,6 +3,7 @@ filled in (so that each section stands alone as a task's input and cache key), v
 global micro-batch sizes become per-GPU sizes, and verl's batch-size arithmetic is checked."""
 
 import difflib
+import math
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -13,6 +14,9 @@ from .schema_common import ConfigError
 
 if TYPE_CHECKING:
     from .schema import PPOFlowConfig
+
+# How far from the size asked for, and how high, a divisor hint tries numbers (a hint is instant).
+_HINT_REACH = 10_000
 
 DERIVED: dict[str, tuple[str, ...]] = {
     "critic.rollout_n": ("actor_rollout_ref.rollout.n",),
@@ -307,7 +311,13 @@ def _world(cfg: "PPOFlowConfig") -> str:
 
 def _near_divisors(total: int, wanted: int) -> str:
     """Up to four divisors of total closest to the size the user asked for, in increasing order
-    (on a tie the larger one: bigger batches run faster)."""
-    divisors = [d for d in range(1, total + 1) if total % d == 0]
+    (on a tie the larger one: bigger batches run faster). Tried are the numbers within _HINT_REACH of
+    that size and those up to _HINT_REACH with their co-divisors, so that any total answers at once:
+    every divisor of a total up to _HINT_REACH², and the nearest four whenever they lie that close."""
+    near = range(max(1, wanted - _HINT_REACH), min(total, wanted + _HINT_REACH) + 1)
+    divisors = {d for d in near if total % d == 0}
+    for d in range(1, min(math.isqrt(total), _HINT_REACH) + 1):
+        if total % d == 0:
+            divisors |= {d, total // d}
     closest = sorted(sorted(divisors, key=lambda d: (abs(d - wanted), -d))[:4])
     return ", ".join(map(str, closest))

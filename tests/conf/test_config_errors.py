@@ -1,6 +1,7 @@
 """Each bad config gets one clear message naming the key, the layer, the value and the fix."""
 
 import os
+import signal
 
 import pytest
 import yaml
@@ -317,3 +318,33 @@ def test_a_key_set_twice_in_one_mapping_is_refused_as_omegaconf_does(tmp_path):
     micro.append("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8")
     cfg = load_config(merged, micro)
     assert (cfg.critic.ppo_epochs, cfg.critic.ppo_mini_batch_size) == (3, 8)
+
+
+def test_divisor_hints_are_found_at_once_for_any_batch_size():
+    # 999999999999 = 3³·7·11·13·37·101·9901; the divisors nearest the embedded mini-batch size 32 are
+    # 27, 33, 37 and 39. The hint once tried every number up to the batch size (hours for this one).
+    signal.signal(signal.SIGALRM, _too_slow)
+    signal.alarm(5)
+    try:
+        message = error_of("data.train_batch_size=999999999999")
+        assert "choose a mini-batch size that divides 999999999999 (e.g. 27, 33, 37, 39)" in message
+        # A prime batch size has two divisors, 1 and itself.
+        prime = 2**89 - 1
+        message = error_of(f"data.train_batch_size={prime}")
+        assert f"that divides {prime} (e.g. 1, {prime})" in message
+        # The micro-batch hint too: a per-GPU mini-batch of 999999999999 responses split into 16s.
+        message = error_of(
+            "data.train_batch_size=999999999999",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=999999999999",
+            "actor_rollout_ref.rollout.n=1",
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=1",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        )
+        assert "choose a micro-batch size that divides 999999999999 (e.g. 9, 11, 13, 21)" in message
+    finally:
+        signal.alarm(0)
+
+
+def _too_slow(signum, frame):
+    raise TimeoutError("the divisor hint took more than 5 seconds")
