@@ -116,22 +116,19 @@ class TemporaryServer:
             raise
 
     def _start(self) -> str:
-        for _ in range(3):  # another process may take the free port before uvicorn binds it
-            port = _free_port()
+        with _listening_socket() as listener:  # bound here and handed to the server: no other can have it
+            port = listener.getsockname()[1]
             self.url = f"http://127.0.0.1:{port}/api"
-            printed = self.output.seek(0, os.SEEK_END)
-            self.process = _start(port, self.output)
-            try:
-                healthy = _wait_healthy(self.url, self.process)
-            except BaseException:  # Ctrl-C while it starts
-                self.stop()
-                raise
-            if healthy:
-                return self.url
-            exit_code = self.process.poll()
+            self.process = _start(listener, self.output)
+        try:
+            healthy = _wait_healthy(self.url, self.process)
+        except BaseException:  # Ctrl-C while it starts
             self.stop()
-            if not _lost_port(self.output, printed):
-                break
+            raise
+        if healthy:
+            return self.url
+        exit_code = self.process.poll()
+        self.stop()
         if exit_code is not None:
             failed = f"exited with code {exit_code}"
         else:
@@ -169,13 +166,6 @@ def _open_output(log_file: Path | None):
     return os.fdopen(descriptor, "a+b")
 
 
-def _lost_port(output, since: int) -> bool:
-    """Whether the server, since offset `since` of its output, said another process had its port."""
-    output.flush()
-    output.seek(since)
-    return b"address already in use" in output.read().lower()
-
-
 def _last_line(output) -> str:
     """The last line a server that did not start printed, for its one-line error."""
     output.flush()
@@ -184,13 +174,17 @@ def _last_line(output) -> str:
     return f"it said: {lines[-1][:400]}" if lines else "it printed nothing"
 
 
-def _start(port: int, output) -> subprocess.Popen:
+def _start(listener: socket.socket, output) -> subprocess.Popen:
+    """uvicorn serving Prefect's API on `listener`, a socket bound and listening in this process: the
+    port is the server's from the start (a free port picked here and bound by uvicorn later could be
+    taken meanwhile by another run's server, whose health check would then answer for it)."""
     prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
     parent = os.getpid()
     env = SERVER_DEFAULTS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
+    descriptor = listener.fileno()
     command = [
         sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
-        "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
+        "prefect.server.api.server:create_app", "--fd", str(descriptor),
         "--log-level", "error", "--lifespan", "on",
     ]  # fmt: skip
     return subprocess.Popen(
@@ -199,15 +193,23 @@ def _start(port: int, output) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         stdout=output,
         stderr=subprocess.STDOUT,
+        pass_fds=(descriptor,),
         start_new_session=True,
         preexec_fn=lambda: exit_with_parent(parent, signal.SIGKILL),
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+@contextlib.contextmanager
+def _listening_socket() -> Iterator[socket.socket]:
+    """A TCP socket on a port of 127.0.0.1 that the kernel picks, listening; closed here on leaving
+    (the server keeps its own copy)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(socket.SOMAXCONN)
+        yield listener
+    finally:
+        listener.close()
 
 
 def _wait_healthy(url: str, process: subprocess.Popen) -> bool:
