@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     args.program = argv is None  # the `ppoflow` program (its own process), not a call from Python
+    if (loop := _link_loop_argument(args)) is not None:
+        print(f"ppoflow: {loop}", file=sys.stderr)
+        return 2
     match args.command:
         case "train":
             return _train(args)
@@ -179,6 +182,23 @@ def _run(argv: list[str] | None) -> int:
         case _:
             _parser().print_help()
             return 0
+
+
+def _link_loop_argument(args) -> str | None:
+    """A path argument that is a symbolic link loop (`ln -s loop loop`) names nothing: said in one
+    line here, where each command's own resolving raised a traceback or called it missing."""
+    for name, what in (("run_dir", "run directory"), ("source", "export source"), ("out", "output folder")):
+        value = getattr(args, name, None)
+        if value is None or os.path.exists(value):  # exists() is False for a loop
+            continue
+        from ppoflow.conf.path_checks import is_link_loop
+
+        if is_link_loop(value):
+            return (
+                f"{what} '{value}' is a symbolic link loop: a link on the way leads back to itself, so "
+                "the path names nothing"
+            )
+    return None
 
 
 def _load(args):
@@ -204,6 +224,13 @@ def _train(args) -> int:
 
     if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
         print(f"ppoflow: {problem}", file=sys.stderr)
+        return 2
+    from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
+
+    try:  # before the run's logs or server: a refused start changes nothing in the run
+        require_same_run(cfg.run_dir.resolve(), cfg.to_yaml(origins=True))
+    except AnotherRun as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     from ppoflow.train_command import run_training
 

@@ -17,7 +17,7 @@ from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import make_run_directory, remove_stale_temp_files
 from ppoflow.tasks.storage.results import RESULTS_DIR
-from ppoflow.tasks.storage.run_config import record_config
+from ppoflow.tasks.storage.run_config import record_config, require_same_run
 from ppoflow.tasks.storage.tables import IOClock
 
 logger = logging.getLogger(__name__)
@@ -52,15 +52,17 @@ def open_run(
 ) -> Run:
     """Take the run directory's lock (one writer per run), clear what killed writes left behind,
     and write its effective config (config.yaml; the Run's `config_changes` name what differs from
-    the last start's). `recompute` (trainer.resume_mode=disable) runs every stage again; the run's
-    models live on `device` (trainer.device), in this process or, with a `group` of world size > 1,
-    in a worker group (started by `WorkerGroupHost.assign`)."""
+    the last start's). A start of another actor model or other training data than the steps already
+    there is refused first (run_config.AnotherRun). `recompute` (trainer.resume_mode=disable) runs
+    every stage again; the run's models live on `device` (trainer.device), in this process or, with
+    a `group` of world size > 1, in a worker group (started by `WorkerGroupHost.assign`)."""
     path = Path(run_dir).resolve()
     make_run_directory(path)
     if device == "cpu":  # DeepSpeed (imported by transformers' integrations too) would warn it found no GPU
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     acquire_run_lock(path)
     try:
+        require_same_run(path, config_yaml)  # before anything of the run is changed
         _require_results_folder(path / RESULTS_DIR)
         remove_stale_temp_files(path)
         changes = record_config(path, config_yaml)

@@ -1,7 +1,9 @@
 """A run's effective config: `config.yaml`, rewritten by every start of the run. When a start's config
 differs from the one before, the one before is kept as `config.previous.yaml` and the keys that changed
 are named: the stages that read them are computed again, and until the run has finished again its
-steps were not all trained with the same config."""
+steps were not all trained with the same config. A start that would make the run another one (another
+actor model, other training data) is refused before anything is written: its steps would be replaced
+in place, mixed with the old run's until it finished."""
 
 from __future__ import annotations
 
@@ -20,6 +22,9 @@ CONFIG = "config.yaml"
 PREVIOUS_CONFIG = "config.previous.yaml"
 MAX_CONFIG_BYTES = 1 << 20
 """A config.yaml larger than this was not written by ppoflow: it is replaced without comparing."""
+IDENTITY_KEYS = ("actor_rollout_ref.model.path", "data.train_files")
+"""What a run is: a start that changes one of these trains another run (a validation-only run trains
+no data: its train_files are not compared)."""
 SHOWN_CHANGES = 6
 SHOWN_VALUE_CHARS = 60
 
@@ -52,6 +57,48 @@ def record_config(run_dir: Path, config_yaml: str) -> list[str]:
             write_text_atomic(run_dir / PREVIOUS_CONFIG, previous_text)
     write_text_atomic(path, config_yaml)
     return changes
+
+
+class AnotherRun(ValueError):
+    """The run directory holds steps of a run with another actor model or other training data."""
+
+
+def require_same_run(run_dir: Path, config_yaml: str) -> None:
+    """Refuse (AnotherRun, one line saying what to do) a start whose actor model or training data
+    differ from those of the steps already in `run_dir`. Reads only: nothing of the run is changed."""
+    if not _has_steps(run_dir):
+        return
+    before, after = _parsed(_read_previous(run_dir / CONFIG)), _parsed(config_yaml)
+    if before is None or after is None:  # no config of ppoflow's before: nothing to compare
+        return
+    before, after = _flat(before), _flat(after)
+    keys = [key for key in IDENTITY_KEYS if before.get(key) != after.get(key)]
+    if before.get("trainer.val_only") is True or after.get("trainer.val_only") is True:
+        keys = [key for key in keys if key != "data.train_files"]
+    if not keys:
+        return
+    changed = "; ".join(f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}" for key in keys)
+    name = _suggested_name(after.get("actor_rollout_ref.model.path"))
+    raise AnotherRun(
+        f"{run_dir} holds the steps of another run ({changed}); this start would replace them in place, "
+        f"so nothing was changed: give it a run directory of its own (trainer.experiment_name={name} "
+        f"trains in runs/{name}; or set trainer.default_local_dir), or remove {run_dir} to start it over"
+    )
+
+
+def _has_steps(run_dir: Path) -> bool:
+    """Whether a start has computed anything of a step in `run_dir` (an iter=k folder)."""
+    try:
+        return any(entry.name.startswith("iter=") for entry in os.scandir(run_dir))
+    except OSError:
+        return False
+
+
+def _suggested_name(model_path: Any) -> str:
+    """A run name after the actor model: builtin:smollm2-135m-instruct → smollm2-135m-instruct."""
+    last = str(model_path or "").rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1].lower()
+    name = "".join(char if char.isalnum() or char in "._-" else "-" for char in last).strip(".-")
+    return name[:64] or "another-run"
 
 
 def changes_line(changes: list[str]) -> str:

@@ -1,0 +1,117 @@
+"""A start that would make a run another one (another actor model, other training data) is refused
+before anything of the run changes; the same run with other settings goes on as before."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ppoflow.tasks.run import open_run
+from ppoflow.tasks.storage.run_config import AnotherRun
+
+from .conftest import SMALL
+
+REPO = Path(__file__).resolve().parents[2]
+GSM8K = [  # the verl quickstart's keys, without trainer.experiment_name
+    f"data.train_files={REPO / 'data/gsm8k/train.jsonl'}",
+    f"data.val_files={REPO / 'data/gsm8k/test.jsonl'}",
+    "data.train_batch_size=256",
+    "data.max_prompt_length=512",
+    "data.max_response_length=256",
+    "actor_rollout_ref.model.path=builtin:smollm2-135m-instruct",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+    "critic.optim.lr=1e-5",
+    "critic.model.path=builtin:smollm2-135m-instruct",
+    "critic.ppo_micro_batch_size_per_gpu=4",
+    "algorithm.kl_ctrl.kl_coef=0.001",
+    "trainer.logger=console",
+    "trainer.val_before_train=False",
+    "trainer.n_gpus_per_node=1",
+    "trainer.nnodes=1",
+    "trainer.save_freq=10",
+    "trainer.test_freq=10",
+    "trainer.total_epochs=15",
+]
+
+
+def _ppoflow(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PPOFLOW_FAULT", "PREFECT_API_URL")}
+    return subprocess.run(
+        [sys.executable, "-m", "ppoflow", *args],
+        env=env | {"PPOFLOW_PROGRESS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _contents(run_dir: Path) -> dict[str, str]:
+    """Every file of the run (links as their targets' names) → its digest."""
+    seen = {}
+    for path in sorted(run_dir.rglob("*")):
+        name = str(path.relative_to(run_dir))
+        if path.is_symlink():
+            seen[name] = "link to " + os.readlink(path)
+        elif path.is_file():
+            seen[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return seen
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_model_dir, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("finished") / "demo"
+    done = _ppoflow(
+        "train",
+        *SMALL,
+        "trainer.total_training_steps=1",
+        "trainer.num_threads=1",
+        f"trainer.default_local_dir={run_dir}",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_start_with_another_model_and_data_leaves_every_file_and_says_what_to_do(finished_run):
+    before = _contents(finished_run)
+    refused = _ppoflow("train", *GSM8K, f"trainer.default_local_dir={finished_run}")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    [line] = refused.stderr.splitlines()
+    assert line.startswith(f"ppoflow: {finished_run} holds the steps of another run (")
+    assert "actor_rollout_ref.model.path: builtin:tiny-addition → builtin:smollm2-135m-instruct" in line
+    assert "data.train_files: builtin:addition → " in line
+    assert "trainer.experiment_name=smollm2-135m-instruct trains in runs/smollm2-135m-instruct" in line
+    assert line.endswith(f"or remove {finished_run} to start it over")
+    assert refused.stdout == ""
+    assert _contents(finished_run) == before
+
+
+@pytest.mark.slow
+def test_the_flow_refuses_it_too_and_a_validation_only_start_may_name_other_data(finished_run):
+    """A flow run from a deployment opens the run itself: the same refusal, before config.yaml is
+    rewritten; data that a validation-only start does not train on is not compared."""
+    from ppoflow.conf import load_config
+
+    before = _contents(finished_run)
+    other_data = [*SMALL, f"trainer.default_local_dir={finished_run}", GSM8K[0]]
+    cfg = load_config(None, other_data)
+    with pytest.raises(AnotherRun, match=r"data\.train_files: builtin:addition → .*train\.jsonl"):
+        open_run(cfg.run_dir, cfg.to_yaml(origins=True))
+    assert _contents(finished_run) == before
+    validating = load_config(None, [*other_data, "trainer.val_only=true"])
+    run = open_run(validating.run_dir, validating.to_yaml(origins=True))
+    try:
+        assert any("trainer.val_only: false → true" in change for change in run.config_changes)
+    finally:
+        from ppoflow.tasks.run import close_run
+
+        close_run(run)
