@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .origins import KeyPath, origin_of, origin_under, where_set
-from .path_checks import check_config_paths, is_local
+from .path_checks import check_config_paths, is_link_loop, is_local, link_loop_error
 from .schema import PPOFlowConfig, all_keys
 from .schema_actor import ActorModelConfig
 from .schema_checks import require_micro_batch_sizes
@@ -117,6 +117,9 @@ def _absolute(assignment: Assignment, folder: Path) -> Assignment:
         path = Path(os.path.expanduser(name))  # "~someone" of no such user stays as written
         if not path.is_absolute():
             path = folder / path
+        if is_link_loop(path):  # Path.resolve raises on it
+            key = ".".join(assignment.path)
+            raise link_loop_error("", path, key, f" [{key}: {assignment.origin}]")
         if model and not path.exists():
             return name
         return str(path.resolve())

@@ -2,6 +2,8 @@
 Face directory with config.json and a tokenizer, or a .gguf file), the reward model, the data files
 and the reward function file. Each error names the key and the layer that set it."""
 
+import errno
+import os
 from pathlib import Path
 
 from .model_paths import local_model_path, reward_model_problem
@@ -37,12 +39,32 @@ def check_config_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> No
     )
 
 
+def is_link_loop(path: Path | str) -> bool:
+    """Whether following the links in `path` leads back to one of them (ELOOP, `ln -s loop loop`):
+    such a path names nothing, and resolving it raises (RuntimeError up to Python 3.12, OSError after)."""
+    try:
+        os.stat(path)
+    except OSError as error:
+        return error.errno == errno.ELOOP
+    return False
+
+
+def link_loop_error(what: str, path: Path | str, key: str, where: str) -> ConfigError:
+    return ConfigError(
+        f"{what}'{path}' ({key}) is a symbolic link loop: a link on the way leads back to itself, so the "
+        f"path names nothing; point {key} at the file or folder itself{where}",
+        keys=(key,),
+    )
+
+
 def _check_run_dir(trainer: TrainerConfig, origins: dict[KeyPath, str]) -> None:
     """The schema refuses glob characters in the configured run directory; a relative one also takes
     them from the directory it is run from, which only this machine knows."""
+    key = "trainer.experiment_name" if trainer.default_local_dir is None else "trainer.default_local_dir"
+    if is_link_loop(trainer.run_dir):
+        raise link_loop_error("run directory ", trainer.run_dir, key, where_set([key], origins))
     resolved = trainer.run_dir.resolve()
     if any(char in str(resolved) for char in GLOB_CHARACTERS):
-        key = "trainer.experiment_name" if trainer.default_local_dir is None else "trainer.default_local_dir"
         raise ConfigError(
             f"run directory '{trainer.run_dir}' is '{resolved}' from this directory, which has glob "
             f"characters ({GLOB_CHARACTERS}): DuckDB reads the run's tables by glob; run from another "

@@ -128,7 +128,10 @@ def define_run_views(con: duckdb.DuckDBPyConnection, run_dir: Path, names: Colle
 
 
 def checked_dir(run_dir: str | Path) -> Path:
-    run_dir = Path(run_dir).resolve()
+    try:
+        run_dir = Path(run_dir).resolve()
+    except (RuntimeError, OSError):  # Python before 3.13 raises on a symbolic link loop
+        raise ValueError(f"run directory {run_dir} is a symbolic link loop: it names nothing") from None
     if not run_dir.is_dir():
         raise FileNotFoundError(f"no run directory at {run_dir}")
     if any(c in str(run_dir) for c in "*?[]{}"):

@@ -10,6 +10,7 @@ from ppoflow.conf import ConfigError, load_config
 from ppoflow.conf.model_paths import local_model_path
 
 from .micro import MICRO
+from .test_config_bounds import ppoflow
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -157,3 +158,66 @@ def test_the_cache_is_found_where_huggingface_hub_looks(tmp_path, monkeypatch, e
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert _cache_dir() == hub.format(home=tmp_path)
+
+
+LOOP_KEYS = ["data.train_files", "data.val_files", "trainer.resume_from_path", "actor_rollout_ref.model.path"]
+
+
+@pytest.mark.parametrize("key", [*LOOP_KEYS, "critic.model.tokenizer_path", "custom_reward_function.path"])
+@pytest.mark.parametrize("tail", ["", "/train.jsonl"])
+def test_a_symbolic_link_loop_is_named_with_its_key(tmp_path, monkeypatch, key, tail):
+    # `ln -s loop loop`: resolving it raised RuntimeError("Symlink loop from ...") out of the loader.
+    (tmp_path / "loop").symlink_to("loop")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [*MICRO, f"{key}=loop{tail}"])
+    assert str(raised.value) == (
+        f"'{tmp_path}/loop{tail}' ({key}) is a symbolic link loop: a link on the way leads back to "
+        f"itself, so the path names nothing; point {key} at the file or folder itself "
+        f"[{key}: command-line override #{len(MICRO) + 1} '{key}=loop{tail}']"
+    )
+    # In a config file too, read from the file's folder, and in a list.
+    settings = tmp_path / "run.yaml"
+    settings.write_text(f"{key}: {'[loop]' if key == 'data.val_files' else 'loop'}\n")
+    with pytest.raises(ConfigError, match=rf"^'{tmp_path}/loop' \({key}\) is a symbolic link loop: .*"):
+        load_config(settings, MICRO)
+
+
+def test_a_run_directory_that_is_a_symbolic_link_loop_is_named(tmp_path):
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ConfigError) as raised:
+        load_config(None, [*MICRO, f"trainer.default_local_dir={tmp_path}/loop"])
+    assert str(raised.value).startswith(
+        f"run directory '{tmp_path}/loop' (trainer.default_local_dir) is a symbolic link loop: "
+    )
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+@pytest.mark.parametrize("key", LOOP_KEYS)
+def test_the_cli_names_a_symbolic_link_loop_in_one_line(tmp_path, command, key):
+    (tmp_path / "loop").symlink_to("loop")
+    out = ppoflow(tmp_path, command, f"{key}=loop")
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"ppoflow: '{tmp_path}/loop' ({key}) is a symbolic link loop: ")
+    assert out.stderr.count("\n") == 1 and out.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [
+        (["query", "loop", "SELECT 1"], "run directory"),
+        (["show", "loop"], "run directory"),
+        (["diagnose", "loop"], "run directory"),
+        (["report", "loop"], "run directory"),
+        (["export", "loop", "out"], "export source"),
+    ],
+)
+def test_a_run_directory_argument_that_is_a_symbolic_link_loop_is_named_in_one_line(tmp_path, args, what):
+    (tmp_path / "loop").symlink_to("loop")
+    out = ppoflow(tmp_path, *args)
+    assert (out.returncode, out.stdout) == (2, ""), out.stderr
+    assert out.stderr == (
+        f"ppoflow: {what} 'loop' is a symbolic link loop: a link on the way leads back to itself, so the "
+        "path names nothing\n"
+    )

@@ -364,3 +364,9 @@ def test_a_planted_or_damaged_catalog_is_never_read(run, tmp_path, planted):
     assert SECRET not in columns and [r[0] for r in rows] == [1, 2]
     assert sorted(load_run(run).metrics["critic/score/mean"]) == [1, 2]
     assert not logs.exists()
+
+
+def test_a_run_directory_that_is_a_symbolic_link_loop_is_named(tmp_path):
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(ValueError, match=r"^run directory .*loop is a symbolic link loop: it names nothing$"):
+        query(tmp_path / "loop", "SELECT 1")
