@@ -249,6 +249,7 @@ def _config(args) -> int:
 
 def _query(args) -> int:
     from ppoflow.query_output import print_rows
+    from ppoflow.tasks.storage.catalog import stray_step_folders
     from ppoflow.tasks.storage.confined_query import query_batches
 
     try:
@@ -257,6 +258,9 @@ def _query(args) -> int:
     except (ValueError, FileNotFoundError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
+    if strays := stray_step_folders(args.run_dir):
+        names = ", ".join(f"'{name}'" for name in strays[:3]) + (", …" if len(strays) > 3 else "")
+        print(f"ppoflow: note: not read, not a step's folder (iter=NNNNNN): {names}", file=sys.stderr)
     return 0
 
 

@@ -6,11 +6,13 @@ and renamed into place, so it is never held open read-write: readers (`duckdb ca
 Readers that were open before a refresh keep the previous catalog until they reconnect.
 Views name absolute paths: after moving a run directory, call refresh_catalog again.
 
-Iteration views glob `iter=*/<stage>/*.parquet`, so a new iteration's rows appear without a refresh
-once the view exists. `iter` comes from the file name, not from DuckDB's hive partitioning: hive
-parsing reads every `key=value` folder of the absolute path, so a run under `runs/seed=3/` would
-overwrite the rollouts' `seed` column with 3, and it types `iter=000001` as VARCHAR. Filters on
-`iter` still prune files.
+Iteration views glob `iter=NNNNNN/<stage>/*.parquet` (six digits; steps from 1,000,000 on, one glob
+per longer width), so a new iteration's rows appear without a refresh once the view exists, and a
+folder ppoflow did not name (`iter=000005'`, `iter=5`, a copy) is never read: one would have failed
+every query of the table, or counted its rows twice. `iter` comes from the file name, not from
+DuckDB's hive partitioning: hive parsing reads every `key=value` folder of the absolute path, so a
+run under `runs/seed=3/` would overwrite the rollouts' `seed` column with 3, and it types
+`iter=000001` as VARCHAR. Filters on `iter` still prune files.
 
 It is for any DuckDB client (`duckdb catalog.duckdb`, pandas, polars). ppoflow's own readers do not
 open it: they define the same views from the files themselves (confined_query.py).
@@ -34,7 +36,7 @@ from ppoflow.tasks.storage.schemas import (
     TABLES,
     empty_table,
 )
-from ppoflow.tasks.storage.tables import iteration_dir, read_json, timed_io, write_json_atomic
+from ppoflow.tasks.storage.tables import iteration_dir, read_json, step_of, timed_io, write_json_atomic
 
 __all__ = [
     "CATALOG_NAME",
@@ -74,20 +76,52 @@ def refresh_catalog_if_stale(run_dir: str | Path, step: int | None = None) -> Pa
     recorded = _recorded_tables(run_dir)
     if final.is_file() and recorded is not None:
         present = _tables_with_files(run_dir, step)
-        if present == recorded if step is None else set(present) <= set(recorded):
+        if step is None and present == recorded:
+            return final
+        if step is not None and set(present) <= set(recorded) and not _first_of_its_width(run_dir, step):
             return final
     return refresh_catalog.__wrapped__(run_dir)  # undecorated: this call's time is already counted
 
 
+def step_folder_globs(run_dir: Path) -> list[str]:
+    """Globs of the run's step folders as ppoflow names them (`tables.step_of`): `iter=` and six
+    digits, and for steps from 1,000,000 on `iter=[1-9]` and the digits of each longer name there. A
+    stray folder (`iter=000005'`, `iter=5`, `iter=000005 copy`) matches none."""
+    longer = {len(e.name) for e in os.scandir(run_dir) if len(e.name) > _SIX and step_of(e.name) is not None}
+    return ["iter=" + "[0-9]" * 6, *(_longer_glob(length) for length in sorted(longer))]
+
+
+_SIX = len("iter=000000")
+
+
+def _longer_glob(length: int) -> str:
+    """The glob of step folders whose names have `length` characters, seven digits or more."""
+    return "iter=[1-9]" + "[0-9]" * (length - len("iter=0"))
+
+
+def stray_step_folders(run_dir: Path) -> list[str]:
+    """The names in the run that start with `iter=` but are not a step folder ppoflow names (a copy,
+    a typo): no view reads them."""
+    names = (entry.name for entry in os.scandir(run_dir))
+    return sorted(name for name in names if name.startswith("iter=") and step_of(name) is None)
+
+
+def _first_of_its_width(run_dir: Path, step: int) -> bool:
+    """Whether `step`'s folder is the run's first of seven digits or more (step 1,000,000): the views
+    glob each width of step folder that existed when the catalog was built."""
+    name = iteration_dir(run_dir, step).name
+    return len(name) > _SIX and all(p.name == name for p in run_dir.glob(_longer_glob(len(name))))
+
+
 def _tables_with_files(run_dir: Path, step: int | None = None) -> list[str]:
     """The tables with files: in any step's folder, or with `step`, in that step's folder only."""
-    steps = "iter=*" if step is None else iteration_dir(run_dir, step).name
+    steps = step_folder_globs(run_dir) if step is None else [iteration_dir(run_dir, step).name]
     present = []
     for name in TABLES:
         if name in DATA_FILES:
             found = any((run_dir / f).is_file() for f in DATA_FILES[name])
         else:
-            found = next(run_dir.glob(f"{steps}/{name}/*.parquet"), None) is not None
+            found = any(next(run_dir.glob(f"{folders}/{name}/*.parquet"), None) for folders in steps)
         if found:
             present.append(name)
     return present
@@ -242,12 +276,13 @@ def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
             return _empty_sql(con, name, with_iter=False)
         paths = ", ".join(sql_literal(str(f)) for f in files)
         return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
-    pattern = f"iter=*/{name}/*.parquet"
-    if not any(run_dir.glob(pattern)):  # read_parquet errors on a glob that matches nothing
+    patterns = [f"{folders}/{name}/*.parquet" for folders in step_folder_globs(run_dir)]
+    patterns = [p for p in patterns if any(run_dir.glob(p))]  # read_parquet errors on a glob matching none
+    if not patterns:
         return _empty_sql(con, name, with_iter=True)
-    source = sql_literal(f"{run_dir}/{pattern}")
+    sources = ", ".join(sql_literal(f"{run_dir}/{pattern}") for pattern in patterns)
     return (
-        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet({source}, "
+        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet([{sources}], "
         "hive_partitioning=false, union_by_name=true, filename=true)"
     )
 

@@ -1,6 +1,7 @@
 """The DuckDB catalog over a hand-made two-iteration run written through write_table."""
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -368,3 +369,46 @@ def test_refresh_failure_leaves_the_previous_catalog(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith((".tmp", ".wal"))]
     bad.unlink()
     assert query(tmp_path, "SELECT count(*) FROM rewards")[1] == [(4,)]
+
+
+@pytest.mark.parametrize("stray", ["iter=000002'", "iter=2", "iter=000002 copy", "iter=0000002", "iter="])
+def test_a_stray_step_folder_is_never_read(tmp_path, stray):
+    # A folder ppoflow did not name (a copy, a typo) once failed every query of the run's tables with
+    # DuckDB's "Could not convert string '' to INT32", naming no folder. Only step folders are read.
+    write_run(tmp_path)
+    refresh_catalog(tmp_path)
+    shutil.copytree(tmp_path / "iter=000002", tmp_path / stray)
+    (tmp_path / stray / "rollouts" / "part-00001.parquet").write_bytes(b"not parquet: never opened")
+    counts = "SELECT iter, count(*) FROM {} GROUP BY iter ORDER BY iter"
+    for name in [*STAGE_TABLES.values(), "metrics", "updates"]:
+        per_step = 1 if name == "metrics" else 4 if name == "updates" else len(rows(name, 1))
+        assert query(tmp_path, counts.format(name))[1] == [(1, per_step), (2, per_step)], name
+    for catalog in (tmp_path / CATALOG_NAME, refresh_catalog(tmp_path)):  # built before it, and after
+        with connect_readonly(tmp_path) as con:
+            assert con.execute(counts.format("rollouts")).fetchall() == [(1, 4), (2, 4)], catalog
+    assert check_invariants(tmp_path) == {}
+
+
+def test_steps_from_a_million_on_are_read_and_reach_the_catalog_when_committed(tmp_path):
+    # iter=1000000 has seven digits: read beside the six-digit folders, and a commit of the first
+    # seven-digit step refreshes the catalog, whose views glob each width of step folder.
+    write_run(tmp_path, iterations=(999_999,))
+    refresh_catalog_if_stale(tmp_path, 999_999)
+    write_run(tmp_path, iterations=(1_000_000,))
+    assert query(tmp_path, "SELECT DISTINCT iter FROM rewards ORDER BY iter")[1] == [(999_999,), (1_000_000,)]
+    refresh_catalog_if_stale(tmp_path, 1_000_000)
+    write_run(tmp_path, iterations=(1_000_001,))
+    with connect_readonly(tmp_path) as con:
+        found = con.execute("SELECT DISTINCT iter FROM metrics ORDER BY iter").fetchall()
+    assert found == [(999_999,), (1_000_000,), (1_000_001,)]
+
+
+def test_ppoflow_query_notes_the_stray_folders_it_did_not_read(tmp_path):
+    write_run(tmp_path)
+    for stray in ("iter=000002'", "iter=2"):
+        shutil.copytree(tmp_path / "iter=000002", tmp_path / stray)
+    command = [sys.executable, "-m", "ppoflow", "query", str(tmp_path), "SELECT iter FROM metrics"]
+    out = subprocess.run([*command, "--format", "csv"], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "iter\n1\n2\n"), out.stderr
+    note = "ppoflow: note: not read, not a step's folder (iter=NNNNNN): 'iter=000002'', 'iter=2'\n"
+    assert out.stderr == note
