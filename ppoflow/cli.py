@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 EXAMPLES = """\
@@ -234,7 +236,26 @@ def _train(args) -> int:
         return 2
     from ppoflow.train_command import run_training
 
-    return run_training(args.config, args.overrides, cfg.run_dir, args.verbose, program=args.program)
+    with _warnings_on_stderr("ppoflow.tasks.storage.results"):
+        return run_training(args.config, args.overrides, cfg.run_dir, args.verbose, program=args.program)
+
+
+@contextlib.contextmanager
+def _warnings_on_stderr(*loggers: str) -> Iterator[None]:
+    """The warnings of these loggers on stderr as `ppoflow: …` lines, beside the run's log file that
+    `ppoflow train` sends every ppoflow logger to: what a start discarded is said where it is seen."""
+    import logging
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("ppoflow: %(message)s"))
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
 
 
 def _config(args) -> int:

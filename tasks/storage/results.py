@@ -9,14 +9,22 @@ Prefect does: anything that is not such a record is removed and the stage runs a
 
 A result that is ours is reused only while everything it points at is intact: its parquet files
 (digests) and the model files of the states it returns (`models.state_files_intact`).
+
+Discarding is said (a warning of this module's logger, which `ppoflow train` prints): the first
+stored result found unreadable has every other one of the folder removed with it, so a folder of
+planted files is one line at the stage that found them, not a line per stage and step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import math
+import os
+import re
 import shutil
 import typing
 from pathlib import Path
@@ -40,6 +48,8 @@ from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
+
+logger = logging.getLogger(__name__)
 
 RESULTS_DIR = ".prefect-results"
 SERIALIZER_TYPE = "ppoflow-json"
@@ -267,18 +277,22 @@ def _is_number(value: Any) -> bool:
 
 
 def read_stored_result(path: Path) -> Any:
-    """The result stored at `path` if it is a record ResultSerializer wrote; UnreadableResult otherwise
-    (never deserializes with anything else: the serializer a file names is not trusted)."""
+    """The result stored at `path` if it is a record ResultSerializer wrote; UnreadableResult (saying
+    why, not naming the file) otherwise: it never deserializes with anything else, as the serializer
+    a file names is not trusted."""
     try:
         if path.stat().st_size > MAX_RECORD_BYTES:
-            raise UnreadableResult(f"{path} is larger than any stage result")
+            raise UnreadableResult("larger than any stage result")
         record = json.loads(path.read_bytes())
-    except (OSError, ValueError) as error:
-        raise UnreadableResult(f"{path}: {error}") from error
+    except OSError as error:
+        raise UnreadableResult(f"cannot be read ({error.strerror or error})") from error
+    except ValueError as error:
+        raise UnreadableResult(f"not a JSON record ({error})") from error
     metadata = record.get("metadata") if isinstance(record, dict) else None
     serializer = metadata.get("serializer") if isinstance(metadata, dict) else None
     if serializer != {"type": SERIALIZER_TYPE} or not isinstance(record.get("result"), str):
-        raise UnreadableResult(f"{path} was not written by ppoflow (serializer {serializer!r})")
+        kind = serializer.get("type") if isinstance(serializer, dict) else serializer
+        raise UnreadableResult(f"not written by ppoflow (its serializer: {kind!r})")
     return ResultSerializer().loads(record["result"].encode())
 
 
@@ -294,20 +308,61 @@ def outputs_valid(run: Run, result: Any) -> bool:
     return True
 
 
+_STORED_NAME = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{40}$")
+"""The name Prefect stores a stage's result under: its cache key (cache_keys.key_for)."""
+SHOWN_DISCARDS = 3
+
+
 def discard_unreadable_result(run: Run, task, parameters: dict[str, Any]) -> None:
-    """Remove the stored result of this call unless ppoflow wrote it and can read it back."""
-    path = run.path / RESULTS_DIR / key_for(task, {"run": run, **parameters})
-    if not path.exists() and not path.is_symlink():
+    """Remove the stored result of this call unless ppoflow wrote it and can read it back; with it,
+    every other stored result of the run that ppoflow cannot read (files planted in the folder are
+    found at once, not stage by stage), and warn once, naming them and why."""
+    folder = run.path / RESULTS_DIR
+    path = folder / key_for(task, {"run": run, **parameters})
+    if (why := _why_unreadable(path)) is None:
         return
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-        return
+    discarded, names = {path.name: why}, []
+    with contextlib.suppress(OSError):  # a results folder that is not one is refused when the run opens
+        names = sorted(entry.name for entry in os.scandir(folder) if _STORED_NAME.match(entry.name))
+    for name in (name for name in names if name != path.name):
+        if (other := _why_unreadable(folder / name)) is not None:
+            discarded[name] = other
+    for name in discarded:
+        _remove(folder / name)
+    logger.warning(discarded_line(folder, discarded))
+
+
+def _why_unreadable(path: Path) -> str | None:
+    """Why the stored result at `path` cannot be used; None when there is none, or ppoflow reads it."""
+    if not os.path.lexists(path):
+        return None
+    if path.is_symlink():
+        return "a link, never a stored result"
+    if not path.is_file():  # a folder, a FIFO (reading it would block)
+        return "a folder" if path.is_dir() else "not a regular file"
     try:
-        if path.is_symlink() or not path.is_file():  # a link or a FIFO is never a stored result
-            raise UnreadableResult(f"{path} is not a regular file")
         read_stored_result(path)
-    except UnreadableResult:
+    except UnreadableResult as error:
+        return str(error)
+    return None
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
         path.unlink(missing_ok=True)
+
+
+def discarded_line(folder: Path, discarded: dict[str, str]) -> str:
+    """One line naming the stored results removed (the first few) and why."""
+    shown = "; ".join(f"{name}: {why}" for name, why in list(discarded.items())[:SHOWN_DISCARDS])
+    more = f"; and {len(discarded) - SHOWN_DISCARDS} more" if len(discarded) > SHOWN_DISCARDS else ""
+    count = "1 stored stage result" if len(discarded) == 1 else f"{len(discarded)} stored stage results"
+    return (
+        f"removed {count} from {folder} that ppoflow did not write or cannot read ({shown}{more}): "
+        "their stages are computed again"
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -339,6 +394,8 @@ def run_stage(task, run: Run, **parameters: Any):
     state = bound(**passed, return_state=True)
     result = _state_value(state)
     if state.name == "Cached" and not outputs_valid(run, result):
+        stored = key_for(task, {"run": run, **parameters})
+        logger.info("stored result %s names files that are gone or changed: computed again", stored)
         state = bound.with_options(refresh_cache=True)(**passed, return_state=True)
         result = _state_value(state)
     if state.name == "Cached":

@@ -205,3 +205,33 @@ def test_a_fifo_under_a_results_name_is_discarded_without_blocking(tmp_path):
     os.mkfifo(path)
     discard_unreadable_result(run, prepare_model, parameters)
     assert not path.exists()
+
+
+def test_planted_results_are_removed_together_and_said_once(tmp_path, caplog):
+    """A folder of planted records was removed record by record as each stage came to it, and every
+    stage was trained again without a word: now the first found has the rest removed with it, in
+    one warning naming them and why."""
+    run = Run(str(tmp_path))
+    folder = tmp_path / RESULTS_DIR
+    folder.mkdir()
+    calls = [{"model_path": f"builtin:m{i}", "seed": i, "source": f"builtin:m{i}"} for i in range(3)]
+    keys = [key_for(prepare_model, {"run": run, **parameters}) for parameters in calls]
+    pickled = {"type": "pickle", "picklelib": "cloudpickle", "picklelib_version": None}
+    _record(folder / keys[0], pickled, base64.b64encode(pickle.dumps(1)).decode())
+    (folder / keys[1]).write_text("garbage")
+    stage, _ = _update_result()
+    _record(folder / keys[2], {"type": "ppoflow-json"}, ResultSerializer().dumps(stage).decode())
+    (folder / "notes.txt").write_text("not a stored result's name: Prefect never reads it")
+    with caplog.at_level("INFO", logger="ppoflow.tasks.storage.results"):
+        discard_unreadable_result(run, prepare_model, calls[1])
+        discard_unreadable_result(run, prepare_model, calls[0])  # already gone: nothing more to say
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        (
+            "WARNING",
+            f"removed 2 stored stage results from {folder} that ppoflow did not write or cannot read "
+            f"({keys[1]}: not a JSON record (Expecting value: line 1 column 1 (char 0)); "
+            f"{keys[0]}: not written by ppoflow (its serializer: 'pickle')): their stages are computed again",
+        )
+    ]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([keys[2], "notes.txt"])
+    assert read_stored_result(folder / keys[2]).refs == stage.refs
