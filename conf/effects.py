@@ -260,7 +260,7 @@ def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:
         return None
     return (
         f"actor_rollout_ref.rollout.{setting} decodes training rollouts greedily: {why}, so every "
-        "advantage is 0 but for float rounding, and the actor learns nothing but that noise; sample "
+        "advantage is 0 and the actor does not learn; sample "
         "with temperature > 0, top_k other than 1 and do_sample=true"
     )
 

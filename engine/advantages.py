@@ -45,17 +45,27 @@ def _group_stats(scores: Tensor, group_id: Tensor) -> tuple[Tensor, Tensor, Tens
     """Per-row mean, unbiased std and size of the row's group, each (N,).
 
     scores: (N,) one score per response. group_id: (N,) integer ids. A group of one has mean 0 and
-    std 1 (verl's convention, so GRPO and RLOO leave a lone response's score as its advantage).
+    std 1 (verl's convention, so GRPO and RLOO leave a lone response's score as its advantage). A group
+    of several equal scores has exactly that score as its mean and std 0, so every group estimator
+    gives it advantage 0: its rounded mean (in float32, 64 × 0.7 sums to 44.800003) divided by
+    std + 1e-6 would otherwise push the policy in an arbitrary direction (departure from verl 0.9.1,
+    docs/ALGORITHMS.md). The sums are accumulated in float64 (float32 sums of many scores drift).
     """
     _, inverse, counts = torch.unique(group_id, return_inverse=True, return_counts=True)
-    size = counts.to(scores.dtype)
-    mean = torch.zeros_like(size).index_add_(0, inverse, scores) / size
-    sq_dev = torch.zeros_like(size).index_add_(0, inverse, (scores - mean[inverse]) ** 2)
+    wide = scores.to(torch.float64) if scores.device.type != "mps" else scores
+    size = counts.to(wide.dtype)
+    mean = torch.zeros_like(size).index_add_(0, inverse, wide) / size
+    sq_dev = torch.zeros_like(size).index_add_(0, inverse, (wide - mean[inverse]) ** 2)
     std = (sq_dev / (size - 1).clamp(min=1)).sqrt()
+    high = torch.full_like(size, float("-inf")).scatter_reduce(0, inverse, wide, reduce="amax")
+    low = torch.full_like(size, float("inf")).scatter_reduce(0, inverse, wide, reduce="amin")
+    equal = (high == low) & (counts > 1)
+    mean = torch.where(equal, high, mean).to(scores.dtype)
+    std = torch.where(equal, 0.0, std).to(scores.dtype)
     alone = counts == 1
     mean = torch.where(alone, 0.0, mean)
     std = torch.where(alone, 1.0, std)
-    return mean[inverse], std[inverse], size[inverse]
+    return mean[inverse], std[inverse], counts.to(scores.dtype)[inverse]
 
 
 def _on_tokens(per_row: Tensor, response_mask: Tensor) -> Tensor:

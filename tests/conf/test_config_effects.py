@@ -286,8 +286,8 @@ def test_a_resume_path_without_its_mode_is_named_as_without_effect(tmp_path):
                 "actor_rollout_ref.rollout.temperature=0",
             ],
             "actor_rollout_ref.rollout.temperature=0 decodes training rollouts greedily: the n=4 responses "
-            "of a prompt are the same, the baseline grpo subtracts, so every advantage is 0 but for float "
-            "rounding",
+            "of a prompt are the same, the baseline grpo subtracts, so every advantage is 0 and the actor "
+            "does not learn",
         ),
         (
             [

@@ -297,3 +297,78 @@ def test_group_score_spread_zero_fraction():
     group_id = torch.tensor([0, 0, 1, 1, 2, 2, 3])  # groups 0 and 2 are flat, 3 is alone (flat), 1 is spread
     assert group_score_spread_zero_fraction(scores, group_id) == pytest.approx(0.75)
     assert group_score_spread_zero_fraction(torch.tensor([]), torch.tensor([], dtype=torch.long)) == 0.0
+
+
+def verl_grpo(scores: torch.Tensor, group_id: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
+    """verl 0.9.1's compute_grpo_outcome_advantage: per group torch.mean and torch.std of the stacked
+    scores, in the scores' dtype; a group of one has mean 0 and std 1."""
+    members: dict[int, list[torch.Tensor]] = {}
+    for score, gid in zip(scores, group_id.tolist(), strict=True):
+        members.setdefault(gid, []).append(score)
+    out = torch.empty_like(scores)
+    for i, gid in enumerate(group_id.tolist()):
+        group = torch.stack(members[gid])
+        if len(group) == 1:
+            mean, std = torch.tensor(0.0, dtype=scores.dtype), torch.tensor(1.0, dtype=scores.dtype)
+        else:
+            mean, std = torch.mean(group), torch.std(group)
+        out[i] = (scores[i] - mean) / (std + epsilon)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("value", [0.1, 0.7, 1.1, 10.1])
+def test_a_group_of_equal_scores_gets_exactly_zero_whatever_its_size_value_and_dtype(dtype, value):
+    """verl gives 64 × 1.1 in float32 an advantage of 0.416 and 32 × 10.1 one of 0.484: the rounded
+    group mean divided by std + 1e-6. No signal must mean no push."""
+    for size in [*range(2, 33), 64, 100, 128, 255, 256]:  # (a group of one keeps its score)
+        rewards = torch.full((size, 1), value, dtype=dtype)
+        group_id = torch.zeros(size, dtype=torch.long)
+        mask = torch.ones(size, 1)
+        grpo, _ = compute_grpo_outcome_advantage(rewards, mask, group_id)
+        dr_grpo, _ = compute_grpo_outcome_advantage(rewards, mask, group_id, norm_adv_by_std=False)
+        rloo, _ = compute_rloo_outcome_advantage(rewards, mask, group_id)
+        for name, advantages in (("grpo", grpo), ("dr_grpo", dr_grpo), ("rloo", rloo)):
+            assert torch.equal(advantages, torch.zeros_like(rewards)), (name, size, advantages.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("seed", range(3))
+def test_grpo_within_1e_6_of_verl_on_groups_with_spread(dtype, seed):
+    """Groups of 1–256 with 0/1 scores, graded scores and noise: every group's advantage is verl's
+    (per-group torch.mean/torch.std in the scores' dtype) within 1e-6, relative to |A| when |A| > 1
+    (a group of 256 with one success has A ≈ 16 for it), plus where float32 cannot resolve that, the
+    resolution of the group mean (2 ulp of mean_g / std_g: scores near 10 with std 0.4 differ by
+    2e-6 there, verl's own float32 mean being 1 ulp off); and as close to the exact (float64) value."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [1, 2, 3, 5, 8, 16, 17, 32, 64, 100, 128, 256]
+    scores, group_id = [], []
+    for gid, size in enumerate(sizes):
+        kind = (gid + seed) % 3
+        if kind == 0:
+            group = torch.randint(0, 2, (size,), generator=gen).to(dtype) * 1.1
+            group[0] = 1.1
+            group[-1] = 0.0 if size > 1 else group[-1]
+        elif kind == 1:
+            group = torch.randint(0, 11, (size,), generator=gen).to(dtype) / 10
+        else:
+            group = torch.randn(size, generator=gen, dtype=dtype) * 3 + 10.1
+        scores.append(group)
+        group_id += [gid] * size
+    scores = torch.cat(scores)
+    group_id = torch.tensor(group_id)
+    advantages, _ = compute_grpo_outcome_advantage(scores[:, None], torch.ones(len(scores), 1), group_id)
+    expected = verl_grpo(scores, group_id)
+    exact = verl_grpo(scores.double(), group_id)
+    means = {gid: scores[group_id == gid].double().mean().abs() for gid in range(len(sizes))}
+    stds = {gid: scores[group_id == gid].double().std() for gid in range(len(sizes)) if sizes[gid] > 1}
+    resolution = torch.tensor(
+        [
+            2 * torch.finfo(dtype).eps * means[gid] / stds[gid] if gid in stds else 0.0
+            for gid in group_id.tolist()
+        ]
+    )
+    ours = advantages[:, 0]
+    bound = 1e-6 * expected.abs().clamp(min=1).double() + resolution
+    assert ((ours - expected).abs().double() <= bound).all()
+    assert ((ours.double() - exact).abs() <= bound).all()
