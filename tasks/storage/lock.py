@@ -6,7 +6,10 @@ drops it when that description is closed, which includes the holder dying (even 
 is no stale lock to detect or take over, and no check-then-act: deciding who holds it and taking it
 are one system call. The file itself is created once and never deleted, because deleting it while
 another process has it open would let a newcomer lock a fresh file beside the old one (two holders).
-Do not delete it by hand while a run may be open.
+Do not delete it by hand while a run may be open. A folder that holds files but no lock file is
+refused: someone else's folder, or a run whose lock was deleted and which may still be open (the
+refusal of a folder with ppoflow's own files says so and gives the command that restores its lock;
+only the user knows that no run of it is still going).
 
 What the file contains is only for messages, and only the holder writes it: once it has the lock it
 truncates the file and writes its pid, host and start time through the locked descriptor, and clears
@@ -35,6 +38,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shlex
 import socket
 import threading
 import time
@@ -110,12 +114,40 @@ def _refuse_a_folder_of_other_files(run_dir: Path) -> None:
             held = next((entry for entry in entries if entry.name != LOCK_NAME), None)
     except FileNotFoundError:
         return
-    if held is not None:
+    if held is None:
+        return
+    if found := ppoflow_files(run_dir):
         raise NotARunDirectory(
-            f"{run_dir} holds files ({held.name!r} among them) and is not a ppoflow run directory: a "
-            "run writes, replaces and deletes files in its folder; choose a new or empty one "
-            "(trainer.default_local_dir, or trainer.experiment_name under runs/; the retrain flow's run_dir)"
+            f"{run_dir} is a ppoflow run ({', '.join(found)}) whose lock file {LOCK_NAME} was deleted: if "
+            "no ppoflow process is using it, restore the lock with "
+            f"`touch {shlex.quote(str(run_dir / LOCK_NAME))}` and run again (a run still open holds the "
+            "deleted one, and two writers would mix their files)"
         )
+    raise NotARunDirectory(
+        f"{run_dir} holds files ({held.name!r} among them) and is not a ppoflow run directory: a "
+        "run writes, replaces and deletes files in its folder; choose a new or empty one "
+        "(trainer.default_local_dir, or trainer.experiment_name under runs/; the retrain flow's run_dir)"
+    )
+
+
+def ppoflow_files(run_dir: Path) -> list[str]:
+    """The files that make `run_dir` a ppoflow run beyond doubt (its config.yaml beside its catalog,
+    stage results or a committed step; a retraining directory's promotions or rounds); empty for any
+    other folder, which may well hold a config.yaml of its own ($HOME)."""
+    from ppoflow.tasks.storage.manifests import MANIFEST_NAME
+    from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, ROUNDS
+    from ppoflow.tasks.storage.tables import step_of
+
+    rounds = run_dir / ROUNDS
+    if (run_dir / PROMOTIONS).is_file() or (rounds.is_dir() and any(rounds.glob("round=*"))):
+        return [name for name in (PROMOTIONS, ROUNDS) if os.path.lexists(run_dir / name)]
+    if not (run_dir / "config.yaml").is_file():
+        return []
+    found = [name for name in ("catalog.duckdb", ".prefect-results") if os.path.lexists(run_dir / name)]
+    with os.scandir(run_dir) as entries:
+        steps = sorted(entry.name for entry in entries if step_of(entry.name) is not None)
+    found += [name for name in steps if (run_dir / name / MANIFEST_NAME).is_file()][:1]
+    return ["config.yaml", *found] if found else []
 
 
 def _open_lock_file(path: Path) -> int:

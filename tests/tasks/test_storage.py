@@ -361,6 +361,46 @@ def test_a_folder_of_other_files_is_no_run_directory(tmp_path):
     close_run(open_run(empty, "trainer: {}\n"))
 
 
+def test_a_run_whose_lock_file_was_deleted_is_told_the_command_that_restores_it(tmp_path):
+    """A run directory without .lock was refused as someone's folder, with advice to choose another.
+    It is still refused (a run still open holds the deleted file: a second writer now would mix their
+    files), but a folder of ppoflow's own files is named as a run and given the command that restores
+    its lock; a folder that only has a config.yaml (as $HOME may) still is no run."""
+    import shlex
+    import subprocess
+
+    from ppoflow.tasks.run import close_run, finish_run, open_run
+    from ppoflow.tasks.storage.lock import NotARunDirectory, acquire_run_lock
+
+    run = tmp_path / "my run"  # a space: the command quotes the path
+    close_run(finish_run(open_run(run, "trainer: {}\n")))  # its config.yaml and catalog
+    (run / ".lock").unlink()
+    with pytest.raises(NotARunDirectory) as refused:
+        open_run(run, "trainer: {}\n")
+    command = f"touch {shlex.quote(str(run / '.lock'))}"
+    assert str(refused.value) == (
+        f"{run} is a ppoflow run (config.yaml, catalog.duckdb) whose lock file .lock was deleted: if no "
+        f"ppoflow process is using it, restore the lock with `{command}` and run again (a run still open "
+        "holds the deleted one, and two writers would mix their files)"
+    )
+    subprocess.run(command, shell=True, check=True)  # the command as given, through a shell
+    close_run(open_run(run, "trainer: {}\n"))
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.yaml").write_text("editor: vim\n")
+    (home / "iter=000001").mkdir()  # a folder of that name, but no step committed in it
+    with pytest.raises(NotARunDirectory, match="not a ppoflow run directory: .* choose a new or empty one"):
+        open_run(home, "trainer: {}\n")
+    (home / "config.yaml").unlink()
+    (home / "catalog.duckdb").write_bytes(b"")  # without a config.yaml beside it: not ppoflow's
+    with pytest.raises(NotARunDirectory, match="is not a ppoflow run directory"):
+        open_run(home, "trainer: {}\n")
+    retraining = tmp_path / "retraining"  # the retrain flow's directory: its rounds
+    (retraining / "rounds" / "round=000001").mkdir(parents=True)
+    with pytest.raises(NotARunDirectory, match=r"retraining is a ppoflow run \(rounds\) whose lock file"):
+        acquire_run_lock(retraining)
+
+
 def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
