@@ -80,6 +80,11 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda cfg: not cfg.actor_rollout_ref.actor.use_kl_loss,
     ),
     NoEffect(
+        ("actor_rollout_ref.actor.policy_loss.*",),
+        "they tune verl's clip_cov and kl_cov policy losses; this run's is vanilla",
+        except_keys=("actor_rollout_ref.actor.policy_loss.loss_mode",),
+    ),
+    NoEffect(
         ("*.optim.total_training_steps",),
         "verl sets it to the run's training steps before training (trainer.total_training_steps, or "
         "total_epochs × steps per epoch), and so does ppoflow",

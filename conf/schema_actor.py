@@ -3,9 +3,9 @@ rollout engine that samples from it (verl's names and meanings)."""
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ppoflow.engine.names import LossAggMode, RolloutEngineName, Strategy
+from ppoflow.engine.names import LossAggMode, PolicyLossMode, RolloutEngineName, Strategy
 
 from .schema_common import (
     CheckpointConfig,
@@ -66,6 +66,46 @@ class ActorModelConfig(LoraModelSource):
     expression)."""
 
 
+VERL_POLICY_LOSSES_NOT_IMPLEMENTED = {
+    "gspo": "GSPO's sequence-level ratio",
+    "sapo": "SAPO's soft gate",
+    "gpg": "GPG's unclipped policy gradient",
+    "clip_cov": "Clip-Cov's covariance-selected clipping",
+    "kl_cov": "KL-Cov's covariance-selected KL term",
+    "geo_mean": "GMPO's geometric-mean ratio",
+    "cispo": "CISPO's clipped importance weights",
+    "bypass_mode": "the rollout-correction bypass loss",
+}
+"""verl's other policy losses (core_algos.register_policy_loss), each refused by name."""
+
+
+class PolicyLossConfig(Section):
+    """verl's policy-loss choice (actor.policy_loss); ppoflow implements verl's default."""
+
+    loss_mode: PolicyLossMode = "vanilla"
+    """vanilla: PPO's clipped surrogate with dual clip (clip_ratio, clip_ratio_low/high, clip_ratio_c)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov only (not implemented): share of tokens clipped."""
+    clip_cov_lb: float = 1.0
+    """clip_cov only (not implemented): lower covariance bound."""
+    clip_cov_ub: float = 5.0
+    """clip_cov only (not implemented): upper covariance bound."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov only (not implemented): share of tokens with the KL term."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov only (not implemented): weight of its KL term."""
+
+    @field_validator("loss_mode", mode="before")
+    @classmethod
+    def _implemented(cls, value: object) -> object:
+        if isinstance(value, str) and value in VERL_POLICY_LOSSES_NOT_IMPLEMENTED:
+            raise ValueError(
+                "'vanilla' (PPO's clipped surrogate with dual clip, verl's default): verl's "
+                f"{value} ({VERL_POLICY_LOSSES_NOT_IMPLEMENTED[value]}) is not implemented in ppoflow"
+            )
+        return value
+
+
 class ActorConfig(Section):
     """The clipped-surrogate policy update (PPO loss, optional KL loss and entropy bonus)."""
 
@@ -94,6 +134,8 @@ class ActorConfig(Section):
     """Dual-clip bound c for negative advantages; must exceed 1."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses are averaged into one number."""
+    policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
+    """Which policy loss (verl's key): vanilla, the only one ppoflow implements."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus; 0 turns it off and, as in verl, a negative weight penalises entropy."""
     use_kl_loss: bool = False

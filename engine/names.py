@@ -6,6 +6,10 @@ from typing import Literal
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
 """algorithm.adv_estimator: how advantages are computed (engine/advantages.py)."""
+PolicyLossMode = Literal["vanilla"]
+"""verl's actor.policy_loss.loss_mode values that ppoflow implements: the clipped surrogate with dual
+clip (`engine/losses.py`)."""
+
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 """*.loss_agg_mode: how per-token losses become one number (engine/masking.py)."""
 KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]

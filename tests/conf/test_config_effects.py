@@ -330,3 +330,25 @@ def test_greedy_training_rollouts_that_leave_nothing_to_learn_are_named_at_start
         assert said in warning and warning.endswith(
             "sample with temperature > 0, top_k other than 1 and do_sample=true"
         )
+
+
+def test_verls_default_policy_loss_is_accepted_and_its_other_losses_are_refused_by_name():
+    """verl scripts set actor.policy_loss.loss_mode=vanilla (its default); the modes ppoflow does
+    not implement are refused naming the mode, and the clip_cov/kl_cov tunings are named as without
+    effect."""
+    from ppoflow.conf.schema_actor import VERL_POLICY_LOSSES_NOT_IMPLEMENTED
+
+    cfg = load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"])
+    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
+    assert cfg.warnings() == []
+    for mode, what in VERL_POLICY_LOSSES_NOT_IMPLEMENTED.items():
+        with pytest.raises(ConfigError) as refused:
+            load_config(None, [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"])
+        assert f"verl's {mode} ({what}) is not implemented in ppoflow" in str(refused.value)
+    with pytest.raises(ConfigError, match="expected one of 'vanilla'"):
+        load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"])
+    tuned = load_config(None, ["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001"])
+    assert tuned.warnings() == [
+        "no effect in this run: actor_rollout_ref.actor.policy_loss.clip_cov_ratio (they tune verl's "
+        "clip_cov and kl_cov policy losses; this run's is vanilla)"
+    ]
