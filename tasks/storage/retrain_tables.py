@@ -77,8 +77,10 @@ def define_retrain_views(
         "decided_at AS taken_at FROM promotions"
     )
     _define_table(con, root / UNUSABLE, "unusable_files", UNUSABLE_SCHEMA)
-    if any(root.glob(f"{ROUNDS}/round=*/iter=*/metrics/*.parquet")):
-        pattern = sql_literal(str(root / f"{ROUNDS}/round=*/iter=*/metrics/*.parquet"))
+    six = "[0-9]" * 6  # (a stray folder, `iter=000005'`, would fail every query of the view)
+    metrics_files = f"{ROUNDS}/round={six}/iter={six}/metrics/*.parquet"
+    if any(root.glob(metrics_files)):
+        pattern = sql_literal(str(root / metrics_files))
         con.execute(
             "CREATE VIEW round_metrics AS SELECT "
             r"CAST(regexp_extract(filename, 'round=(\d+)', 1) AS INTEGER) AS round, "

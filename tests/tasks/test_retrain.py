@@ -143,6 +143,29 @@ def test_an_empty_retraining_directory_has_empty_views(tmp_path):
         assert query(tmp_path, f"SELECT count(*) FROM {view}")[1] == [(0,)]
 
 
+def test_round_metrics_reads_only_the_rounds_step_folders(tmp_path):
+    """A stray folder in a round (a copy, `iter=000002'`) is not read: it failed every query of the
+    view with a conversion error naming no folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for folder, value in (
+        ("iter=000001", 0.5),
+        ("iter=000002", 0.75),
+        ("iter=000002'", 9.0),
+        ("iter=2", 9.0),
+    ):
+        metrics = tmp_path / "rounds/round=000001" / folder / "metrics"
+        metrics.mkdir(parents=True)
+        pq.write_table(pa.table({"step": [1], "val": [value]}), metrics / "part-00000.parquet")
+    stray_round = tmp_path / "rounds/round=000001 copy/iter=000001/metrics"
+    stray_round.mkdir(parents=True)
+    pq.write_table(pa.table({"step": [1], "val": [9.0]}), stray_round / "part-00000.parquet")
+    refresh_retrain_catalog(tmp_path)
+    columns, rows = query(tmp_path, "SELECT round, iter, val FROM round_metrics ORDER BY iter")
+    assert rows == [(1, 1, 0.5), (1, 2, 0.75)]
+
+
 def test_round_overrides_continue_from_the_champion(tmp_path):
     record_round(tmp_path, 1, [], _promotion(tmp_path, 4, 0.7))
     champion = read_champion(tmp_path)
