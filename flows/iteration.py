@@ -12,7 +12,7 @@ from ppoflow.tasks.stages.actor_update import actor_update
 from ppoflow.tasks.stages.advantages import advantages
 from ppoflow.tasks.stages.critic_update import critic_update
 from ppoflow.tasks.stages.kl_control import next_kl_coef
-from ppoflow.tasks.stages.metrics import metrics
+from ppoflow.tasks.stages.metrics import metrics, validation_only_metrics
 from ppoflow.tasks.stages.reward_model import reward_model
 from ppoflow.tasks.stages.rewards import rewards
 from ppoflow.tasks.stages.rollouts import rollouts
@@ -23,7 +23,7 @@ from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.manifests import read_manifest
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, TrainState
-from ppoflow.tasks.storage.tables import ArtifactRef
+from ppoflow.tasks.storage.tables import ArtifactRef, iteration_dir
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,22 @@ def validate(
         settings=settings.validation,
         reward=settings.reward,
     )
+
+
+def validation_step(
+    run: Run, settings: RunSettings, step: int, actor: ModelState, data: Datasets
+) -> StageResult:
+    """A step that validates `actor` and trains nothing: verl's validation before training (step 0, or
+    the step a resumed model was trained to) or a validation-only run. Its validation and metrics
+    stages are committed as step `step`; returns its metrics. A step this run directory trained (a run
+    resumed from one of its own checkpoints) keeps its own metrics row and manifest: the validation's
+    result is returned."""
+    validated, _ = validate(run, settings, step, actor, data)
+    if (iteration_dir(run.path, step) / "rollouts").exists():
+        return validated
+    recorded, _ = run_stage(validation_only_metrics, run, step=step, validation=validated)
+    commit_step(run, step, [validated, recorded])
+    return recorded
 
 
 def rollouts_inputs(settings: RunSettings, step: int, state: TrainState, data: Datasets) -> dict:

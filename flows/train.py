@@ -7,7 +7,7 @@ import time
 from prefect import flow
 
 from ppoflow.conf import PPOFlowConfig, load_config
-from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validate
+from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
@@ -29,7 +29,6 @@ from ppoflow.tasks.stages.settings import (
     run_settings,
     total_training_steps,
 )
-from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
@@ -100,8 +99,7 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
 
     try:
         if val_only or settings.val_before_train:  # verl validates a resumed model too, at its step
-            record(first - 1, validate(run, settings, first - 1, state.actor, data)[0], None)
-            refresh_catalog_if_stale(run.path, first - 1, clock=run.io)  # no commit names this step
+            record(first - 1, validation_step(run, settings, first - 1, state.actor, data), None)
         for step in range(first, total + 1):
             position = data_position(
                 data.train.ref.rows,

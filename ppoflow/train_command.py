@@ -157,9 +157,9 @@ def _disk_full(error: BaseException | None) -> bool:
 
 
 def _finished(run_dir: Path) -> str:
-    from ppoflow.tasks.storage.manifests import committed_iterations
+    from ppoflow.tasks.storage.manifests import trained_iterations
 
-    steps = [s for s in committed_iterations(run_dir) if s > 0] if run_dir.is_dir() else []
+    steps = trained_iterations(run_dir) if run_dir.is_dir() else []
     if not steps:
         return "no training step had finished"
     done = "step 1 is" if steps[-1] == 1 else f"steps 1–{steps[-1]} are"

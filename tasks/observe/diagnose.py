@@ -86,8 +86,9 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
 
 
 def require_iteration(run_dir: str | Path, run: RunData) -> None:
-    """ValidationOnlyRun or RunInProgress when the run has no finished training iteration."""
-    if run.metrics:
+    """ValidationOnlyRun or RunInProgress when the run has no finished training iteration (the row of
+    the validation before training is not one)."""
+    if run.trained_iterations():
         return
     if validation_only(run):
         raise ValidationOnlyRun(
@@ -101,8 +102,8 @@ def require_iteration(run_dir: str | Path, run: RunData) -> None:
 
 
 def validation_only(run: RunData) -> bool:
-    """trainer.val_only: a run that validates and trains nothing. (Validation rows without metrics
-    are also what a run in progress has after step 0.)"""
+    """trainer.val_only: a run that validates and trains nothing. (Validation rows and their metrics
+    row are also what a run in progress has after step 0.)"""
     return bool(run.setting("trainer.val_only", False))
 
 
@@ -139,7 +140,7 @@ def _span(iters: tuple[int, ...]) -> str:
 def render_text(run_dir: str | Path, run: RunData, findings: list[Finding]) -> list[str]:
     """The terminal report, one string per line; each finding's block starts with its severity."""
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_RANK}
-    iters = {i for series in run.metrics.values() for i in series}
+    iters = run.trained_iterations()
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no findings: nothing looks wrong"
     lines = [
         f"{run_dir}: {len(iters)} iteration(s), {run.setting('algorithm.adv_estimator', '?')}; {summary}"

@@ -10,6 +10,8 @@ from typing import Any, Literal
 Severity = Literal["info", "warning", "critical"]
 SEVERITY_RANK: dict[str, int] = {"info": 0, "warning": 1, "critical": 2}
 LR = "actor_rollout_ref.actor.optim.lr"
+VALIDATION_METRICS = ("val-core/", "val-aux/")
+"""The prefixes of validation's metrics (verl's names)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,13 @@ class RunData:
     def series(self, name: str) -> list[tuple[int, float]]:
         """(iter, value) in iteration order, from the metrics table, else from the raw rows."""
         return sorted((self.metrics.get(name) or self.rows.get(name) or {}).items())
+
+    def trained_iterations(self) -> list[int]:
+        """The iterations that trained, in order: a metrics row with a metric other than validation's
+        (the row of a step that only validates, before training or in a validation-only run, has only
+        val-core/… and val-aux/… metrics)."""
+        trained = (series for name, series in self.metrics.items() if not name.startswith(VALIDATION_METRICS))
+        return sorted({i for series in trained for i in series})
 
     def setting(self, key: str, default: Any = None) -> Any:
         node: Any = self.config

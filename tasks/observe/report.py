@@ -96,8 +96,8 @@ def _grid(title: str, n: int, iters: list[int], cols: int = 3) -> tuple[Figure, 
 
 
 def _iterations(run: RunData, curve: dict[str, list[tuple[int, float]]] | None = None) -> list[int]:
-    """Every iteration with a metric (or a validation score, given the curve)."""
-    found = {i for series in run.metrics.values() for i in series}
+    """Every iteration that trained (and every one with a validation score, given the curve)."""
+    found = set(run.trained_iterations())
     return sorted(found | {i for points in (curve or {}).values() for i, _ in points})
 
 
@@ -293,11 +293,12 @@ def _validation_section(curve: dict[str, list[tuple[int, float]]]) -> list[str]:
 
 
 def _metrics_section(run: RunData) -> list[str]:
-    last = max((i for series in run.metrics.values() for i in series), default=None)
-    if last is None and validation_only(run):
-        return ["**Final metrics**: none, a validation-only run (trainer.val_only) trains nothing."]
-    if last is None:
-        return ["**Final metrics**: no iteration has finished."]
+    trained = run.trained_iterations()
+    if not trained and validation_only(run):
+        return _validation_metrics_section(run)
+    if not trained:
+        return ["**Final metrics**: no training step has finished."]
+    last = trained[-1]
     lines = [f"**Final metrics** (iteration {last})", "", "| metric | value |", "|---|---:|"]
     for metric in HEADLINE_METRICS:
         if last in run.metrics.get(metric, {}):
@@ -305,8 +306,27 @@ def _metrics_section(run: RunData) -> list[str]:
     return lines
 
 
+def _validation_metrics_section(run: RunData) -> list[str]:
+    """A validation-only run's metrics row: its val-core metrics (every one: `ppoflow query`)."""
+    last = max((i for series in run.metrics.values() for i in series), default=None)
+    core = sorted(
+        name for name, series in run.metrics.items() if name.startswith("val-core/") and last in series
+    )
+    if not core:
+        return [
+            "**Validation metrics**: none recorded; a validation-only run (trainer.val_only) trains nothing."
+        ]
+    lines = [
+        f"**Validation metrics** (iteration {last}; a validation-only run, trainer.val_only, trains nothing)",
+        "",
+        "| metric | value |",
+        "|---|---:|",
+    ]
+    return lines + [f"| `{name}` | {_fmt(run.metrics[name][last])} |" for name in core]
+
+
 def _findings_section(run: RunData) -> list[str]:
-    if not run.metrics:
+    if not run.trained_iterations():
         return []
     findings = diagnose(run)
     if not findings:
@@ -337,7 +357,7 @@ def summary_markdown(run_dir: Path) -> str:
     diagnose findings, and where the data is. Works on any run directory with a catalog."""
     run_dir = Path(run_dir).resolve()
     run = load_run(run_dir, require_metrics=False)
-    iterations = len({i for series in run.metrics.values() for i in series})
+    iterations = len(run.trained_iterations())
     estimator, model = (
         run.setting("algorithm.adv_estimator", "?"),
         run.setting("actor_rollout_ref.model.path", "?"),

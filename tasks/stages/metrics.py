@@ -1,4 +1,5 @@
-"""The `metrics` stage: one row of the step's metrics (verl's names) → iter=N/metrics/."""
+"""The `metrics` stage: one row of the step's metrics (verl's names) → iter=N/metrics/; for a step that
+only validates (before training, or a validation-only run) the row of validation's metrics."""
 
 from __future__ import annotations
 
@@ -128,6 +129,19 @@ def metrics(
         total_tokens=tokens["all"], step_seconds=timing["step"], n_devices=n_devices
     )
     values |= memory_metrics()
+    inject_fault("metrics", step)
+    ref = write_table(metrics_table(values, step), run.path, stage_path(step, "metrics"), clock=run.io)
+    return StageResult("metrics", (ref,), current_cache_key(), timer.seconds, tuple(sorted(values.items())))
+
+
+@task(name="metrics", task_run_name="metrics-step{step}", cache_key_fn=stage_cache_key)
+def validation_only_metrics(run: Run, step: int, validation: StageResult) -> StageResult:
+    """The row of a step that validates and trains nothing: the validation before training
+    (trainer.val_before_train, at the step the model was trained to) or a validation-only run
+    (trainer.val_only). Validation's metrics (val-core/…, val-aux/…) only, as verl logs them there:
+    no timings, no training/global_step; every other column of the table reads NULL."""
+    timer = StageTimer()
+    values = {name: v for name, v in validation.values if not name.startswith(TIMING_PREFIX)}
     inject_fault("metrics", step)
     ref = write_table(metrics_table(values, step), run.path, stage_path(step, "metrics"), clock=run.io)
     return StageResult("metrics", (ref,), current_cache_key(), timer.seconds, tuple(sorted(values.items())))

@@ -72,6 +72,21 @@ def committed_iterations(run_dir: str | Path) -> list[int]:
     return sorted(step for step in found if step is not None)
 
 
+def trained_iterations(run_dir: str | Path) -> list[int]:
+    """The committed iterations that trained, in order: their manifest names the rollouts stage (a
+    step that only validates, before training or in a validation-only run, names validation and
+    metrics alone). An unreadable manifest counts as not committed."""
+    trained = []
+    for step in committed_iterations(run_dir):
+        try:
+            stages = (read_manifest(run_dir, step) or {}).get("stages")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(stages, dict) and "rollouts" in stages:
+            trained.append(step)
+    return trained
+
+
 def stage_refs(manifest: Mapping[str, Any], stage: str) -> list[ArtifactRef]:
     """The ArtifactRefs a manifest records for one stage."""
     return [ArtifactRef.from_dict(r) for r in manifest["stages"][stage]["refs"]]

@@ -183,7 +183,7 @@ def test_deployment_run_trains_with_the_override_and_publishes_tables_and_artifa
     assert _flow_run(stack, flow_run_id).state.name == "Completed"
     # The override took effect: 2 iterations of 32 prompts, validation before and after each.
     assert query(run_dir, "SELECT count(*), count(DISTINCT iter) FROM rollouts")[1] == [(64, 2)]
-    assert query(run_dir, "SELECT list(step ORDER BY step) FROM metrics")[1] == [([1, 2],)]
+    assert query(run_dir, "SELECT list(step ORDER BY step) FROM metrics")[1] == [([0, 1, 2],)]
     assert query(run_dir, "SELECT count(DISTINCT iter) FROM validation")[1] == [(3,)]
     artifacts = _artifacts(stack, flow_run_id)
     [metrics_table] = artifacts["table"]  # one card, updated in place (not one per iteration)

@@ -77,7 +77,7 @@ RUNS = {
         "actor_rollout_ref.actor.optim.lr=5e-4",
         "trainer.total_training_steps=4",
     ],
-    # Validation only (verl's trainer.val_only): validation rows at iteration 0, no metrics.
+    # Validation only (verl's trainer.val_only): validation rows and their metrics row at iteration 0.
     "val_only": ["trainer.val_only=true", "data.val_max_samples=20"],
     # One iteration (test_report: one point per curve).
     "one_iteration": ["trainer.total_training_steps=1", "data.val_max_samples=20"],
@@ -101,8 +101,12 @@ def runs(prefect_server, tiny_model_dir, tmp_path_factory):
     return lambda name: real_run(tmp_path_factory, name)
 
 
+TRAINED = 'WHERE "training/global_step" IS NOT NULL'
+"""The rows of training steps (not the validation before training's)."""
+
+
 def metric(run_dir, name: str) -> list[float]:
-    return [row[0] for row in query(run_dir, f'SELECT "{name}" FROM metrics ORDER BY iter')[1]]
+    return [row[0] for row in query(run_dir, f'SELECT "{name}" FROM metrics {TRAINED} ORDER BY iter')[1]]
 
 
 def by_check(findings: list[Finding]) -> dict[str, Finding]:
@@ -253,7 +257,10 @@ def test_load_run_says_what_is_wrong(runs, tmp_path):
     with pytest.raises(RunInProgress, match=in_progress):
         load_run(copy)
     scores = dict(query(val_only, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])
-    assert load_run(copy, require_metrics=False).rows["validation/score_mean"] == pytest.approx(scores)
+    loaded = load_run(copy, require_metrics=False)
+    assert loaded.rows["validation/score_mean"] == pytest.approx(scores)
+    assert loaded.metrics["val-core/ppoflow/addition/reward/mean@1"] == pytest.approx(scores)
+    assert loaded.trained_iterations() == []
     cli = ppoflow("diagnose", str(val_only))
     assert cli.returncode == 2 and "validation-only run" in cli.stderr and "Traceback" not in cli.stderr
 

@@ -138,9 +138,20 @@ def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp
 
 
 def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, tmp_path, capsys):
+    """Two sampled answers per prompt: its one metrics row holds verl's mean@2, best@2, worst@2 and
+    maj@2, each equal to its recomputation from the validation rows."""
     from ppoflow.tasks.observe.console import VALIDATION_QUERY
 
-    summary, _ = train(tmp_path, "trainer.val_only=true")
+    from .test_metrics_sql import assert_metrics_match_rows
+
+    summary, _ = train(
+        tmp_path,
+        "trainer.val_only=true",
+        "data.val_max_samples=30",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    )
     assert query(tmp_path, "SELECT DISTINCT iter FROM validation")[1] == [(0,)]
     assert query(tmp_path, "SELECT count(*) FROM rollouts")[1] == [(0,)]
     assert len(summary["val_scores"]) == 1
@@ -148,6 +159,20 @@ def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, t
     assert query(tmp_path, VALIDATION_QUERY)[1] == [
         (0, "ppoflow/addition", pytest.approx(summary["val_scores"][0]))
     ]
+    columns, rows = query(tmp_path, "SELECT * FROM metrics")
+    assert len(rows) == 1
+    row = dict(zip(columns, rows[0], strict=True))
+    assert (row["iter"], row["step"]) == (0, 0)
+    reward = "ppoflow/addition/reward"
+    assert row[f"val-core/{reward}/mean@2"] == pytest.approx(summary["val_scores"][0])
+    for name in (
+        f"val-core/{reward}/best@2/mean",
+        f"val-core/{reward}/maj@2/mean",
+        f"val-aux/{reward}/worst@2/mean",
+    ):
+        assert name in row, name
+    assert all(c.startswith(("val-core/", "val-aux/")) for c in columns if c not in ("iter", "step"))
+    assert assert_metrics_match_rows(tmp_path)[f"val-core/{reward}/maj@2/mean"].keys() == {0}
 
 
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(

@@ -87,6 +87,7 @@ def test_the_run_graph_links_each_stage_to_the_stages_whose_outputs_it_takes(sma
         run.name: {names.get(getattr(i, "id", None)) for inputs in run.task_inputs.values() for i in inputs}
         for run in runs
     }
+    assert upstream["metrics-step0"] == {"validation-step0"}  # the validation before training's row
     assert upstream["rollouts-step1"] >= {"prepare_model", "prompts-train"}
     assert upstream["rewards-step1"] >= {"rollouts-step1", "prompts-train"}
     assert upstream["advantages-step1"] >= {"rollouts-step1", "rewards-step1"}

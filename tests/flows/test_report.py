@@ -15,7 +15,7 @@ from ppoflow.tasks.observe.report import ACTOR, panel_figures, sparkline, summar
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.confined_query import query
 
-from .test_diagnose import real_run
+from .test_diagnose import TRAINED, real_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -83,11 +83,11 @@ def test_panels_plot_the_runs_numbers(runs):
     assert list(figures) == ["actor", "critic", "rewards", "validation", "timings"]
     actor = {ax.get_title(): ax for ax in figures["actor"].axes}
     assert list(actor) == list(ACTOR)
-    kl = column(run_dir, 'SELECT "actor/ppo_kl" FROM metrics ORDER BY iter')
+    kl = column(run_dir, f'SELECT "actor/ppo_kl" FROM metrics {TRAINED} ORDER BY iter')
     assert list(actor["actor/ppo_kl"].lines[0].get_ydata()) == pytest.approx(kl)
     critic = {ax.get_title(): ax for ax in figures["critic"].axes}
     values_vs_returns = critic["values vs returns (mean, min–max)"]
-    returns = column(run_dir, 'SELECT "critic/returns/mean" FROM metrics ORDER BY iter')
+    returns = column(run_dir, f'SELECT "critic/returns/mean" FROM metrics {TRAINED} ORDER BY iter')
     lines = {line.get_label(): line for line in values_vs_returns.lines}
     assert list(lines["returns R"].get_ydata()) == pytest.approx(returns)
     (val_ax,) = figures["validation"].axes
@@ -110,13 +110,13 @@ def test_panels_plot_the_runs_numbers(runs):
     } <= stages
     # The stacked stages add up to verl's timing_s/step, drawn as the line on top.
     (total,) = [line for line in timing_ax.lines if line.get_label() == "step (total)"]
-    step = column(run_dir, 'SELECT "timing_s/step" FROM metrics ORDER BY iter')
+    step = column(run_dir, f'SELECT "timing_s/step" FROM metrics {TRAINED} ORDER BY iter')
     assert list(total.get_ydata()) == pytest.approx(step)
     stage_sums = column(
         run_dir,
         "SELECT "
         + " + ".join(f'"timing_s/{s}"' for s in sorted(stages - {"step (total)"}))
-        + " FROM metrics ORDER BY iter",
+        + f" FROM metrics {TRAINED} ORDER BY iter",
     )
     assert stage_sums == pytest.approx(step)
 
@@ -135,7 +135,7 @@ def test_one_iteration_draws_stacked_bars_and_integer_ticks(runs):
     assert {x for x, _, _ in bars} == {1.0} and len(bars) >= 6
     bottoms = [bottom for _, bottom, _ in bars]
     assert bottoms == sorted(bottoms) and bottoms[0] == 0.0  # stacked
-    step = column(run_dir, 'SELECT "timing_s/step" FROM metrics')
+    step = column(run_dir, f'SELECT "timing_s/step" FROM metrics {TRAINED}')
     assert [sum(height for _, _, height in bars)] == pytest.approx(step)
 
 
@@ -145,7 +145,10 @@ def test_validation_only_run_has_its_validation_panel_and_summary(runs, tmp_path
     assert written == {"validation.png", "report.md"}
     report = (tmp_path / "report.md").read_text()
     score = column(run_dir, "SELECT avg(score) FROM validation")[0]
-    assert f"| 0 | {score:.4g} |" in report and "validation-only run (trainer.val_only)" in report
+    assert f"| 0 | {score:.4g} |" in report and "validation-only run, trainer.val_only" in report
+    # its metrics row: the validation metrics of iteration 0
+    assert "**Validation metrics** (iteration 0;" in report
+    assert f"| `val-core/ppoflow/addition/reward/mean@1` | {score:.4g} |" in report
     assert "No data for: actor, critic, rewards, timings." in report
     assert 'FROM validation GROUP BY ALL ORDER BY ALL"`' in report  # the query to try reads validation
 

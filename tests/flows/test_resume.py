@@ -171,6 +171,31 @@ def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(r
     for role in ("actor", "critic"):
         ours, theirs = final_weights(tmp_path, role), final_weights(reference, role)
         assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
+    # The validation before training is the resumed model's, logged at the step it was trained to
+    # (verl's): its metrics row is iter 2, with the scores the reference validated step 2 with.
+    core = 'SELECT iter, "val-core/ppoflow/addition/reward/mean@2", "critic/score/mean" IS NULL FROM metrics'
+    assert query(tmp_path, f"{core} ORDER BY iter")[1] == [
+        (2, query(reference, f"{core} WHERE iter = 2")[1][0][1], True),
+        *query(reference, f"{core} WHERE iter = 3")[1],
+    ]
+
+
+@pytest.mark.slow
+def test_resuming_a_run_from_its_own_checkpoint_keeps_the_steps_row_and_manifest(reference, tmp_path):
+    """The validation before training at step 2 of a run that trained step 2: its row and manifest
+    stand (a validation-only row there would replace the step's training metrics)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir)
+    kept = ("iter=000002/_manifest.json", "iter=000002/metrics/part-00000.parquet")
+    before = {name: (run_dir / name).read_bytes() for name in kept}
+    resumed = ppoflow_train(
+        run_dir,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={run_dir / 'checkpoints/iter=000002'}",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert {name: (run_dir / name).read_bytes() for name in kept} == before
+    assert_same_run(run_dir, reference)
 
 
 def test_the_two_newest_checkpoints_keep_optimizer_state_and_an_older_one_is_refused_for_resume(

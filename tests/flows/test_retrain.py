@@ -116,7 +116,8 @@ def test_rounds_promote_only_a_better_model_and_skip_data_seen_before(
     steps = query(
         root, "SELECT round, list(iter ORDER BY iter) FROM round_metrics GROUP BY round ORDER BY round"
     )
-    assert steps[1] == [(1, [1, 2, 3, 4, 5, 6]), (2, [7, 8, 9, 10, 11, 12])]
+    # each round's first row is the validation of the model it starts from (verl's, at that step)
+    assert steps[1] == [(1, [0, 1, 2, 3, 4, 5, 6]), (2, [6, 7, 8, 9, 10, 11, 12])]
 
     # evaluate validates the champion with its run's settings and gets its recorded score.
     from ppoflow.flows.evaluate import evaluate

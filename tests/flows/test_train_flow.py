@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -13,6 +14,7 @@ from safetensors.torch import load_file
 
 from ppoflow.tasks.storage.catalog import check_invariants
 from ppoflow.tasks.storage.confined_query import query
+from ppoflow.tasks.storage.manifests import committed_iterations, read_manifest, trained_iterations
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import file_digest
 
@@ -69,7 +71,7 @@ def test_every_table_has_its_rows_and_schema(small_run):
         "rewards": 64,
         "advantages": 64,
         "validation": 300,
-        "metrics": 2,
+        "metrics": 3,  # validation before training (iter 0), then one row per step
         "actor_update": 2 * 2 * 4,
         "critic_update": 2 * 2 * 1,
         "prompts": 2048 + 100,
@@ -85,16 +87,47 @@ def test_every_table_has_its_rows_and_schema(small_run):
     assert check_invariants(run_dir) == {}
 
 
+def test_validation_before_training_is_the_metrics_row_of_step_0(small_run):
+    """verl logs the validation before training at step 0: the metrics table has that row, with the
+    names the steps' rows carry and NULL in every training column, committed as step 0."""
+    run_dir, summary, _ = small_run
+    core = "val-core/ppoflow/addition/reward/mean@1"
+    rows = query(
+        run_dir,
+        f'SELECT iter, step, "{core}", "critic/score/mean" IS NULL, "timing_s/step" IS NULL, '
+        '"training/global_step" FROM metrics ORDER BY iter',
+    )[1]
+    val = dict(query(run_dir, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])
+    assert rows == [
+        (0, 0, pytest.approx(val[0]), True, True, None),
+        (1, 1, pytest.approx(val[1]), False, False, 1.0),
+        (2, 2, pytest.approx(val[2]), False, False, 2.0),
+    ]
+    assert summary["validation"] == [[step, pytest.approx(val[step])] for step in (0, 1, 2)]
+    columns, [row] = query(run_dir, "SELECT * FROM metrics WHERE iter = 0")
+    filled = {column for column, value in zip(columns, row, strict=True) if value is not None}
+    assert filled == {"iter", "step", *(c for c in columns if c.startswith(("val-core/", "val-aux/")))}
+    stages = read_manifest(run_dir, 0)["stages"]
+    assert sorted(stages) == ["metrics", "validation"] and stages["metrics"]["rows"] == 1
+    assert committed_iterations(run_dir) == [0, 1, 2] and trained_iterations(run_dir) == [1, 2]
+
+
 def test_rerunning_the_same_command_is_served_entirely_from_cache(small_run):
     run_dir, summary, first_id = small_run
     assert set(task_states(first_id).values()) == {"Completed"}
-    manifest = (run_dir / "iter=000002/_manifest.json").read_bytes()
+    kept = (
+        "iter=000002/_manifest.json",
+        "iter=000000/_manifest.json",
+        "iter=000000/metrics/part-00000.parquet",
+    )
+    before = {name: (run_dir / name).read_bytes() for name in kept}
     again, second_id = train(run_dir)
     first = task_states(first_id)
+    assert {"validation-step0", "metrics-step0"} <= first.keys()
     states = task_states(second_id, expected=len(first))
     assert len(states) == len(first) and set(states.values()) == {"Cached"}
     assert again["val_scores"] == summary["val_scores"]
-    assert (run_dir / "iter=000002/_manifest.json").read_bytes() == manifest
+    assert {name: (run_dir / name).read_bytes() for name in kept} == before
 
 
 def test_deleted_artifact_is_a_cache_miss_and_is_rebuilt(small_run, tmp_path):
@@ -161,6 +194,7 @@ def test_critic_warmup_updates_only_the_critic_first(prefect_server, tiny_model_
     assert query(tmp_path, "SELECT DISTINCT iter FROM critic_update ORDER BY iter")[1] == [(1,), (2,)]
     assert not (tmp_path / "checkpoints/iter=000001/actor").exists()
     assert query(tmp_path, 'SELECT iter, "actor/pg_loss" IS NULL FROM metrics ORDER BY iter')[1] == [
+        (0, True),  # the validation before training
         (1, True),
         (2, False),
     ]

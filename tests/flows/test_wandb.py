@@ -92,11 +92,16 @@ def test_history_holds_every_metric_of_every_step(wandb_run):
 
 
 def test_validation_before_training_is_logged_at_step_0(wandb_run, recomputed):
-    _, _, run = wandb_run
+    """At step 0 verl logs validation's metrics alone: so do wandb and the metrics table's row 0."""
+    run_dir, _, run = wandb_run
     val = {name: values[0] for name, values in recomputed.items() if name.startswith("val-") and 0 in values}
     assert "val-core/ppoflow/addition/reward/best@2/mean" in val
+    assert "val-core/ppoflow/addition/reward/maj@2/mean" in val
     history = run.step(0)
     assert {name: history[name] for name in val} == pytest.approx(val, rel=1e-9)
+    row = {name: values[0] for name, values in logged_metrics(run_dir).items() if 0 in values}
+    assert row == pytest.approx(val, rel=1e-9)
+    assert {name for name in history if not name.startswith("_")} - {"val/generations"} == row.keys()
 
 
 def test_config_is_the_runs_effective_config(wandb_run):
