@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
+from ppoflow.tasks.observe.invocation import ppoflow_command
 from ppoflow.tasks.storage.lock import RunLocked, acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import make_run_directory, open_regular_file
 
@@ -48,7 +49,8 @@ def _run_training(
     config_file: str | None, overrides: list[str], run_dir: Path, log_file: Path, verbose: bool
 ) -> tuple[int, bool]:
     """(the exit code, whether the run's logs are this process's: not when another one trains it)."""
-    resume = shlex.join(["ppoflow", *sys.argv[1:]]) if sys.argv[1:2] == ["train"] else "ppoflow train …"
+    program = ppoflow_command()
+    resume = f"{program} {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["train"] else f"{program} train …"
     interrupt = _Interrupt()
     try:
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)

@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ppoflow.tasks.observe.invocation import ppoflow_command
+
 console = Console(highlight=False, markup=False, emoji=False)  # what it says is plain text: paths, values
 log = logging.getLogger("ppoflow.console")
 RUN_LOGGER = "ppoflow.run_log"
@@ -261,7 +263,8 @@ def report_run(run, actor, history: list[dict[str, float]], *, validation_only: 
     say(f"final actor     {checkpoint}")
     say(f"catalog         {run.path / 'catalog.duckdb'}")
     example = VALIDATION_QUERY if validation_only else EXAMPLE_QUERY
-    say(f'try             ppoflow query {shlex.quote(str(run.path))} "{example}"')  # runs/it's
+    query = f'{ppoflow_command()} query {shlex.quote(str(run.path))} "{example}"'  # runs/it's
+    say(f"try             {query}")
     scores = [validation_score(m) for m in history]
     return {
         "run_dir": str(run.path),

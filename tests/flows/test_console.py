@@ -122,3 +122,35 @@ def test_a_line_is_printed_as_written_not_read_as_markup(capsys):
     text = "data.train_files: [/data/a.jsonl] → [/data/a.jsonl, /data/b.jsonl]; [bold]x[/bold] :smile:"
     say(text)
     assert capsys.readouterr().out == text + "\n"
+
+
+def _script(folder, name: str = "ppoflow"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("#!/bin/sh\n")
+    return folder / name
+
+
+def test_the_suggested_command_is_ppoflow_as_it_can_be_run(tmp_path, monkeypatch):
+    """`.venv/bin/ppoflow` (the README's set-up, not on PATH) is suggested as typed; a ppoflow that
+    PATH finds as `ppoflow` is `ppoflow`; another is named by its path; `python -m ppoflow` and a
+    flow inside another program suggest the ppoflow beside their Python, else `python -m ppoflow`."""
+    from ppoflow.tasks.observe.invocation import ppoflow_command
+
+    venv = _script(tmp_path / "project/.venv/bin").parent
+    python = str(venv / "python")
+    other = _script(tmp_path / "elsewhere/bin")
+    monkeypatch.chdir(tmp_path / "project")
+
+    def command(argv0: str, on_path=None, executable: str = python) -> str:
+        return ppoflow_command(argv0, executable, lambda name: str(on_path) if on_path else None)
+
+    assert command(".venv/bin/ppoflow") == ".venv/bin/ppoflow"
+    assert command(".venv/bin/ppoflow", on_path=venv / "ppoflow") == ".venv/bin/ppoflow"  # as typed
+    assert command(str(venv / "ppoflow"), on_path=venv / "ppoflow") == "ppoflow"  # found on PATH
+    assert command(str(venv / "ppoflow"), on_path=other) == str(venv / "ppoflow")
+    assert command(str(venv / "ppoflow")) == str(venv / "ppoflow")
+    main = "/src/ppoflow/__main__.py"  # python -m ppoflow
+    assert command(main) == str(venv / "ppoflow") and command(main, on_path=venv / "ppoflow") == "ppoflow"
+    assert command("/usr/bin/prefect", on_path=other) == str(venv / "ppoflow")  # a Prefect worker
+    bare = str(tmp_path / "no venv/python3")
+    assert command(main, executable=bare) == f"'{bare}' -m ppoflow"  # quoted for the shell

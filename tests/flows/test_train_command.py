@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import sqlite3
@@ -38,7 +39,10 @@ def _command(run_dir: Path, *overrides: str) -> list[str]:
 
 
 def _env(*, own_server: bool, fault: str | None = None) -> dict[str, str]:
+    """The environment of a `python -m ppoflow` in this Python's environment, activated (its bin folder
+    first on PATH): the commands it suggests name it `ppoflow`."""
     env = {k: v for k, v in os.environ.items() if k not in ("PPOFLOW_FAULT", "PREFECT_API_URL")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if not own_server:
         from prefect.settings import PREFECT_API_URL
 
@@ -141,6 +145,51 @@ def test_one_ctrl_c_or_sigterm_stops_training_in_seconds_with_one_line_and_no_pr
     assert logged in (tmp_path / "logs/train.log").read_text()
     assert (tmp_path / "logs/prefect-server.log").is_file()  # what the server said, kept off the terminal
     _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
+
+
+@pytest.mark.slow
+def test_the_suggested_commands_name_ppoflow_as_it_was_started(prefect_server, tiny_model_dir, tmp_path):
+    """The README's set-up runs `.venv/bin/ppoflow`, whose folder is not on PATH: the resume line of a
+    failed start and the `try` line of a finished run name the program as typed."""
+    from ppoflow.tasks.observe.console import VALIDATION_QUERY
+    from ppoflow.tasks.storage.confined_query import query
+
+    bin_folder = Path(sys.executable).parent
+    if not (bin_folder / "ppoflow").is_file():
+        pytest.skip("needs the ppoflow program beside this Python (bash scripts/setup)")
+    typed = f"{bin_folder.parent.name}/bin/ppoflow"  # .venv/bin/ppoflow, from the folder holding .venv
+    arguments = [
+        "train",
+        "trainer.val_only=true",
+        "data.val_max_samples=10",
+        *ONE_THREAD,
+        f"trainer.default_local_dir={tmp_path / 'run'}",
+    ]
+    env = _env(own_server=False)
+    path = [
+        p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p).resolve() != bin_folder.resolve()
+    ]
+    env["PATH"] = os.pathsep.join(path)
+
+    def started(fault: str | None = None) -> subprocess.CompletedProcess:
+        fault_env = {"PPOFLOW_FAULT": fault} if fault else {}
+        return subprocess.run(
+            [typed, *arguments],
+            cwd=bin_folder.parent.parent,
+            env=env | fault_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    failed = started("validation@0:raise")
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert failed.stderr.splitlines()[-1].endswith("resume with: " + shlex.join([typed, *arguments]))
+    done = started()
+    assert done.returncode == 0, done.stderr[-3000:]
+    query_line = f'try             {typed} query {tmp_path / "run"} "{VALIDATION_QUERY}"'
+    assert done.stdout.splitlines()[-1] == query_line
+    assert query(tmp_path / "run", "SELECT iter, step FROM metrics")[1] == [(0, 0)]  # its validation's row
 
 
 LATE_WORD = (
