@@ -334,8 +334,7 @@ def _diagnose(args) -> int:
     findings = diagnose(run)
     code = exit_code(findings)
     if args.format == "json":
-        iters = sorted({i for series in run.metrics.values() for i in series})
-        out = {"run_dir": str(args.run_dir), "iterations": iters, "exit_code": code}
+        out = {"run_dir": str(args.run_dir), "iterations": run.trained_iterations(), "exit_code": code}
         print(json.dumps(out | {"findings": [f.to_dict() for f in findings]}, indent=1, default=str))
         return code
     console = _console(200)
