@@ -57,7 +57,9 @@ def train(cfg: PPOFlowConfig) -> dict:
         cfg.to_yaml(origins=True),
         recompute=cfg.trainer.resume_mode == "disable",
         device=cfg.trainer.device,
-        group=GroupPlan(cfg.world_size, cfg.trainer.device, num_threads=cfg.trainer.num_threads),
+        group=GroupPlan(
+            cfg.world_size, cfg.trainer.device, num_threads=cfg.trainer.num_threads, nnodes=cfg.trainer.nnodes
+        ),
     )
     for warning in cfg.warnings():
         say(f"ppoflow: {warning}")

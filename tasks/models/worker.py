@@ -33,6 +33,7 @@ from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
+from ppoflow.tasks.models.ray_cluster import where_am_i
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
@@ -95,6 +96,10 @@ class ModelWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def place(self) -> tuple[int, str, str, str | None]:
+        """Where this rank runs (`ray_cluster.RankPlace`)."""
+        return where_am_i()
 
     def probe(self, directory: str) -> str:
         """Write and read back a file in the run directory: every rank must see the same storage."""

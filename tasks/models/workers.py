@@ -3,8 +3,9 @@ keeps its models in `world` worker processes (Ray actors, `worker.ModelWorker`),
 joined in one torch.distributed process group. Stages stay Prefect tasks in the driver: each asks
 this host for rollouts, values, an update or a checkpoint, and the host sends every rank its share.
 
-Ray is started for the run on loopback without a dashboard, or joined at `RAY_ADDRESS` for a
-cluster; a worker that dies fails the stage within seconds with the rank
+Ray is started for the run on loopback without a dashboard, its files in a folder of the run's own
+(reaper.py), or joined at `RAY_ADDRESS` for a cluster (ray_cluster.py: trainer.nnodes distinct
+nodes); a worker or node that dies fails the stage within seconds with the rank and its node
 named, and the group is torn down (no worker outlives the run).
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,7 +26,17 @@ from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
-from ppoflow.tasks.models.reaper import reap_after_exit
+from ppoflow.tasks.models.ray_cluster import (
+    GroupPlan,
+    RankPlace,
+    WorkerFailed,
+    dead_rank,
+    keep_ray_on_loopback,
+    nodes_gone,
+    on_loopback,
+    place_workers,
+)
+from ppoflow.tasks.models.reaper import private_ray_dir, reap_after_exit, remove_ray_dir, stop_processes
 from ppoflow.tasks.models.replay import UpdateHistory
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.models.worker import RoleLayout
@@ -42,53 +52,75 @@ from ppoflow.tasks.storage.states import ModelState, UpdateInputs
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
 
-
-class WorkerFailed(RuntimeError):
-    """A rank of the worker group died or raised; the group has been stopped."""
+logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GroupPlan:
-    world_size: int
-    device: str
-    ray_address: str | None = None
-    num_threads: int | None = None
+DEAD_PEER_GRACE_S = 15.0
+"""How long a rank's error waits for Ray to report a dead rank (see WorkerGroup.call)."""
 
 
 class WorkerGroup:
-    """`plan.world_size` ModelWorker actors in one process group."""
+    """`plan.world_size` ModelWorker actors in one process group, on a Ray this group starts on
+    loopback (its files in a folder of its own, removed on close) or on the cluster at RAY_ADDRESS
+    (whose files are left alone), trainer.nnodes distinct nodes of it."""
 
     def __init__(self, plan: GroupPlan):
         import ray
-        from ray.util.placement_group import placement_group
+
+        self.plan = plan
+        self.address = plan.ray_address or os.environ.get("RAY_ADDRESS")
+        self.ray_dir: str | None = None  # Ray's files, when this group started Ray
+        self.places: list[RankPlace] = []
+        self._ray_processes: dict[int, int] = {}
+        self._workers: list = []
+        self._group = None
+        self._own_ray = not ray.is_initialized()
+        try:
+            if self._own_ray:
+                self._start_ray()
+            self._start_workers()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_ray(self) -> None:
+        import ray
+
+        if self.address:
+            _check_reachable(self.address)
+            if on_loopback(self.address):
+                keep_ray_on_loopback()
+            ray.init(address=self.address, log_to_driver=False, logging_level=logging.WARNING)
+            return
+        if self.plan.nnodes > 1:
+            raise WorkerFailed(
+                f"{self.plan.describe()} asks for {self.plan.nnodes} nodes, but without RAY_ADDRESS "
+                f"ppoflow starts Ray on this machine alone, one node: set trainer.nnodes=1 "
+                f"trainer.n_gpus_per_node={self.plan.world_size} to run the ranks here, or join a "
+                f"cluster of {self.plan.nnodes} nodes with RAY_ADDRESS=<head address>:<port>"
+            )
+        keep_ray_on_loopback()
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, loopback-only instance
+        os.environ.setdefault("AUTOSCALER_METRIC_PORT", "0")  # its monitor's metrics: any free port
+        self.ray_dir = private_ray_dir()
+        ray.init(
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _temp_dir=self.ray_dir,
+            num_cpus=max(self.plan.world_size, os.cpu_count() or 1),
+            num_gpus=torch.cuda.device_count() if self.plan.device == "cuda" else 0,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+
+    def _start_workers(self) -> None:
+        import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from ppoflow.tasks.models.worker import ModelWorker
 
-        self.plan = plan
-        address = plan.ray_address or os.environ.get("RAY_ADDRESS")
-        self._own_ray = not ray.is_initialized()
-        if self._own_ray:
-            if address:
-                _check_reachable(address)
-                ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-            else:
-                os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private, loopback-only instance
-                ray.init(
-                    include_dashboard=False,
-                    _node_ip_address="127.0.0.1",
-                    num_cpus=max(plan.world_size, os.cpu_count() or 1),
-                    num_gpus=torch.cuda.device_count() if plan.device == "cuda" else 0,
-                    log_to_driver=False,
-                    logging_level=logging.WARNING,
-                )
-        gpu = 1 if plan.device == "cuda" else 0
-        _require_resources(plan, "GPU" if gpu else "CPU", self)
-        bundle = {"CPU": 1, "GPU": gpu} if gpu else {"CPU": 1}
-        self._group = placement_group([bundle] * plan.world_size, strategy="PACK")
-        ray.get(self._group.ready(), timeout=120)
-        master_addr = "127.0.0.1" if not address else _node_address(self._group)
-        port = _free_port() if not address else _remote_free_port(self._group)
+        plan, gpu = self.plan, 1 if self.plan.device == "cuda" else 0
+        self._group, master_addr, port = place_workers(plan, self.address)
         remote = ray.remote(ModelWorker)
         self._workers = [
             remote.options(
@@ -96,19 +128,25 @@ class WorkerGroup:
                 num_gpus=gpu,
                 max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self._group, placement_group_bundle_index=rank
+                    self._group, placement_group_bundle_index=rank // plan.per_node
                 ),
             ).remote(rank, plan.world_size, master_addr, port, plan.device, plan.num_threads)
             for rank in range(plan.world_size)
         ]
-        self.pids = self.call("pid", what="start-up")
-        if self._own_ray and not address:
-            reap_after_exit(os.getpid())
+        self.places = [RankPlace(*place) for place in self.call("place", what="start-up")]
+        ranks = "; ".join(f"rank {rank} {place}" for rank, place in enumerate(self.places))
+        logger.info("worker group%s: %s", f" (Ray's files in {self.ray_dir})" if self.ray_dir else "", ranks)
+        if self.ray_dir:
+            self._ray_processes = reap_after_exit(os.getpid(), self.ray_dir)
 
     def call(self, method: str, *args, what: str, per_rank: list[tuple] | None = None) -> list:
         """Run `method` on every rank (rank r with `per_rank[r]` when given, else `args`) and return
-        the ranks' results; the first rank to fail stops the group and raises WorkerFailed naming it."""
+        the ranks' results; the first rank to fail stops the group and raises WorkerFailed naming it.
+        A rank whose peer died in a collective fails at once (gloo: connection reset), before Ray
+        reports the dead one (some 4 s later when its whole node is gone): a rank Ray reports dead,
+        or whose node no longer answers, within DEAD_PEER_GRACE_S is named as the cause instead."""
         import ray
+        from ray.exceptions import RayActorError
 
         refs = [
             getattr(worker, method).remote(*(per_rank[rank] if per_rank is not None else args))
@@ -121,43 +159,46 @@ class WorkerGroup:
             try:
                 ray.get(ready[0])
             except Exception as error:  # the other ranks would wait for it in a collective
-                self.close()
                 rank = rank_of[ready[0]]
-                pid = self.pids[rank] if getattr(self, "pids", None) else None
+                if not isinstance(error, RayActorError):
+                    rank, error = dead_rank(pending, rank_of, self.places, DEAD_PEER_GRACE_S) or (rank, error)
+                said = self._said(rank, error)
+                self.close()
                 raise WorkerFailed(
-                    f"worker rank {rank} of {len(refs)} failed during {what}: {_first_line(error, pid)}"
+                    f"worker rank {rank} of {len(refs)} failed during {what}: {said}"
                 ) from None
         return ray.get(refs)
+
+    def _said(self, rank: int, error: BaseException | None) -> str:
+        """One line for a rank's failure: the exception it raised (`_first_line`), or that its
+        process died or its node is gone (error None), where it ran, and Ray's logs there when the
+        cluster is not this run's own."""
+        from ray.exceptions import RayActorError
+
+        place = self.places[rank] if rank < len(self.places) else None
+        if error is not None and (place is None or not isinstance(error, RayActorError)):
+            return _first_line(error, place.pid if place else None)
+        logs = f"; Ray's logs there: {place.logs}" if place.logs and not self.ray_dir else ""
+        if nodes_gone({place.node_id}):
+            gone = f"its node {place.node_ip} ({place.node_id[:8]}) is gone (its raylet does not answer)"
+            return f"{gone}, and pid {place.pid} with it{logs}"
+        return f"its process ({place}) died (killed, crashed or out of memory){logs}"
 
     def close(self) -> None:
         import ray
 
-        if not ray.is_initialized():
-            return
-        for worker in getattr(self, "_workers", []):
-            ray.kill(worker, no_restart=True)
-        self._workers = []
-        if getattr(self, "_group", None) is not None:
-            ray.util.remove_placement_group(self._group)
-            self._group = None
-        if self._own_ray:
-            ray.shutdown()
-
-
-def _require_resources(plan: GroupPlan, kind: str, group: WorkerGroup) -> None:
-    """One worker per device: a cluster with fewer free devices than the world size would leave
-    the placement waiting; say so at once."""
-    import ray
-
-    available = int(ray.available_resources().get(kind, 0))
-    if available < plan.world_size:
-        group.close()
-        device = "GPUs" if kind == "GPU" else "CPUs"
-        raise WorkerFailed(
-            f"world_size={plan.world_size} (trainer.nnodes × trainer.n_gpus_per_node) needs "
-            f"{plan.world_size} free {device} in the Ray cluster, which has {available}"
-            + ("; on a machine without GPUs use trainer.device=cpu" if kind == "GPU" else "")
-        )
+        if ray.is_initialized():
+            for worker in self._workers:
+                ray.kill(worker, no_restart=True)
+            if self._group is not None:
+                ray.util.remove_placement_group(self._group)
+            if self._own_ray:
+                ray.shutdown()
+        self._workers, self._group = [], None
+        if self.ray_dir:  # Ray's agents outlive its raylet by a moment; then its files can go
+            stop_processes(self._ray_processes, grace_s=5.0)
+            remove_ray_dir(self.ray_dir)
+            self.ray_dir = None
 
 
 class WorkerGroupHost:
@@ -342,18 +383,6 @@ def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
     return joined
 
 
-def _first_line(error: BaseException, pid: int | None) -> str:
-    """One line for a rank's failure: the exception it raised, or that its process died."""
-    from ray.exceptions import RayActorError
-
-    if isinstance(error, RayActorError):
-        process = f"its process (pid {pid})" if pid else "its process"
-        return f"{process} died (killed, crashed or out of memory); Ray's logs: /tmp/ray/session_latest/logs"
-    cause = getattr(error, "cause", None) or error
-    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
-    return f"{type(cause).__name__}: {lines[-1] if lines else ''}".strip()
-
-
 def _check_reachable(address: str) -> None:
     """Joining a cluster that is not there makes Ray retry for minutes: check the address first."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
@@ -368,29 +397,13 @@ def _check_reachable(address: str) -> None:
         ) from None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _first_line(error: BaseException, pid: int | None, where: str = "") -> str:
+    """One line for a rank's failure: the exception it raised, or that its process died."""
+    from ray.exceptions import RayActorError
 
-
-def _node_address(group) -> str:
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    task = ray.remote(num_cpus=0)(lambda: ray.util.get_node_ip_address())
-    return ray.get(task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote())
-
-
-def _remote_free_port(group) -> int:
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    task = ray.remote(num_cpus=0)(_free_port_any)
-    return ray.get(task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote())
-
-
-def _free_port_any() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    if isinstance(error, RayActorError):
+        process = f"its process (pid {pid}{where})" if pid else "its process"
+        return f"{process} died (killed, crashed or out of memory)"
+    cause = getattr(error, "cause", None) or error
+    lines = [line for line in str(cause).strip().splitlines() if line.strip()]
+    return f"{type(cause).__name__}: {lines[-1] if lines else ''}".strip()
