@@ -17,6 +17,9 @@ numpy's legacy generator seeded with 42 (`RandomState(42).choice(n, (1000, k))`,
 verl's `np.random.seed(42); np.random.choice(...)` draws), so the numbers equal verl's.
 Section: `val-core` for the core variable ("acc" when a component has that name, else "reward") and
 its mean@, best@ and maj@ metrics at the source's largest n for that variable; `val-aux` otherwise.
+A reward function that returns a number has its score recorded as "acc" too (`score_as_acc`), as
+verl 0.9.1's reward managers do (`reward_extra_info["acc"] = score`): its headline is then
+`val-core/<source>/acc/mean@n`, with `reward` (the same values) in val-aux.
 """
 
 from __future__ import annotations
@@ -117,17 +120,22 @@ def compute_validation_metrics(
     preds: Sequence[str | None] | None = None,
     *,
     seed: int = BOOTSTRAP_SEED,
+    score_as_acc: bool = False,
 ) -> dict[str, float]:
     """verl's validation metrics, `{val-core|val-aux}/<data_source>/<variable>/<metric>` (module notes).
 
     data_sources, group_keys: (N,) each sample's dataset and prompt. scores: (N,) its reward.
     components: (N,) its reward components (the same names in every row), each a variable of its own.
     preds: (N,) its answer for majority voting (None: no answer); None for no maj@k at all.
+    score_as_acc: the scores come from a function that returns a number: also the variable "acc"
+    (unless a component has that name).
     """
     names = list(components[0]) if components else []
     if len(components) != len(scores) or any(c.keys() != components[0].keys() for c in components):
         raise ValueError("components must hold one dict per score, all with the same keys")
     variables = {"reward": np.asarray(scores, dtype=np.float64)}
+    if score_as_acc and "acc" not in names:
+        variables["acc"] = variables["reward"]
     variables |= {name: np.array([c[name] for c in components], dtype=np.float64) for name in names}
     prompts: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for i, (source, key) in enumerate(zip(data_sources, group_keys, strict=True)):

@@ -1,6 +1,7 @@
 """The `validation` stage: val_kwargs.n answers (greedy by default) to every validation prompt, scored
 → iter=N/validation/part-00000.parquet, one row per answer, and verl's validation metrics
-(`val-core/<data_source>/reward/mean@n`, with n > 1 best@k, worst@k, maj@k: engine/validation_metrics.py)."""
+(`val-core/<data_source>/acc/mean@n` for a reward function that returns a number, as verl names it,
+else `…/reward/mean@n`; with n > 1 best@k, worst@k, maj@k: engine/validation_metrics.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ def validation_seed(seed: int | None, step: int, prompt_index: int, sample_index
     if seed is None:  # greedy: nothing is drawn
         return sample_seed(step, prompt_index, sample_index)
     return sample_seed(seed * 1_000_003 + step, -1 - prompt_index, sample_index)
+
+
+def returns_a_number(reward: dict, components: list[dict[str, float]]) -> bool:
+    """Whether the scores come from a reward function that returns a number, which verl records as
+    `acc` too: a built-in reward (verl's own, GSM8K's compute_score, return a float; ppoflow's
+    components are the parts of it) or a custom function whose rows have no components (it returned a
+    float, or a dict with its score alone)."""
+    return reward["custom_function"] is None or not (components and components[0])
 
 
 @task(name="validation", task_run_name="validation-step{step}", cache_key_fn=stage_cache_key)
@@ -91,12 +100,14 @@ def validation(
     inject_fault("validation", step)
     ref = write_table(table, run.path, stage_path(step, "validation"), SCHEMAS["validation"], clock=run.io)
     show_generations(step, table.slice(0, settings.log_generations).to_pylist())
+    components = aligned_components(table)
     metrics = compute_validation_metrics(
         table["data_source"].to_pylist(),
         table["prompt_id"].to_pylist(),
         table["score"].to_pylist(),
-        aligned_components(table),
+        components,
         table["pred"].to_pylist(),
+        score_as_acc=returns_a_number(reward, components),
     ) | reward_error_metrics(table, "val-aux/reward")
     seconds = timer.seconds
     values = tuple(sorted(metrics.items())) + timing_values({"testing": seconds})

@@ -8,7 +8,7 @@ import re
 METRICS_DOC = (
     "One row per iteration: `step` (int64, the global training step) and one float64 column per "
     "metric, named with verl's `group/name` (e.g. `actor/pg_clipfrac`, `critic/score/mean`, "
-    "`val-core/<data_source>/reward/mean@1`). The column set is not fixed; quote names in SQL: "
+    "`val-core/<data_source>/acc/mean@1`). The column set is not fixed; quote names in SQL: "
     '`SELECT iter, "critic/score/mean" FROM metrics`.'
 )
 
@@ -50,8 +50,10 @@ METRIC_DOCS: dict[str, str] = {
     "vf_clipfrac, vpred_mean, grad_norm, lr.",
     "val-{core,aux}/<data_source>/<variable>/mean@<n>": "Validation at this step: mean over the data "
     "source's prompts of the mean of their n answers' variable (n = rollout.val_kwargs.n): reward (the "
-    "score), or a reward component (correctness, format, acc, …). val-core for the core variable (acc "
-    "when the reward has one, else reward) at the source's largest n, val-aux otherwise (verl).",
+    "score), acc (the score again, for a reward function that returns a number: the built-in rewards, "
+    "a custom function returning a float; or a component of that name), or a reward component "
+    "(correctness, format, …). val-core for the core variable (acc when there is one, else reward) at "
+    "the source's largest n, val-aux otherwise (verl).",
     "val-aux/<data_source>/<variable>/std@<n>": "Validation (n > 1): mean over prompts of the standard "
     "deviation (ddof 0) of their n answers' variable.",
     "val-{core,aux}/<data_source>/<variable>/{best,worst,maj}@<k>/{mean,std}": "Validation (n > 1), verl's "

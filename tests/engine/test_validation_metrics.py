@@ -139,3 +139,25 @@ def test_an_acc_component_is_the_core_variable():
 def test_components_must_name_the_same_variables_in_every_row():
     with pytest.raises(ValueError, match="components"):
         compute_validation_metrics(["a", "a"], ["p", "p"], [1.0, 0.0], [{"format": 1.0}, {"length": 1.0}])
+
+
+def test_a_score_from_a_function_that_returns_a_number_is_also_verls_acc():
+    """verl 0.9.1 records a float score as reward_extra_info["acc"]: acc becomes the core variable
+    (val-core/<source>/acc/…, the same numbers reward had), reward moves to val-aux; a component
+    named acc stays the component."""
+    plain, as_acc = metrics(), metrics(score_as_acc=True)
+    for name, value in plain.items():
+        variable = name.split("/")[2]
+        if variable == "reward" and name.startswith("val-core/"):
+            assert as_acc[name.replace("/reward/", "/acc/")] == value
+            assert as_acc[name.replace("val-core/", "val-aux/")] == value
+            assert name not in as_acc
+        else:
+            assert as_acc[name] == value
+            if variable == "reward":
+                assert as_acc[name.replace("/reward/", "/acc/")] == value
+    assert len(as_acc) == 2 * sum(name.split("/")[2] == "reward" for name in plain) + sum(
+        name.split("/")[2] != "reward" for name in plain
+    )
+    own = [{"format": f, "acc": 1.0 - f} for f in FORMAT]
+    assert metrics(components=own, score_as_acc=True) == metrics(components=own)

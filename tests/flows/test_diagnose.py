@@ -259,7 +259,7 @@ def test_load_run_says_what_is_wrong(runs, tmp_path):
     scores = dict(query(val_only, "SELECT iter, avg(score) FROM validation GROUP BY iter")[1])
     loaded = load_run(copy, require_metrics=False)
     assert loaded.rows["validation/score_mean"] == pytest.approx(scores)
-    assert loaded.metrics["val-core/ppoflow/addition/reward/mean@1"] == pytest.approx(scores)
+    assert loaded.metrics["val-core/ppoflow/addition/acc/mean@1"] == pytest.approx(scores)
     assert loaded.trained_iterations() == []
     cli = ppoflow("diagnose", str(val_only))
     assert cli.returncode == 2 and "validation-only run" in cli.stderr and "Traceback" not in cli.stderr

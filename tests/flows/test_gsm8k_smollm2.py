@@ -69,7 +69,7 @@ def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
     assert query(run_dir, "SELECT DISTINCT data_source FROM rollouts")[1] == [("openai/gsm8k",)]
     rendered = query(run_dir, "SELECT prompt_text FROM rollouts LIMIT 1")[1][0][0]
     assert rendered.endswith("<|im_start|>assistant\n") and 'final answer after "####"' in rendered
-    assert "val-core/openai/gsm8k/reward/mean@1" in query(run_dir, "SELECT * FROM metrics WHERE iter = 2")[0]
+    assert "val-core/openai/gsm8k/acc/mean@1" in query(run_dir, "SELECT * FROM metrics WHERE iter = 2")[0]
 
     actor_dir = summary["actor_checkpoint"]
     model = AutoModelForCausalLM.from_pretrained(actor_dir)

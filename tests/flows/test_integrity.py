@@ -163,7 +163,7 @@ def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, t
     assert len(rows) == 1
     row = dict(zip(columns, rows[0], strict=True))
     assert (row["iter"], row["step"]) == (0, 0)
-    reward = "ppoflow/addition/reward"
+    reward = "ppoflow/addition/acc"
     assert row[f"val-core/{reward}/mean@2"] == pytest.approx(summary["val_scores"][0])
     for name in (
         f"val-core/{reward}/best@2/mean",

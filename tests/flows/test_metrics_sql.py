@@ -104,14 +104,32 @@ def row_queries(config: dict) -> list[str]:
     return queries
 
 
+def score_is_acc(run_dir) -> bool:
+    """verl records the score of a reward function that returns a number as `acc` too: the built-in
+    rewards (no custom_reward_function.path in the run's config), or a custom one without components."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    if config["custom_reward_function"]["path"] is None:
+        return True
+    return query(run_dir, "SELECT count(*) FROM validation WHERE cardinality(components) > 0")[1] == [(0,)]
+
+
 def validation_metrics(run_dir) -> dict[str, dict[int, float]]:
-    """val-core / val-aux per data source and variable (the reward, each component): with SQL, each
-    prompt's mean and std of its n answers, then the mean over prompts, core for the reward (acc when a
-    component has that name) at the source's largest n; the bootstrap statistics (best@k, worst@k,
-    maj@k; numpy's draws, which SQL cannot make) with tests/verl_validation.py over the rows."""
+    """val-core / val-aux per data source and variable (the reward, acc when the reward function
+    returns a number, each component): with SQL, each prompt's mean and std of its n answers, then the
+    mean over prompts, core for acc when there is one (else the reward) at the source's largest n; the
+    bootstrap statistics (best@k, worst@k, maj@k; numpy's draws, which SQL cannot make) with
+    tests/verl_validation.py over the rows."""
+    acc = score_is_acc(run_dir)
+    score_as_acc = (
+        "SELECT iter, data_source, prompt_id, 'acc', score FROM validation "
+        "WHERE NOT list_contains(map_keys(components), 'acc') UNION ALL "
+        if acc
+        else ""
+    )
     per_prompt = (
         "SELECT iter, data_source, prompt_id, name, count(*) n, avg(v) m, stddev_pop(v) sd FROM "
         "(SELECT iter, data_source, prompt_id, 'reward' AS name, score v FROM validation UNION ALL "
+        f"{score_as_acc}"
         "SELECT iter, data_source, prompt_id, unnest(map_keys(components)), unnest(map_values(components)) "
         "FROM validation) GROUP BY ALL"
     )
@@ -132,9 +150,8 @@ def validation_metrics(run_dir) -> dict[str, dict[int, float]]:
         by_step.setdefault(row[0], []).append(row[1:])
     for step, samples in by_step.items():
         sources, prompts, scores, components, preds = zip(*samples, strict=True)
-        variables = {"reward": list(scores)} | {
-            name: [dict(c)[name] for c in components] for name in dict(components[0])
-        }
+        variables = {"reward": list(scores)} | ({"acc": list(scores)} if acc else {})
+        variables |= {name: [dict(c)[name] for c in components] for name in dict(components[0])}
         for key, value in verl_validation_metrics(
             list(sources), list(prompts), variables, list(preds)
         ).items():

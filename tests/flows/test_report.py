@@ -148,7 +148,7 @@ def test_validation_only_run_has_its_validation_panel_and_summary(runs, tmp_path
     assert f"| 0 | {score:.4g} |" in report and "validation-only run, trainer.val_only" in report
     # its metrics row: the validation metrics of iteration 0
     assert "**Validation metrics** (iteration 0;" in report
-    assert f"| `val-core/ppoflow/addition/reward/mean@1` | {score:.4g} |" in report
+    assert f"| `val-core/ppoflow/addition/acc/mean@1` | {score:.4g} |" in report
     assert "No data for: actor, critic, rewards, timings." in report
     assert 'FROM validation GROUP BY ALL ORDER BY ALL"`' in report  # the query to try reads validation
 

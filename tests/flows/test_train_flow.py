@@ -91,7 +91,7 @@ def test_validation_before_training_is_the_metrics_row_of_step_0(small_run):
     """verl logs the validation before training at step 0: the metrics table has that row, with the
     names the steps' rows carry and NULL in every training column, committed as step 0."""
     run_dir, summary, _ = small_run
-    core = "val-core/ppoflow/addition/reward/mean@1"
+    core = "val-core/ppoflow/addition/acc/mean@1"
     rows = query(
         run_dir,
         f'SELECT iter, step, "{core}", "critic/score/mean" IS NULL, "timing_s/step" IS NULL, '

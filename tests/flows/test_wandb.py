@@ -95,8 +95,8 @@ def test_validation_before_training_is_logged_at_step_0(wandb_run, recomputed):
     """At step 0 verl logs validation's metrics alone: so do wandb and the metrics table's row 0."""
     run_dir, _, run = wandb_run
     val = {name: values[0] for name, values in recomputed.items() if name.startswith("val-") and 0 in values}
-    assert "val-core/ppoflow/addition/reward/best@2/mean" in val
-    assert "val-core/ppoflow/addition/reward/maj@2/mean" in val
+    assert "val-core/ppoflow/addition/acc/best@2/mean" in val
+    assert "val-core/ppoflow/addition/acc/maj@2/mean" in val
     history = run.step(0)
     assert {name: history[name] for name in val} == pytest.approx(val, rel=1e-9)
     row = {name: values[0] for name, values in logged_metrics(run_dir).items() if 0 in values}
@@ -132,7 +132,7 @@ def test_grouped_run_metrics_match_sql_over_its_rows(wandb_run, recomputed):
         "critic/score/zero_spread_group_ratio",
         "actor/reward_kl_penalty",
         "actor/kl_loss",
-        "val-core/ppoflow/addition/reward/best@2/mean",
+        "val-core/ppoflow/addition/acc/best@2/mean",
     ):
         assert name in recomputed, name
     assert recomputed["training/epoch"] == {1: 0.0, 2: 0.0, 3: 1.0}
