@@ -5,8 +5,10 @@ row, never the run.
 The worker imports the user's file once and scores its rows in order, one message per row. A call
 longer than `timeout_s` is interrupted inside the worker by SIGALRM; a call stuck in C code (which
 never sees the signal) is caught by the parent's per-row deadline: the worker is killed, the row
-marked timed out, and a fresh worker scores the rest. Kept free of torch/prefect/pyarrow imports so
-the worker starts fast.
+marked timed out, and a fresh worker scores the rest. Every limit counts the worker's own time (see
+`_OwnTime`): seconds it spent waiting for a CPU that other processes held are given back, so a busy
+machine does not time out a call that would finish, while a call that blocks or computes is still
+stopped. Kept free of torch/prefect/pyarrow imports so the worker starts fast.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -26,7 +29,10 @@ from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_o
 from ppoflow.tasks.stages.processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
-"""Longest the worker may take to start and import the user's file."""
+"""Longest the worker may take to start and import the user's file (its own time, as every limit here)."""
+
+_POLL_S = 0.5
+"""How often the parent looks at a waiting worker's own time."""
 
 
 class RewardFunctionError(RuntimeError):
@@ -142,9 +148,12 @@ def _run_worker(
 
 
 def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.BaseProcess) -> tuple:
-    """The worker's next message, ("timeout", None) after `seconds`, or ("died", why)."""
-    if not conn.poll(seconds):
-        return "timeout", None
+    """The worker's next message, ("timeout", None) after `seconds` of the worker's own time, or
+    ("died", why)."""
+    clock = _OwnTime(worker.pid)
+    while not conn.poll(min(max(seconds - clock.seconds(), 0.0), _POLL_S)):
+        if clock.seconds() >= seconds:
+            return "timeout", None
     try:
         return conn.recv()
     except EOFError:
@@ -170,8 +179,43 @@ class _RowTimeout(BaseException):
     """Raised by SIGALRM in the worker; a BaseException so `except Exception` in user code can't eat it."""
 
 
-def _on_alarm(signum, frame):
-    raise _RowTimeout
+class _OwnTime:
+    """Seconds since it was made that a process (`pid`; by default the calling thread) did not spend
+    waiting for a CPU: the clock's time less the run-queue wait Linux counts in /proc/<pid>/schedstat.
+    Time spent computing or blocked (a sleep, a lock, the network) counts; where schedstat cannot be
+    read it is the clock's time."""
+
+    def __init__(self, pid: int | str = "thread-self"):
+        self.pid = pid
+        self.started, self.waited = time.monotonic(), _cpu_wait_s(pid)
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.started - max(_cpu_wait_s(self.pid) - self.waited, 0.0)
+
+
+def _cpu_wait_s(pid: int | str) -> float:
+    """Seconds task `pid` has waited on a run queue (the second field of /proc/<pid>/schedstat; 0.0
+    when it cannot be read, so that the time counted is the clock's)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _alarm_after(timeout_s: float):
+    """A SIGALRM handler that ends the call at `timeout_s` of this thread's own time: at each alarm
+    the call gets back the time it waited for a CPU (the timer is set again for what is left)."""
+    clock = _OwnTime()
+
+    def on_alarm(signum, frame):
+        left = timeout_s - clock.seconds()
+        if left > 0.001:
+            signal.setitimer(signal.ITIMER_REAL, left)
+            return
+        raise _RowTimeout
+
+    return on_alarm
 
 
 def load_function(path: str, name: str):
@@ -206,7 +250,6 @@ def _serve(
         conn.send(("load_error", str(exc)))
         return
     conn.send(("ready", None))
-    signal.signal(signal.SIGALRM, _on_alarm)
     for call in calls:
         conn.send(("row", score_call(function, call, timeout_s)))
     conn.close()
@@ -214,9 +257,11 @@ def _serve(
 
 def score_call(function, call: RewardCall, timeout_s: float | None = None) -> Scored:
     """One verl-style call (keyword arguments, as verl's reward managers pass them), interpreted by
-    `score_of_result`. With `timeout_s`, SIGALRM interrupts it (main thread of a worker only)."""
+    `score_of_result`. With `timeout_s` (of the worker's own time, `_OwnTime`), SIGALRM interrupts
+    it (main thread of a worker only)."""
     try:
         if timeout_s is not None:
+            signal.signal(signal.SIGALRM, _alarm_after(timeout_s))
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             result = function(

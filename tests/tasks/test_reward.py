@@ -1,12 +1,17 @@
 """Reward scoring: verl-style custom reward files, per-row failures under reward.on_error, timeouts
-that kill a stuck worker, and the reward/error_rate metric."""
+that kill a stuck worker (counted in the worker's own time, not its waits for a CPU), and the
+reward/error_rate metric."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,8 +44,21 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         case "sleep":  # interrupted by SIGALRM inside the worker
             time.sleep(60)
         case "stuck":  # deaf to SIGALRM, as C code can be: only the parent's deadline ends it
+            if "started" in extra_info:
+                with open(extra_info["started"], "w") as started:
+                    started.write(repr(time.monotonic()))
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
             time.sleep(60)
+        case "compute":  # 0.25 s of CPU on the CPU extra_info names; says how long the clock took
+            os.sched_setaffinity(0, {extra_info["cpu"]})
+            start, cpu = time.monotonic(), time.thread_time()
+            while time.thread_time() - cpu < 0.25:
+                pass
+            return {"score": 1.0, "clock_s": time.monotonic() - start}
+        case "spin":  # computes without end on the CPU extra_info names
+            os.sched_setaffinity(0, {extra_info["cpu"]})
+            while True:
+                time.thread_time()
         case "exit":
             os._exit(3)
         case "dict":
@@ -118,11 +136,68 @@ def test_on_error_fail_names_the_first_row_the_reason_the_count_and_the_key(tmp_
 def test_a_hang_is_killed_after_timeout_s_and_the_other_rows_are_still_scored(tmp_path):
     start = time.monotonic()
     rows = score(["sleep", "7", "stuck", "8", "7"], config(reward_file(tmp_path), timeout_s=1))
-    assert time.monotonic() - start < 8
+    # Neither 60 s sleep was waited out. The rest is two worker starts, which a loaded machine slows
+    # without bound: how soon the parent kills a stuck worker is timed in the next test.
+    assert time.monotonic() - start < 50
     assert [r["score"] for r in rows] == [0.0, 1.0, 0.0, 0.0, 1.0]
     assert rows[0]["error"] == "TimeoutError: took longer than reward.timeout_s=1 s"
     assert rows[2]["error"] == "TimeoutError: took longer than reward.timeout_s=1 s; the worker was killed"
     assert [r["error"] for r in rows[3:]] == [None, None]
+
+
+def test_a_stuck_call_is_killed_within_seconds_of_timeout_s(tmp_path):
+    started = tmp_path / "started"
+    reward = config(reward_file(tmp_path), timeout_s=1)
+    rows = score(["7", "stuck"], reward, extra_info={"started": str(started)})
+    took = time.monotonic() - float(started.read_text())  # (one clock for every process)
+    assert rows[1]["error"] == "TimeoutError: took longer than reward.timeout_s=1 s; the worker was killed"
+    # Timed from the call's start inside the worker, so the worker's start-up is not in it: what is
+    # left is the parent's deadline (timeout_s and a margin for the worker to report, 2.1 s of a
+    # blocked worker's time, which is the clock's) and the kill, milliseconds of CPU.
+    assert 1.0 <= took < 6.0
+
+
+HOG = """
+import os, signal, sys
+from ppoflow.tasks.stages.processes import exit_with_parent
+exit_with_parent(int(sys.argv[1]), signal.SIGKILL)
+os.sched_setaffinity(0, {int(sys.argv[2])})
+print(flush=True)
+while True:
+    pass
+"""
+
+
+@pytest.fixture
+def shared_cpu():
+    """A CPU that four busy processes keep busy: a process there gets at most a fifth of it. They end
+    with the test, or with its process if that is killed first."""
+    cpu = min(os.sched_getaffinity(0))
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", HOG, str(os.getpid()), str(cpu)], stdout=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    try:
+        for hog in hogs:
+            assert hog.stdout.readline() == b"\n"  # spinning on it
+        yield cpu
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="needs Linux's /proc/<pid>/schedstat")
+def test_time_spent_waiting_for_a_cpu_does_not_count_toward_timeout_s(tmp_path, shared_cpu):
+    """On a busy machine a call that needs 0.25 s of CPU takes longer than timeout_s=0.5 by the clock
+    and is still scored; a call that computes without end is still stopped at timeout_s of its own
+    time (0.2 s: at a fifth of a CPU or less, a second or more of the clock)."""
+    path = reward_file(tmp_path)
+    (row,) = score(["compute"], config(path, timeout_s=0.5), extra_info={"cpu": shared_cpu})
+    assert row["error"] is None and row["score"] == 1.0
+    assert dict(row["components"])["clock_s"] > 0.5  # it waited for the CPU: the clock alone timed it out
+    (row,) = score(["spin"], config(path, timeout_s=0.2), extra_info={"cpu": shared_cpu})
+    assert row["error"] == "TimeoutError: took longer than reward.timeout_s=0.2 s"
 
 
 def test_on_error_fail_stops_at_the_first_timeout(tmp_path):
