@@ -200,7 +200,8 @@ def test_a_release_by_a_process_that_does_not_hold_the_lock_does_nothing(tmp_pat
 
 def test_an_execd_child_does_not_keep_the_lock(tmp_path):
     acquire_run_lock(tmp_path)
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], close_fds=False)
+    # (killed below: a child whose sleep ended on a slow machine would hold nothing, whatever it inherited)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"], close_fds=False)
     try:
         release_run_lock(tmp_path)
         assert try_from_another_process(tmp_path) == "held"

@@ -11,7 +11,9 @@ import time
 
 
 def _sleeper(*marker: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *marker])
+    # Killed when the test ends: a sleep that ended on its own on a slow machine would pass for the reaper's
+    # work (or fail the bystander's check).
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)", *marker])
 
 
 def test_leftover_ray_processes_end_when_the_driver_is_killed():
@@ -31,8 +33,8 @@ def test_leftover_ray_processes_end_when_the_driver_is_killed():
         assert agent.poll() is None and reaper.poll() is None  # the driver still runs: nothing happens
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
-        assert reaper.wait(timeout=10) == 0
-        assert agent.wait(timeout=5) == -signal.SIGKILL
+        assert reaper.wait(timeout=120) == 0  # (a hang guard: a loaded machine starts Python slowly)
+        assert agent.wait(timeout=120) == -signal.SIGKILL
         assert bystander.poll() is None
     finally:
         for process in (driver, agent, bystander, reaper):
