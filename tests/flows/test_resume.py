@@ -173,7 +173,7 @@ def test_resume_from_a_checkpoint_path_continues_with_the_saved_kl_coefficient(r
         assert all(torch.equal(ours[name], theirs[name]) for name in ours), role
     # The validation before training is the resumed model's, logged at the step it was trained to
     # (verl's): its metrics row is iter 2, with the scores the reference validated step 2 with.
-    core = 'SELECT iter, "val-core/ppoflow/addition/reward/mean@2", "critic/score/mean" IS NULL FROM metrics'
+    core = 'SELECT iter, "val-core/ppoflow/addition/acc/mean@2", "critic/score/mean" IS NULL FROM metrics'
     assert query(tmp_path, f"{core} ORDER BY iter")[1] == [
         (2, query(reference, f"{core} WHERE iter = 2")[1][0][1], True),
         *query(reference, f"{core} WHERE iter = 3")[1],
