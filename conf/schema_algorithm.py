@@ -147,8 +147,9 @@ class RewardConfig(Section):
     `rm_score` weighs the reward model's score (reward_model.enable) beside the rule components;
     without an `rm_score` weight the score is the reward model's alone, as in verl."""
     timeout_s: float = Field(30.0, gt=0, le=86400)
-    """Longest one reward call may take, in seconds; at most a day (waits of a few weeks overflow
-    the reward worker's timers)."""
+    """Longest one reward call may take, in seconds of the reward worker's own time (on Linux, time
+    spent waiting for a CPU that other processes hold is not counted); at most a day (waits of a few
+    weeks overflow the reward worker's timers)."""
     on_error: Literal["fail", "zero"] = "fail"
     """A reward function that raises or times out fails the stage, or scores the response 0."""
     gsm8k_method: Gsm8kMethod = "strict"

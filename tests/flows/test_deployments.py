@@ -155,10 +155,25 @@ def _wait_terminal(stack: Stack, flow_run_id: str, timeout: float = 500):
     raise TimeoutError(f"flow run {flow_run_id} did not finish in {timeout} s")
 
 
-def _task_runs(stack: Stack, flow_run_id: str):
-    with stack.client() as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    return sorted(runs, key=lambda r: r.created)
+def _task_runs(stack: Stack, flow_run_id: str, timeout_s: float = 120):
+    """The flow run's task runs in the order they were created, once the server has recorded them
+    all: it records task runs from their events, in batches, after the flow run's own state may be
+    final (on a loaded machine seconds later), so wait until every one has a final state and none
+    has changed for 2 s."""
+    deadline, previous, unchanged_since = time.monotonic() + timeout_s, None, time.monotonic()
+    while True:
+        with stack.client() as client:
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+        seen = sorted((str(r.id), r.state.name if r.state else "") for r in runs)
+        if seen != previous:
+            previous, unchanged_since = seen, time.monotonic()
+        final = all(r.state is not None and r.state.is_final() for r in runs)
+        if runs and final and time.monotonic() - unchanged_since >= 2:
+            return sorted(runs, key=lambda r: r.created)
+        assert time.monotonic() < deadline, f"the task runs did not settle: {seen}"
+        time.sleep(0.25)
 
 
 def _artifacts(stack: Stack, flow_run_id: str) -> dict[str, list]:
@@ -252,7 +267,7 @@ def test_retrain_deployment_is_scheduled_paused_and_runs_through_the_worker(stac
     resume = f"prefect deployment schedule resume retrain/nightly {schedule.id}"
     assert resume in stack.up_output
     assert stack.prefect(*resume.split()[1:]).returncode == 0
-    deadline = time.monotonic() + 60  # the server's scheduler queues the next runs within seconds
+    deadline = time.monotonic() + 180  # the server's scheduler queues the next runs within seconds
     while not (queued := _nightly(stack)[1]) and time.monotonic() < deadline:
         time.sleep(1)
     assert queued and all(run.expected_start_time.hour == 3 for run in queued)

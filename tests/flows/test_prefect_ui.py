@@ -32,7 +32,7 @@ def run_logs(client, flow_run_id) -> list[Log]:
             return logs
 
 
-def wait_for_log(open_client: Callable, flow_run_id, text: str, timeout_s: float = 60) -> list[Log]:
+def wait_for_log(open_client: Callable, flow_run_id, text: str, timeout_s: float = 120) -> list[Log]:
     """The run's logs once one of them contains `text` (or at the deadline): a background worker
     sends logs in batches, so they can reach the API after the run's final state."""
     deadline = time.monotonic() + timeout_s

@@ -5,9 +5,10 @@ two ranks of ppoflow's own Ray (trainer.nnodes=1 trainer.n_gpus_per_node=2).
 
 The cluster run loses its second node (every process of it SIGKILLed at once) after its first
 step: the command ends in seconds with one line naming the rank and the node lost; the node
-started again, the same command finishes. Both runs' checkpoints, the first step's made before the node was lost
-and the later ones after, are bit for bit the local run's. Each rank ran on its own node (its
-process descends from that node's `ray start`), and nothing of the cluster outlives the test.
+started again, the same command finishes. Both runs' checkpoints, the first step's made before the
+node was lost and the later ones after, are bit for bit the local run's. Each rank ran on its own
+node (its process descends from that node's `ray start`), and nothing of the cluster outlives the
+test.
 """
 
 from __future__ import annotations

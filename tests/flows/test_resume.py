@@ -247,7 +247,7 @@ def test_a_second_writer_is_refused_and_a_dead_ones_lock_is_taken_over(
         "take(sys.argv[1]); "
     )
     holder = subprocess.Popen(
-        [sys.executable, "-c", hold + "print('held', flush=True); time.sleep(60)", str(tmp_path)],
+        [sys.executable, "-c", hold + "print('held', flush=True); time.sleep(3600)", str(tmp_path)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -118,8 +118,10 @@ def test_one_ctrl_c_or_sigterm_stops_training_in_seconds_with_one_line_and_no_pr
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a foreground job
     )
+    launched = time.monotonic()
     try:
         _wait_for(lambda: (tmp_path / "iter=000001/_manifest.json").exists(), 240, "step 1 to finish")
+        to_step_1 = time.monotonic() - launched  # how slow this machine is now
         started = set(descendants(trainer.pid))
         assert started, "the trainer runs its Prefect server as a child"
         sent = time.monotonic()
@@ -133,7 +135,9 @@ def test_one_ctrl_c_or_sigterm_stops_training_in_seconds_with_one_line_and_no_pr
         if trainer.poll() is None:
             os.killpg(trainer.pid, signal.SIGKILL)
     assert trainer.returncode == code, err[-3000:]
-    assert stopped_after < 20, f"took {stopped_after:.1f} s to stop"
+    # Stopping takes seconds (3.8–4.5 s beside 4 busy processes on 2 cores); a trainer that ignored the
+    # signal would go on for 19 more steps, far longer than half the time step 1 took.
+    assert stopped_after < max(20, to_step_1 / 2), f"took {stopped_after:.1f} s to stop"
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err[-3000:]
     [line] = lines
@@ -144,7 +148,7 @@ def test_one_ctrl_c_or_sigterm_stops_training_in_seconds_with_one_line_and_no_pr
     assert "Traceback" not in out + err
     assert logged in (tmp_path / "logs/train.log").read_text()
     assert (tmp_path / "logs/prefect-server.log").is_file()  # what the server said, kept off the terminal
-    _wait_for(lambda: not any(_running(pid) for pid in started), 10, "the trainer's children to exit")
+    _wait_for(lambda: not any(_running(pid) for pid in started), 120, "the trainer's children to exit")
 
 
 @pytest.mark.slow
@@ -256,7 +260,8 @@ def test_a_killed_trainer_takes_its_prefect_server_along(tiny_model_dir, tmp_pat
         assert server
         trainer.kill()
         trainer.wait()
-        _wait_for(lambda: not any(_running(pid) for pid in server), 10, "the server to exit with the trainer")
+        gone = lambda: not any(_running(pid) for pid in server)  # noqa: E731
+        _wait_for(gone, 120, "the server to exit with the trainer")
     finally:
         if trainer.poll() is None:
             trainer.kill()

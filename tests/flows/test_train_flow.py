@@ -25,8 +25,12 @@ def task_states(flow_run_id, expected: int | None = None) -> dict[str, str | Non
     """Final state of every task of a flow run, by task run name (a stage whose cached result was
     invalid runs again under the same name: the later run wins). The server records task runs and
     their states from events, after the flow has returned: wait until every run has a final state
-    and their number is `expected` (when given) or has stopped changing."""
-    deadline, previous = time.monotonic() + 60, None
+    and their number is `expected` (when given) or has not changed for 2 s; fails naming the states it
+    has at the deadline."""
+    from ppoflow.prefect_server import deliver_prefect_logs_and_events
+
+    deliver_prefect_logs_and_events(timeout_s=120)  # every event of this process is at the server
+    deadline, previous, unchanged_since = time.monotonic() + 120, None, time.monotonic()
     while True:
         with get_client(sync_client=True) as client:
             runs = client.read_task_runs(
@@ -35,11 +39,12 @@ def task_states(flow_run_id, expected: int | None = None) -> dict[str, str | Non
         runs = sorted(runs, key=lambda run: run.created)
         states = {run.name: run.state.name if run.state else None for run in runs}
         final = bool(states) and not {None, "Pending", "Running"} & set(states.values())
-        if final and (len(runs) == expected if expected else states == previous):
+        if states != previous:
+            previous, unchanged_since = states, time.monotonic()
+        settled = time.monotonic() - unchanged_since >= 2
+        if final and (len(runs) == expected if expected else settled):
             return states
-        if time.monotonic() > deadline:
-            return states
-        previous = states
+        assert time.monotonic() < deadline, f"the task runs' states did not settle: {states}"
         time.sleep(0.25)
 
 
