@@ -66,24 +66,41 @@ class AnotherRun(ValueError):
 def require_same_run(run_dir: Path, config_yaml: str) -> None:
     """Refuse (AnotherRun, one line saying what to do) a start whose actor model or training data
     differ from those of the steps already in `run_dir`. Reads only: nothing of the run is changed."""
-    if not _has_steps(run_dir):
+    if not _has_steps(run_dir) or _is_retraining_round(run_dir):
         return
     before, after = _parsed(_read_previous(run_dir / CONFIG)), _parsed(config_yaml)
     if before is None or after is None:  # no config of ppoflow's before: nothing to compare
         return
     before, after = _flat(before), _flat(after)
-    keys = [key for key in IDENTITY_KEYS if before.get(key) != after.get(key)]
-    if before.get("trainer.val_only") is True or after.get("trainer.val_only") is True:
+    keys = [key for key in IDENTITY_KEYS if _as_list(before.get(key)) != _as_list(after.get(key))]
+    if after.get("trainer.val_only") is True:  # it trains on no data
         keys = [key for key in keys if key != "data.train_files"]
     if not keys:
         return
     changed = "; ".join(f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}" for key in keys)
     name = _suggested_name(after.get("actor_rollout_ref.model.path"))
+    if name == run_dir.name:
+        name = f"{name}-2"
+    if after.get("trainer.default_local_dir") is not None:  # it decides the run directory
+        own = "set trainer.default_local_dir to another folder"
+    else:
+        own = f"trainer.experiment_name={name} trains in runs/{name}; or set trainer.default_local_dir"
     raise AnotherRun(
         f"{run_dir} holds the steps of another run ({changed}); this start would replace them in place, "
-        f"so nothing was changed: give it a run directory of its own (trainer.experiment_name={name} "
-        f"trains in runs/{name}; or set trainer.default_local_dir), or remove {run_dir} to start it over"
+        f"so nothing was changed: give it a run directory of its own ({own}), or remove {run_dir} to start "
+        "it over"
     )
+
+
+def _as_list(value: Any) -> Any:
+    """A data file named alone or as a list of one is the same data."""
+    return value if isinstance(value, list) else [value]
+
+
+def _is_retraining_round(run_dir: Path) -> bool:
+    """A retraining round (rounds/round=N of a retraining directory): the retrain flow names its data
+    itself, and a round it runs again after an interruption takes in the files that came meanwhile."""
+    return run_dir.parent.name == "rounds" and run_dir.name.startswith("round=")
 
 
 def _has_steps(run_dir: Path) -> bool:

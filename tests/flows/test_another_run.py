@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ppoflow.tasks.run import open_run
-from ppoflow.tasks.storage.run_config import AnotherRun
+from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
 
 from .conftest import SMALL
 
@@ -89,7 +90,7 @@ def test_a_start_with_another_model_and_data_leaves_every_file_and_says_what_to_
     assert line.startswith(f"ppoflow: {finished_run} holds the steps of another run (")
     assert "actor_rollout_ref.model.path: builtin:tiny-addition → builtin:smollm2-135m-instruct" in line
     assert "data.train_files: builtin:addition → " in line
-    assert "trainer.experiment_name=smollm2-135m-instruct trains in runs/smollm2-135m-instruct" in line
+    assert "give it a run directory of its own (set trainer.default_local_dir to another folder)" in line
     assert line.endswith(f"or remove {finished_run} to start it over")
     assert refused.stdout == ""
     assert _contents(finished_run) == before
@@ -115,3 +116,44 @@ def test_the_flow_refuses_it_too_and_a_validation_only_start_may_name_other_data
         from ppoflow.tasks.run import close_run
 
         close_run(run)
+
+
+def _run_with_steps(run_dir: Path, **keys: object) -> None:
+    """A run directory whose last start's config.yaml sets `keys` (dotted), with a step folder."""
+    (run_dir / "iter=000001").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(_tree(keys)))
+
+
+def test_what_counts_as_another_run(tmp_path):
+    """A file alone or as a list of one is the same data; a validation-only start compares the model
+    only, and one before a training start does not hide the data the run trained on; a retraining
+    round takes in new files; the suggested name is never the refused folder's."""
+    model = "actor_rollout_ref.model.path"
+    run = tmp_path / "tiny-addition"
+    _run_with_steps(run, **{model: "builtin:tiny-addition", "data.train_files": "/d/a.jsonl"})
+    same = {model: "builtin:tiny-addition", "data.train_files": ["/d/a.jsonl"]}
+    require_same_run(run, yaml.safe_dump(_tree(same)))
+    with pytest.raises(AnotherRun, match=r"trainer\.experiment_name=tiny-addition-2 trains"):
+        require_same_run(run, yaml.safe_dump(_tree({**same, "data.train_files": "/d/b.jsonl"})))
+    validating = {**same, "data.train_files": "/d/b.jsonl", "trainer.val_only": True}
+    require_same_run(run, yaml.safe_dump(_tree(validating)))
+    validated = tmp_path / "validated"
+    _run_with_steps(validated, **validating)
+    with pytest.raises(AnotherRun):
+        require_same_run(validated, yaml.safe_dump(_tree({**same, "data.train_files": "/d/c.jsonl"})))
+    round_dir = tmp_path / "retrain/rounds/round=000001"
+    _run_with_steps(round_dir, **same)
+    require_same_run(
+        round_dir, yaml.safe_dump(_tree({**same, "data.train_files": ["/d/a.jsonl", "/d/b.jsonl"]}))
+    )
+
+
+def _tree(keys: dict) -> dict:
+    tree: dict = {}
+    for key, value in keys.items():
+        node = tree
+        *sections, last = key.split(".")
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[last] = value
+    return tree
