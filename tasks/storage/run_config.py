@@ -100,7 +100,9 @@ def _as_list(value: Any) -> Any:
 def _is_retraining_round(run_dir: Path) -> bool:
     """A retraining round (rounds/round=N of a retraining directory): the retrain flow names its data
     itself, and a round it runs again after an interruption takes in the files that came meanwhile."""
-    return run_dir.parent.name == "rounds" and run_dir.name.startswith("round=")
+    from ppoflow.tasks.storage.retrain_tables import ROUNDS  # (duckdb, only when a run has steps)
+
+    return run_dir.parent.name == ROUNDS and run_dir.name.startswith("round=")
 
 
 def _has_steps(run_dir: Path) -> bool:
