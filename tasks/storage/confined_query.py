@@ -18,6 +18,7 @@ naming their type.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -218,7 +219,7 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
     except duckdb.PermissionException as exc:
         raise ValueError(
             f"{exc}\nppoflow query may read only the run's files, under {directory} (a relative path "
-            f"is taken from the current directory); {available}"
+            f"is taken from the current directory){_links_out(directory)}; {available}"
         ) from exc
     except duckdb.Error as exc:
         hint = available
@@ -228,6 +229,23 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
                 "the stage that wrote it (its digest no longer matches its manifest)"
             )
         raise ValueError(f"{exc}\n{hint}") from exc
+
+
+def _links_out(directory: Path, limit: int = 3) -> str:
+    """The symbolic links in the run that lead out of it (a view's glob meets them and DuckDB refuses
+    the whole read), said with what to do; "" when there are none."""
+    outside = []
+    for path in sorted(directory.rglob("*")):  # rglob follows no link to a folder
+        if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
+            outside.append(f"{path} -> {os.readlink(path)}")
+    if not outside:
+        return ""
+    more = f" and {len(outside) - limit} more" if len(outside) > limit else ""
+    named = ", ".join(outside[:limit])
+    return (
+        f"; the run holds symbolic links that lead out of it, which its views meet: {named}{more}: "
+        "remove them, or put a copy of the file there"
+    )
 
 
 _DAMAGED_PARQUET = re.compile(r"No magic bytes found|Invalid Input Error: .*[Pp]arquet|Corrupt", re.S)

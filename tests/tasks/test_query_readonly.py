@@ -370,3 +370,13 @@ def test_a_run_directory_that_is_a_symbolic_link_loop_is_named(tmp_path):
     (tmp_path / "loop").symlink_to("loop")
     with pytest.raises(ValueError, match=r"^run directory .*loop is a symbolic link loop: it names nothing$"):
         query(tmp_path / "loop", "SELECT 1")
+
+
+def test_a_link_planted_in_a_table_folder_is_named_with_what_to_do(run):
+    # The metrics view globs iter=*/metrics/*.parquet: it meets the link and DuckDB refuses the read.
+    outside = run.parent.parent / "outside.parquet"
+    duckdb.sql(f"COPY (SELECT 2 AS iter, 2 AS step) TO '{outside}'")
+    (run / FORGED).symlink_to(outside)
+    message = refused(run, METRICS, RUN_ONLY)
+    assert f"symbolic links that lead out of it, which its views meet: {run / FORGED} -> {outside}" in message
+    assert "remove them, or put a copy of the file there" in message
