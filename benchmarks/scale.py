@@ -76,10 +76,9 @@ def memory(model_path: str) -> None:
         ("FSDP2, 2 ranks", 2, "fsdp2"),
         ("ZeRO-3, 2 ranks", 2, "zero3"),
     ):
-        queue = mp.get_context("spawn").SimpleQueue()
-        port = _free_port()
+        queue, ports = mp.get_context("spawn").SimpleQueue(), mp.get_context("spawn").SimpleQueue()
         context = mp.spawn(
-            _memory_rank, args=(world, strategy, str(directory), port, queue), nprocs=world, join=False
+            _memory_rank, args=(world, strategy, str(directory), ports, queue), nprocs=world, join=False
         )
         context.join()
         rows = [queue.get() for _ in range(world)]
@@ -93,7 +92,7 @@ def memory(model_path: str) -> None:
     print()
 
 
-def _memory_rank(rank: int, world: int, strategy: str | None, directory: str, port: int, queue) -> None:
+def _memory_rank(rank: int, world: int, strategy: str | None, directory: str, ports, queue) -> None:
     torch.set_num_threads(1)
     from ppoflow.engine.models import load_actor
     from ppoflow.engine.parallel import (
@@ -102,12 +101,17 @@ def _memory_rank(rank: int, world: int, strategy: str | None, directory: str, po
         LocalStepper,
         deepspeed_engine,
         join_process_group,
+        open_rendezvous,
         shard_fsdp2,
     )
 
     model = load_actor(directory)
-    if world > 1:
-        join_process_group(rank, world, "127.0.0.1", port, "cpu")
+    if world > 1:  # rank 0 listens at a port the kernel picks and tells the others
+        listener = open_rendezvous("127.0.0.1") if rank == 0 else None
+        for _ in range(world - 1 if listener else 0):
+            ports.put(listener.getsockname()[1])
+        port = listener.getsockname()[1] if listener else ports.get()
+        join_process_group(rank, world, "127.0.0.1", port, "cpu", listener)
     if strategy == "zero3":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         model = deepspeed_engine(
@@ -172,14 +176,6 @@ def _model_dir(model_path: str) -> Path:
     if model_path == "builtin:smollm2-135m-instruct":
         return converted_gguf(smollm2_gguf())
     return Path(model_path)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- pipeline ----------------------------------------------------------------------------------

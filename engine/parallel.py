@@ -11,6 +11,7 @@ PREMUL_SUM, which gloo does not have). The lr schedule stays the client optimize
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from datetime import timedelta
 
@@ -24,9 +25,34 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 by the worker group sooner: tasks/models/workers.py)."""
 
 
-def join_process_group(rank: int, world: int, master_addr: str, master_port: int, device: str) -> None:
-    """Join the run's process group as `rank` of `world` (gloo on CPU, NCCL on CUDA). DeepSpeed also
+def open_rendezvous(host: str) -> socket.socket:
+    """Rank 0's listening socket for the process group's store, on `host` at a port the kernel picks:
+    the port is this group's from the start. (A port found free and bound later by the store can be
+    taken meanwhile by another run on the machine, and the store's own socket listens on every
+    interface.)"""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, 0))
+        listener.listen(socket.SOMAXCONN)
+    except OSError:
+        listener.close()
+        raise
+    return listener
+
+
+def join_process_group(
+    rank: int,
+    world: int,
+    master_addr: str,
+    master_port: int,
+    device: str,
+    listener: socket.socket | None = None,
+) -> None:
+    """Join the run's process group as `rank` of `world` (gloo on CPU, NCCL on CUDA) through a store
+    at master_addr:master_port; rank 0 serves it on `listener` (`open_rendezvous`). DeepSpeed also
     reads the rendezvous from the environment, so it is set there too."""
+    if (rank == 0) != (listener is not None):
+        raise ValueError(f"rank {rank}: rank 0, and it alone, serves the store on its listening socket")
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -36,8 +62,20 @@ def join_process_group(rank: int, world: int, master_addr: str, master_port: int
     )
     if device == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    store = dist.TCPStore(
+        master_addr,
+        master_port,
+        world,
+        is_master=rank == 0,
+        timeout=COLLECTIVE_TIMEOUT,
+        master_listen_fd=None if listener is None else listener.detach(),  # the store closes it
+    )
     dist.init_process_group(
-        "nccl" if device == "cuda" else "gloo", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT
+        "nccl" if device == "cuda" else "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=COLLECTIVE_TIMEOUT,
     )
 
 

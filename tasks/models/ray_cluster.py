@@ -71,8 +71,8 @@ def keep_ray_on_loopback() -> None:
 def place_workers(plan: GroupPlan, address: str | None):
     """Reserve room for the ranks, one placement bundle per node (world_size / nnodes devices, and
     as many CPUs): STRICT_SPREAD puts the bundles on distinct nodes (verl asks for one placement
-    group per node instead, which distinct nodes do not bind). Returns the placement group, with
-    the address and port rank 0 listens at for the process group (on its node)."""
+    group per node instead, which distinct nodes do not bind). Returns the placement group. (Rank 0
+    opens the process group's rendezvous on its node itself: worker.ModelWorker.open_rendezvous.)"""
     import ray
     from ray.util.placement_group import placement_group
 
@@ -89,9 +89,7 @@ def place_workers(plan: GroupPlan, address: str | None):
             f"{plan.describe()}: the Ray cluster found no room for {plan.nnodes} × {bundle} "
             f"({strategy}) within {PLACEMENT_TIMEOUT_S} s; `ray status` shows what its nodes hold"
         ) from None
-    if not address:
-        return group, "127.0.0.1", _free_port("127.0.0.1")
-    return group, *_on_first_node(group, _node_address_and_port)
+    return group
 
 
 def _require_nodes(plan: GroupPlan, bundle: dict[str, int], address: str | None) -> None:
@@ -166,25 +164,3 @@ def nodes_gone(node_ids: set[str]) -> set[str]:
         except OSError:
             gone.add(node_id)
     return gone
-
-
-def _on_first_node(group, function):
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    task = ray.remote(num_cpus=0)(function)
-    return ray.get(task.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote())
-
-
-def _node_address_and_port() -> tuple[str, int]:
-    """Run on rank 0's node: its address in the cluster, and a port free there."""
-    import ray
-
-    address = ray.util.get_node_ip_address()
-    return address, _free_port(address)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ppoflow.engine.parallel import (
     deepspeed_engine,
     full_state_dict,
     join_process_group,
+    open_rendezvous,
     shard_fsdp2,
 )
 from ppoflow.engine.ppo import Rollouts
@@ -80,19 +82,31 @@ class _Trained:
 class ModelWorker:
     """Rank `rank` of `world`; joins the group's process group on creation."""
 
-    def __init__(
-        self, rank: int, world: int, master_addr: str, master_port: int, device: str, threads: int | None
-    ):
+    def __init__(self, rank: int, world: int, device: str, threads: int | None):
         if threads:
             torch.set_num_threads(threads)
         self.rank, self.world, self.device = rank, world, device
-        join_process_group(rank, world, master_addr, master_port, device)
+        self._listener: socket.socket | None = None  # rank 0's, until the group is joined
         self._trained: dict[str, _Trained] = {}
         self._generator: torch.nn.Module | None = None  # a whole copy of the actor, for generation
         self._generator_version = 0  # counts the actor states the copy has held
         self._engines = RolloutEngines(in_process_group=True)
         self._reference: dict[str, torch.nn.Module] = {}
         self._tokenizers = RecentTokenizers()
+
+    def open_rendezvous(self, host: str | None) -> tuple[str, int] | None:
+        """Rank 0: listen for the process group's store on `host` (None: this node's address in the
+        cluster) at a port the kernel picks; returns (address, port). The other ranks: None."""
+        if self.rank != 0:
+            return None
+        address = host or where_am_i()[2]
+        self._listener = open_rendezvous(address)
+        return address, self._listener.getsockname()[1]
+
+    def join_group(self, master_addr: str, master_port: int) -> None:
+        """Join the process group at rank 0's rendezvous (`open_rendezvous`)."""
+        listener, self._listener = self._listener, None
+        join_process_group(self.rank, self.world, master_addr, master_port, self.device, listener)
 
     def pid(self) -> int:
         return os.getpid()

@@ -120,7 +120,7 @@ class WorkerGroup:
         from ppoflow.tasks.models.worker import ModelWorker
 
         plan, gpu = self.plan, 1 if self.plan.device == "cuda" else 0
-        self._group, master_addr, port = place_workers(plan, self.address)
+        self._group = place_workers(plan, self.address)
         remote = ray.remote(ModelWorker)
         self._workers = [
             remote.options(
@@ -130,10 +130,13 @@ class WorkerGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self._group, placement_group_bundle_index=rank // plan.per_node
                 ),
-            ).remote(rank, plan.world_size, master_addr, port, plan.device, plan.num_threads)
+            ).remote(rank, plan.world_size, plan.device, plan.num_threads)
             for rank in range(plan.world_size)
         ]
         self.places = [RankPlace(*place) for place in self.call("place", what="start-up")]
+        # This machine's own cluster: the group meets on loopback; a cluster's: at rank 0's node.
+        rendezvous = self.call("open_rendezvous", None if self.address else "127.0.0.1", what="start-up")[0]
+        self.call("join_group", *rendezvous, what="start-up")
         ranks = "; ".join(f"rank {rank} {place}" for rank, place in enumerate(self.places))
         logger.info("worker group%s: %s", f" (Ray's files in {self.ray_dir})" if self.ray_dir else "", ranks)
         if self.ray_dir:
