@@ -189,7 +189,13 @@ def _run(argv: list[str] | None) -> int:
 def _link_loop_argument(args) -> str | None:
     """A path argument that is a symbolic link loop (`ln -s loop loop`) names nothing: said in one
     line here, where each command's own resolving raised a traceback or called it missing."""
-    for name, what in (("run_dir", "run directory"), ("source", "export source"), ("out", "output folder")):
+    for name, what in (
+        ("run_dir", "run directory"),
+        ("source", "export source"),
+        ("out", "output folder"),
+        ("base", "base model (--base)"),
+        ("data", "labelled data (--data)"),
+    ):
         value = getattr(args, name, None)
         if value is None or os.path.exists(value):  # exists() is False for a loop
             continue

@@ -212,6 +212,8 @@ def test_the_cli_names_a_symbolic_link_loop_in_one_line(tmp_path, command, key):
         (["diagnose", "loop"], "run directory"),
         (["report", "loop"], "run directory"),
         (["export", "loop", "out"], "export source"),
+        (["reward-model", "--out", "rm", "--base", "loop"], "base model (--base)"),
+        (["reward-model", "--out", "rm", "--data", "loop"], "labelled data (--data)"),
     ],
 )
 def test_a_run_directory_argument_that_is_a_symbolic_link_loop_is_named_in_one_line(tmp_path, args, what):
