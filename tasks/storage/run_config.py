@@ -68,28 +68,42 @@ def require_same_run(run_dir: Path, config_yaml: str) -> None:
     differ from those of the steps already in `run_dir`. Reads only: nothing of the run is changed."""
     if not _has_steps(run_dir) or _is_retraining_round(run_dir):
         return
-    before, after = _parsed(_read_previous(run_dir / CONFIG)), _parsed(config_yaml)
-    if before is None or after is None:  # no config of ppoflow's before: nothing to compare
+    after = _parsed(config_yaml)
+    if after is None:
         return
-    before, after = _flat(before), _flat(after)
+    after = _flat(after)
+    before = _parsed(_read_previous(run_dir / CONFIG))
+    if before is None:  # deleted, damaged or planted: which run the steps are is unknown
+        raise AnotherRun(
+            f"{run_dir} holds steps but no config.yaml of ppoflow's that says which run they are; this "
+            f"start could replace them in place, so nothing was changed: if they are this start's run, put "
+            f"its config.yaml back ({PREVIOUS_CONFIG} holds the one before its last change); else give this "
+            f"start a run directory of its own ({_own_directory(run_dir, after)}), or remove {run_dir} to "
+            "start it over"
+        )
+    before = _flat(before)
     keys = [key for key in IDENTITY_KEYS if _as_list(before.get(key)) != _as_list(after.get(key))]
     if after.get("trainer.val_only") is True:  # it trains on no data
         keys = [key for key in keys if key != "data.train_files"]
     if not keys:
         return
     changed = "; ".join(f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}" for key in keys)
+    raise AnotherRun(
+        f"{run_dir} holds the steps of another run ({changed}); this start would replace them in place, "
+        f"so nothing was changed: give it a run directory of its own ({_own_directory(run_dir, after)}), "
+        f"or remove {run_dir} to start it over"
+    )
+
+
+def _own_directory(run_dir: Path, after: dict[str, Any]) -> str:
+    """How this start gets a run directory of its own: a name after its model (never `run_dir`'s),
+    or another trainer.default_local_dir when that is what chose the directory."""
+    if after.get("trainer.default_local_dir") is not None:  # it decides the run directory
+        return "set trainer.default_local_dir to another folder"
     name = _suggested_name(after.get("actor_rollout_ref.model.path"))
     if name == run_dir.name:
         name = f"{name}-2"
-    if after.get("trainer.default_local_dir") is not None:  # it decides the run directory
-        own = "set trainer.default_local_dir to another folder"
-    else:
-        own = f"trainer.experiment_name={name} trains in runs/{name}; or set trainer.default_local_dir"
-    raise AnotherRun(
-        f"{run_dir} holds the steps of another run ({changed}); this start would replace them in place, "
-        f"so nothing was changed: give it a run directory of its own ({own}), or remove {run_dir} to start "
-        "it over"
-    )
+    return f"trainer.experiment_name={name} trains in runs/{name}; or set trainer.default_local_dir"
 
 
 def _as_list(value: Any) -> Any:
@@ -106,11 +120,15 @@ def _is_retraining_round(run_dir: Path) -> bool:
 
 
 def _has_steps(run_dir: Path) -> bool:
-    """Whether a start has computed anything of a step in `run_dir` (an iter=k folder)."""
-    try:
-        return any(entry.name.startswith("iter=") for entry in os.scandir(run_dir))
-    except OSError:
-        return False
+    """Whether a start has computed anything of a step in `run_dir`: an iter=k folder, or a
+    checkpoints/iter=k folder (a run whose tables were deleted still has its models)."""
+    for folder in (run_dir, run_dir / "checkpoints"):
+        try:
+            if any(entry.name.startswith("iter=") for entry in os.scandir(folder)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _suggested_name(model_path: Any) -> str:

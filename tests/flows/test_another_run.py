@@ -157,3 +157,47 @@ def _tree(keys: dict) -> dict:
             node = node.setdefault(section, {})
         node[last] = value
     return tree
+
+
+@pytest.mark.parametrize("damage", ["deleted", "not yaml", "a list", "too large"])
+def test_steps_without_a_config_of_ppoflows_are_not_taken_for_this_run(tmp_path, damage):
+    """Without the config.yaml that says which run the steps are, a start could be another run's:
+    refused, with what to do, and nothing changed."""
+    from ppoflow.tasks.storage.run_config import MAX_CONFIG_BYTES
+
+    model = "actor_rollout_ref.model.path"
+    run = tmp_path / "demo"
+    _run_with_steps(run, **{model: "builtin:tiny-addition"})
+    config = run / "config.yaml"
+    match damage:
+        case "deleted":
+            config.unlink()
+        case "not yaml":
+            config.write_text("trainer: [unclosed\n")
+        case "a list":
+            config.write_text("- 1\n- 2\n")
+        case "too large":
+            config.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    before = _contents(run)
+    with pytest.raises(AnotherRun) as info:
+        require_same_run(run, yaml.safe_dump(_tree({model: "builtin:smollm2-135m-instruct"})))
+    assert str(info.value) == (
+        f"{run} holds steps but no config.yaml of ppoflow's that says which run they are; this start could "
+        "replace them in place, so nothing was changed: if they are this start's run, put its config.yaml "
+        "back (config.previous.yaml holds the one before its last change); else give this start a run "
+        "directory of its own (trainer.experiment_name=smollm2-135m-instruct trains in "
+        f"runs/smollm2-135m-instruct; or set trainer.default_local_dir), or remove {run} to start it over"
+    )
+    assert _contents(run) == before
+
+
+def test_a_run_whose_tables_were_deleted_still_has_its_models(tmp_path):
+    """checkpoints/iter=k without iter=k: a start of another model would save over those checkpoints."""
+    model = "actor_rollout_ref.model.path"
+    run = tmp_path / "demo"
+    _run_with_steps(run, **{model: "builtin:tiny-addition"})
+    (run / "iter=000001").rmdir()
+    (run / "checkpoints/iter=000001/actor").mkdir(parents=True)
+    with pytest.raises(AnotherRun, match="holds the steps of another run"):
+        require_same_run(run, yaml.safe_dump(_tree({model: "builtin:smollm2-135m-instruct"})))
+    require_same_run(run, yaml.safe_dump(_tree({model: "builtin:tiny-addition"})))
