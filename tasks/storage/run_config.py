@@ -25,6 +25,9 @@ MAX_CONFIG_BYTES = 1 << 20
 IDENTITY_KEYS = ("actor_rollout_ref.model.path", "data.train_files")
 """What a run is: a start that changes one of these trains another run (a validation-only run trains
 no data: its train_files are not compared)."""
+WHERE_KEYS = ("trainer.default_local_dir",)
+"""Where the run is, not how it trains: a run copied or moved elsewhere changes it, and no stage
+reads it, so it is not named among a start's changed keys."""
 SHOWN_CHANGES = 6
 SHOWN_VALUE_CHARS = 60
 
@@ -38,7 +41,11 @@ def record_config(run_dir: Path, config_yaml: str) -> list[str]:
     before, after = _parsed(previous_text), _parsed(config_yaml)
     if before is not None and after is not None:
         before, after = _flat(before), _flat(after)
-        changed = {key for key in before.keys() | after.keys() if before.get(key) != after.get(key)}
+        changed = {
+            key
+            for key in before.keys() | after.keys()
+            if before.get(key) != after.get(key) and key not in WHERE_KEYS
+        }
         followers = {  # keys that took their (changed) source's value, before and after
             key
             for key, sources in DERIVED.items()

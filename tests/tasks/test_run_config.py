@@ -78,3 +78,12 @@ def test_open_run_hands_the_changes_to_the_flow(tmp_path):
         assert run.config_changes == ("trainer.seed: 1 → 2",)
     finally:
         close_run(run)
+
+
+def test_a_run_copied_elsewhere_is_not_told_its_folder_changed(tmp_path):
+    # No stage reads trainer.default_local_dir: naming it would say the copy trains another config.
+    record_config(tmp_path, _yaml(f"trainer.default_local_dir={tmp_path}/a"))
+    assert record_config(tmp_path, _yaml(f"trainer.default_local_dir={tmp_path}/b")) == []
+    assert not (tmp_path / PREVIOUS_CONFIG).exists()
+    moved = record_config(tmp_path, _yaml(f"trainer.default_local_dir={tmp_path}/c", "trainer.seed=2"))
+    assert moved == ["trainer.seed: 1 → 2"]
