@@ -80,7 +80,8 @@ class _Trained:
 
 
 class ModelWorker:
-    """Rank `rank` of `world`; joins the group's process group on creation."""
+    """Rank `rank` of `world`. It joins the group's process group when told where: rank 0 opens the
+    rendezvous (`open_rendezvous`), then every rank joins it (`join_group`)."""
 
     def __init__(self, rank: int, world: int, device: str, threads: int | None):
         if threads:
