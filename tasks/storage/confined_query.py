@@ -80,6 +80,8 @@ def connect_confined(run_dir: str | Path, sql: str | None = None) -> duckdb.Duck
     manager). A table file that cannot be read is a ValueError that says what to do (explained)."""
     directory = checked_dir(run_dir)
     views = views_of(directory)
+    if outside := _links_out(directory):  # defining the views reads their files' footers
+        raise ValueError(f"{directory}{outside}")
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"ATTACH ':memory:' AS {_ALIAS}")
@@ -219,7 +221,7 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
     except duckdb.PermissionException as exc:
         raise ValueError(
             f"{exc}\nppoflow query may read only the run's files, under {directory} (a relative path "
-            f"is taken from the current directory){_links_out(directory)}; {available}"
+            f"is taken from the current directory); {available}"
         ) from exc
     except duckdb.Error as exc:
         hint = available
@@ -231,19 +233,28 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
         raise ValueError(f"{exc}\n{hint}") from exc
 
 
+READ_BY_VIEWS = ("data", "rounds")
+"""Folders the views read besides the step folders (`iter=…`) and a retraining directory's own parquet
+files. A link elsewhere (checkpoints kept on another disk) is the user's: no view reads it."""
+
+
 def _links_out(directory: Path, limit: int = 3) -> str:
-    """The symbolic links in the run that lead out of it (a view's glob meets them and DuckDB refuses
-    the whole read), said with what to do; "" when there are none."""
-    outside = []
-    for path in sorted(directory.rglob("*")):  # rglob follows no link to a folder
-        if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
-            outside.append(f"{path} -> {os.readlink(path)}")
+    """The symbolic links in the run that lead out of it where its views read, said with what to do;
+    "" when there are none. A query is refused before any view is defined: defining one reads its
+    files' footers, and the confinement cannot be set before the views exist."""
+    outside, root = [], directory.resolve()
+    for top in sorted(directory.iterdir()):
+        if not (top.name.startswith("iter=") or top.name in READ_BY_VIEWS or top.suffix == ".parquet"):
+            continue
+        for path in (top, *sorted(top.rglob("*") if top.is_dir() and not top.is_symlink() else ())):
+            if path.is_symlink() and not path.resolve().is_relative_to(root):  # (rglob follows no link)
+                outside.append(f"{path} -> {os.readlink(path)}")
     if not outside:
         return ""
     more = f" and {len(outside) - limit} more" if len(outside) > limit else ""
     named = ", ".join(outside[:limit])
     return (
-        f"; the run holds symbolic links that lead out of it, which its views meet: {named}{more}: "
+        f" holds symbolic links that lead out of it, where its views read: {named}{more}: "
         "remove them, or put a copy of the file there"
     )
 

@@ -372,11 +372,25 @@ def test_a_run_directory_that_is_a_symbolic_link_loop_is_named(tmp_path):
         query(tmp_path / "loop", "SELECT 1")
 
 
-def test_a_link_planted_in_a_table_folder_is_named_with_what_to_do(run):
-    # The metrics view globs iter=*/metrics/*.parquet: it meets the link and DuckDB refuses the read.
-    outside = run.parent.parent / "outside.parquet"
-    duckdb.sql(f"COPY (SELECT 2 AS iter, 2 AS step) TO '{outside}'")
+@pytest.mark.parametrize("target", ["outside.parquet", "outside.csv"])
+def test_a_link_planted_in_a_table_folder_is_refused_before_any_file_is_read(run, target):
+    """Defining the views reads their files' footers, before the connection is confined: a link that
+    leads out of the run is refused first, named with its target and what to do. (outside.csv is not
+    parquet: reading its footer would have said the table is damaged.)"""
+    outside = run.parent.parent / target
+    if target.endswith(".parquet"):
+        duckdb.sql(f"COPY (SELECT 2 AS iter, 2 AS step) TO '{outside}'")
     (run / FORGED).symlink_to(outside)
-    message = refused(run, METRICS, RUN_ONLY)
-    assert f"symbolic links that lead out of it, which its views meet: {run / FORGED} -> {outside}" in message
-    assert "remove them, or put a copy of the file there" in message
+    with pytest.raises(ValueError) as raised:
+        query(run, METRICS)
+    assert str(raised.value) == (
+        f"{run} holds symbolic links that lead out of it, where its views read: {run / FORGED} -> "
+        f"{outside}: remove them, or put a copy of the file there"
+    )
+
+
+def test_a_link_where_no_view_reads_is_the_users(run):
+    elsewhere = run.parent.parent / "big-disk"
+    elsewhere.mkdir()
+    (run / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
+    assert query(run, METRICS)[1] == [(1, 1), (2, 2)]
