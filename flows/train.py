@@ -211,12 +211,14 @@ def _starting_state(
         kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
     )
     checkpoint = cfg.trainer.resume_from_path if cfg.trainer.resume_mode == "resume_path" else None
+    where = None
     if cfg.trainer.val_only and cfg.trainer.resume_mode == "auto":
         # verl's auto mode loads the newest checkpoint before validating it; a training start needs
         # none of that: its finished steps are replayed from their cached stages.
         checkpoint = newest_trainer_state(run.path)
+        where = f"the run's newest checkpoint, {checkpoint} (trainer.val_only, resume_mode auto)"
     if checkpoint is None:
         return 1, state
     return resume_state(
-        checkpoint, state, run_dir=run.path, train=not cfg.trainer.val_only, lora=lora_specs(cfg)
+        checkpoint, state, run_dir=run.path, train=not cfg.trainer.val_only, lora=lora_specs(cfg), where=where
     )

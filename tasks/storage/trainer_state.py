@@ -86,6 +86,7 @@ def resume_state(
     run_dir: Path,
     train: bool = True,
     lora: dict[str, LoraSpec | None] | None = None,
+    where: str | None = None,
 ) -> tuple[int, TrainState]:
     """(next step, state) to continue from a saved `checkpoints/iter=k` folder of any run (moved or
     renamed runs too). With `train`, each model's optimizer state must be there; a role's LoRA
@@ -93,7 +94,7 @@ def resume_state(
     lora = lora or {}
     folder = Path(checkpoint_dir).resolve()
     path = folder / STATE_FILE
-    where = f"trainer.resume_from_path={checkpoint_dir}"
+    where = where or f"trainer.resume_from_path={checkpoint_dir}"
     if not path.is_file():
         raise FileNotFoundError(
             f"{where}: no {STATE_FILE} there; point it at a checkpoints/iter=NNNNNN folder of a ppoflow run"
@@ -135,14 +136,17 @@ def _restored(
     if current is None or info is None:
         return current
     checkpoint = Path(info["checkpoint"])
-    if not checkpoint.is_dir():  # the run was moved or renamed: the folder beside this file
-        moved = folder.parent / checkpoint.parent.name / role
-        if not moved.is_dir():
+    beside = folder.parent / checkpoint.parent.name / role  # where the run is now
+    # A checkpoint saved at this very step is beside this file: a copied run's file still names the
+    # original's folder, whose model must not stand in for a copy's deleted one. One of an earlier
+    # step may be another run's (resumed from it): the folder named, else the one beside.
+    if checkpoint.parent.name == folder.name or not checkpoint.is_dir():
+        if not beside.is_dir():
             raise FileNotFoundError(
-                f"{where}: the {role} checkpoint it names, {checkpoint}, is not there "
-                f"(nor at {moved}; pruned by max_{role}_ckpt_to_keep?)"
+                f"{where}: the {role} checkpoint it names is not there, at {beside} "
+                f"(pruned by max_{role}_ckpt_to_keep, or deleted?)"
             )
-        checkpoint = moved
+        checkpoint = beside
     if train and int(info["step"]) > 0 and not optimizer_dir(checkpoint).is_dir():
         raise ResumeRefused(
             f"{where}: the {role} optimizer state is not there (a run keeps it with the newest "

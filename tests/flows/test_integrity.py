@@ -190,6 +190,19 @@ def test_val_only_on_a_trained_run_validates_its_newest_checkpoint(small_run, tm
     assert base["val_scores"] == [summary["val_scores"][0]]
 
 
+def test_val_only_on_a_copied_run_never_validates_the_originals_checkpoint(small_run, tmp_path):
+    """A copy's trainer state still names the original's folders: the copy's own checkpoint is the
+    one validated, and a copy whose checkpoint was deleted is refused, not served the original's."""
+    run_dir, _, _ = small_run
+    copy = _copy(run_dir, tmp_path)
+    shutil.rmtree(copy / "checkpoints/iter=000002/actor")
+    with pytest.raises(
+        FileNotFoundError, match=r"the actor checkpoint it names is not there, at .*copy/checkpoints"
+    ):
+        train(copy, "trainer.val_only=true")
+    assert (run_dir / "checkpoints/iter=000002/actor").is_dir()  # the original's, which it did not take
+
+
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
     prefect_server, tiny_model_dir, tmp_path
 ):
