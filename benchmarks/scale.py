@@ -76,7 +76,8 @@ def memory(model_path: str) -> None:
         ("FSDP2, 2 ranks", 2, "fsdp2"),
         ("ZeRO-3, 2 ranks", 2, "zero3"),
     ):
-        queue, ports = mp.get_context("spawn").SimpleQueue(), mp.get_context("spawn").SimpleQueue()
+        spawn = mp.get_context("spawn")
+        queue, ports = spawn.SimpleQueue(), spawn.SimpleQueue()
         context = mp.spawn(
             _memory_rank, args=(world, strategy, str(directory), ports, queue), nprocs=world, join=False
         )
@@ -107,10 +108,13 @@ def _memory_rank(rank: int, world: int, strategy: str | None, directory: str, po
 
     model = load_actor(directory)
     if world > 1:  # rank 0 listens at a port the kernel picks and tells the others
-        listener = open_rendezvous("127.0.0.1") if rank == 0 else None
-        for _ in range(world - 1 if listener else 0):
-            ports.put(listener.getsockname()[1])
-        port = listener.getsockname()[1] if listener else ports.get()
+        if rank == 0:
+            listener = open_rendezvous("127.0.0.1")
+            port = listener.getsockname()[1]
+            for _ in range(world - 1):
+                ports.put(port)
+        else:
+            listener, port = None, ports.get()
         join_process_group(rank, world, "127.0.0.1", port, "cpu", listener)
     if strategy == "zero3":
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
