@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -189,10 +190,28 @@ def validation_panel(run: RunData, curve: dict[str, list[tuple[int, float]]]) ->
     fig.set_size_inches(7.5, 4.0)
     for source, points in curve.items():
         _plot(ax, points, f"validation {source}")
+        for component, component_points in _validation_components(run, source).items():
+            _plot(ax, component_points, f"{source} {component}", linestyle=":")
     _plot(ax, training, "training critic/score/mean", color="grey", linestyle="--")
     ax.set_ylabel("mean score")
     ax.legend(fontsize=8)
     return fig
+
+
+def _validation_components(run: RunData, source: str) -> dict[str, list[tuple[int, float]]]:
+    """Each reward component's validation mean (val-aux/<source>/<component>/mean@n: GSM8K's
+    correctness, and format, the rate of answers in the "#### N" form) when the score has more than one."""
+    prefix = f"val-aux/{source}/"
+    components = {
+        match[1]: run.series(name)
+        for name in run.metrics
+        if name.startswith(prefix) and (match := _COMPONENT_MEAN.fullmatch(name[len(prefix) :]))
+    }
+    components.pop("reward", None)  # the score itself, already drawn
+    return dict(sorted(components.items())) if len(components) > 1 else {}
+
+
+_COMPONENT_MEAN = re.compile(r"([^/]+)/mean@\d+")
 
 
 def timings_panel(run: RunData) -> Figure | None:

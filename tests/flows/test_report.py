@@ -94,6 +94,13 @@ def test_panels_plot_the_runs_numbers(runs):
     val = column(run_dir, "SELECT avg(score) FROM validation GROUP BY iter ORDER BY iter")
     val_line = next(line for line in val_ax.lines if line.get_label().startswith("validation"))
     assert list(val_line.get_xdata()) == [0, 1, 2, 3, 4] and list(val_line.get_ydata()) == pytest.approx(val)
+    # Each reward component beside the score (the addition task's correctness and format).
+    for component in ("correctness", "format"):
+        (line,) = [line for line in val_ax.lines if line.get_label() == f"ppoflow/addition {component}"]
+        means = column(
+            run_dir, f"SELECT avg(components['{component}']) FROM validation GROUP BY iter ORDER BY iter"
+        )
+        assert list(line.get_xdata()) == [0, 1, 2, 3, 4] and list(line.get_ydata()) == pytest.approx(means)
     assert list(val_ax.get_xticks()) == [0, 1, 2, 3, 4]  # a tick at each iteration
     assert list(actor["actor/ppo_kl"].get_xticks()) == [1, 2, 3, 4]
     (timing_ax,) = figures["timings"].axes
