@@ -81,12 +81,12 @@ def require_same_run(run_dir: Path, config_yaml: str) -> None:
     after = _flat(after)
     before = _parsed(_read_previous(run_dir / CONFIG))
     if before is None:  # deleted, damaged or planted: which run the steps are is unknown
+        kept = f" ({PREVIOUS_CONFIG} holds the one before its last change)" if _has_previous(run_dir) else ""
         raise AnotherRun(
             f"{run_dir} holds steps but no config.yaml of ppoflow's that says which run they are; this "
             f"start could replace them in place, so nothing was changed: if they are this start's run, put "
-            f"its config.yaml back ({PREVIOUS_CONFIG} holds the one before its last change); else give this "
-            f"start a run directory of its own ({_own_directory(run_dir, after)}), or remove {run_dir} to "
-            "start it over"
+            f"its config.yaml back{kept}; else give this start a run directory of its own "
+            f"({_own_directory(run_dir, after)}), or remove {run_dir} to start it over"
         )
     before = _flat(before)
     keys = [key for key in IDENTITY_KEYS if _as_list(before.get(key)) != _as_list(after.get(key))]
@@ -100,6 +100,11 @@ def require_same_run(run_dir: Path, config_yaml: str) -> None:
         f"so nothing was changed: give it a run directory of its own ({_own_directory(run_dir, after)}), "
         f"or remove {run_dir} to start it over"
     )
+
+
+def _has_previous(run_dir: Path) -> bool:
+    """Whether the run keeps a config.previous.yaml (written only when a start changed the config)."""
+    return _read_previous(run_dir / PREVIOUS_CONFIG) is not None
 
 
 def _own_directory(run_dir: Path, after: dict[str, Any]) -> str:

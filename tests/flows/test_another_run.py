@@ -159,10 +159,12 @@ def _tree(keys: dict) -> dict:
     return tree
 
 
+@pytest.mark.parametrize("kept", [True, False], ids=["previous kept", "no previous"])
 @pytest.mark.parametrize("damage", ["deleted", "not yaml", "a list", "too large"])
-def test_steps_without_a_config_of_ppoflows_are_not_taken_for_this_run(tmp_path, damage):
+def test_steps_without_a_config_of_ppoflows_are_not_taken_for_this_run(tmp_path, damage, kept):
     """Without the config.yaml that says which run the steps are, a start could be another run's:
-    refused, with what to do, and nothing changed."""
+    refused, with what to do (naming config.previous.yaml only when the run has one), and nothing
+    changed."""
     from ppoflow.tasks.storage.run_config import MAX_CONFIG_BYTES
 
     model = "actor_rollout_ref.model.path"
@@ -178,14 +180,16 @@ def test_steps_without_a_config_of_ppoflows_are_not_taken_for_this_run(tmp_path,
             config.write_text("- 1\n- 2\n")
         case "too large":
             config.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    if kept:
+        (run / "config.previous.yaml").write_text(yaml.safe_dump(_tree({model: "builtin:tiny-addition"})))
     before = _contents(run)
     with pytest.raises(AnotherRun) as info:
         require_same_run(run, yaml.safe_dump(_tree({model: "builtin:smollm2-135m-instruct"})))
     assert str(info.value) == (
         f"{run} holds steps but no config.yaml of ppoflow's that says which run they are; this start could "
         "replace them in place, so nothing was changed: if they are this start's run, put its config.yaml "
-        "back (config.previous.yaml holds the one before its last change); else give this start a run "
-        "directory of its own (trainer.experiment_name=smollm2-135m-instruct trains in "
+        f"back{' (config.previous.yaml holds the one before its last change)' if kept else ''}; else give "
+        "this start a run directory of its own (trainer.experiment_name=smollm2-135m-instruct trains in "
         f"runs/smollm2-135m-instruct; or set trainer.default_local_dir), or remove {run} to start it over"
     )
     assert _contents(run) == before
