@@ -1,8 +1,8 @@
 """Does SmolLM2-135M-Instruct learn on a laptop? Runs `ppoflow train --config
 conf/arithmetic_smollm2.yaml` (GRPO on single-digit addition, the answer after "####") for one or more
 `trainer.seed` values and prints, at every validation on the 40 held-out sums, the strict score (the
-right number after the last "#### ") and the rate of answers in the "#### N" form, with the seconds
-since launch.
+right number after the last "#### ") and the rate of answers in the "#### N" form, then each run's
+rise and its minutes from launch to exit.
 
     .venv/bin/python benchmarks/arithmetic_smollm2.py                 # seed 1, the config as shipped
     .venv/bin/python benchmarks/arithmetic_smollm2.py --seeds 1 2 3 -- trainer.num_threads=1
