@@ -28,6 +28,7 @@ from transformers.utils import logging as transformers_logging
 
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+SPECIAL_TOKENS = ("bos", "eos", "unk", "pad")
 
 # ppoflow loads and saves checkpoints every iteration; transformers' per-load "Loading weights" and
 # "Writing model shards" bars would bury the one line per iteration.
@@ -238,6 +239,7 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> None:
     kwargs = {"gguf_file": gguf_file.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(gguf_file.parent, dtype=torch.float32, **kwargs)
+    _name_special_tokens(tokenizer, model.config)
     # Dequantized on load: drop the quantizer so the weights save as plain float32 safetensors.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -245,3 +247,14 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _name_special_tokens(tokenizer: PreTrainedTokenizerBase, config) -> None:
+    """Give a tokenizer converted from GGUF the BOS, EOS, unknown and pad tokens whose ids the GGUF
+    file names (read into the model's config): transformers 5.17 converts a GGUF tokenizer with the
+    BOS token as its EOS (SmolLM2's <|im_start|> instead of <|im_end|>) and no pad token, so rollouts
+    would stop at <|im_start|> and pad with it; 5.24 converts them as the file says."""
+    for name in SPECIAL_TOKENS:
+        token_id = getattr(config, f"{name}_token_id", None)
+        if isinstance(token_id, int) and 0 <= token_id < len(tokenizer):
+            setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(token_id))

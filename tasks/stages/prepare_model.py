@@ -65,9 +65,16 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
+GGUF_CONVERSION = 2
+"""The conversion's recipe, part of a converted directory's name: 2 names the special tokens from the
+file's ids (transformers 5.17 converted SmolLM2 with <|im_start|> as EOS), so a directory converted
+before is not reused."""
+
+
 def converted_gguf(gguf_file: Path) -> Path:
     """A GGUF checkpoint converted once into a cached Hugging Face directory."""
-    identity = hashlib.sha256(f"{gguf_file.resolve()}:{gguf_file.stat().st_size}".encode()).hexdigest()[:12]
+    source = f"{gguf_file.resolve()}:{gguf_file.stat().st_size}:{GGUF_CONVERSION}"
+    identity = hashlib.sha256(source.encode()).hexdigest()[:12]
     target = cache_root() / "gguf" / f"{gguf_file.stem}-{identity}"
     return cached_model_dir(target, lambda staging: convert_gguf(gguf_file, staging))
 

@@ -74,6 +74,8 @@ def test_two_ppo_iterations_of_smollm2_on_gsm8k(prefect_server, tmp_path):
     actor_dir = summary["actor_checkpoint"]
     model = AutoModelForCausalLM.from_pretrained(actor_dir)
     tokenizer = AutoTokenizer.from_pretrained(actor_dir)
+    # the GGUF file's EOS and pad ids (2 and 2), whichever transformers release converted it
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|im_end|>")
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 2 + 3?"}],
         add_generation_prompt=True,
