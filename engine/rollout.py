@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate, chain
 from typing import Protocol
@@ -213,6 +214,10 @@ class HFRolloutEngine:
         return streams.sample(probs, steps_left).to(logits.device)
 
 
+NOISE_PER_THREAD = 1 << 18
+"""Noise values a thread of RowStreams' draw gets at least (smaller draws are not worth a thread)."""
+
+
 class RowStreams:
     """One random stream per response (a CPU `torch.Generator` each), sampled as a batch.
 
@@ -221,8 +226,10 @@ class RowStreams:
     q ~ Exp(1) drawn from the generator (the exponential form of the Gumbel-max trick), and a CPU
     generator's exponential stream is the same however it is split into calls, so each row's noise
     for several decoding steps is drawn at once (at most `budget` floats for the whole batch) and
-    each step is one division and argmax over the batch. tests/engine/test_rollout.py holds the
-    equality to torch.multinomial on the installed torch.
+    each step is one division and argmax over the batch. The rows' noise is drawn by up to
+    torch.get_num_threads() threads, each filling its own rows from their own generators (the
+    same numbers as one thread; a GPU's rollout waits on this draw, not on its forward pass).
+    tests/engine/test_rollout.py holds the equality to torch.multinomial on the installed torch.
     """
 
     def __init__(self, seeds: Sequence[int], *, budget: int = 1 << 20):
@@ -242,12 +249,28 @@ class RowStreams:
         if self._next == self._noise.shape[1]:
             steps = max(1, min(steps_left, self.budget // max(1, rows * vocab)))
             self._noise = torch.empty(rows, steps, vocab, dtype=probs.dtype)
-            for noise, generator in zip(self._noise, self.generators, strict=True):
-                noise.exponential_(1, generator=generator)
+            self._draw_noise()
             self._next = 0
         noise = self._noise[:, self._next]
         self._next += 1
         return (probs / noise).argmax(dim=-1)
+
+    def _draw_noise(self) -> None:
+        """Fill `_noise` row by row from each row's generator, rows split over threads when the draw
+        is large (torch's kernels release the GIL; a generator is only used by the thread given its
+        row)."""
+        rows = list(zip(self._noise, self.generators, strict=True))
+
+        def fill(share: list[tuple[torch.Tensor, torch.Generator]]) -> None:
+            for noise, generator in share:
+                noise.exponential_(1, generator=generator)
+
+        workers = max(1, min(torch.get_num_threads(), len(rows), self._noise.numel() // NOISE_PER_THREAD))
+        if workers == 1:
+            fill(rows)
+            return
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(fill, [rows[i::workers] for i in range(workers)]))
 
 
 def _distinct_prompts(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]] | None:

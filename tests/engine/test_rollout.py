@@ -95,11 +95,15 @@ def test_top_k_and_top_p_filters():
     assert not torch.isinf(filter_logits(logits, top_k=0, top_p=1.0)).any()
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize(("vocab", "budget"), [(7, 1 << 24), (7, 1), (49_152, 3 * 49_152 * 5)])
-def test_batched_sampling_draws_what_torch_multinomial_draws_row_by_row(vocab, budget):
+def test_batched_sampling_draws_what_torch_multinomial_draws_row_by_row(vocab, budget, threads, monkeypatch):
     """Each row's token at each step is the one `torch.multinomial(p, 1, generator)` picks from the
     row's own stream, whether the noise of all steps is drawn at once, one step at a time (budget
-    1) or a few steps at a time; with top-k/top-p zeros in the probabilities too."""
+    1) or a few steps at a time, by one thread or by several; with top-k/top-p zeros in the
+    probabilities too."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the draw's thread count
+    monkeypatch.setattr(rollout, "NOISE_PER_THREAD", 1)  # threads even for these small draws
     torch.manual_seed(0)
     seeds, steps = [sample_seed(3, i, 0) for i in range(3)], 12
     probs = [torch.softmax(torch.randn(3, vocab) * 3, dim=-1) for _ in range(steps)]
