@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path not in slow_modules)  # stable: the order within a module stays
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device (run on a GPU machine: bash benchmarks/gsm8k_gpu.sh)")
+    skip = pytest.mark.skip(reason="needs a CUDA device (on a GPU machine: bash benchmarks/gpu_proof.sh)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
