@@ -23,10 +23,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from learning import run_seed
 from safetensors.torch import load_file
 
 from ppoflow.tasks.stages.prepare_model import build_tiny_base
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also under PYTHONSAFEPATH (gpu_proof.sh)
+from learning import run_seed  # noqa: E402
 
 
 def weights(folder: Path) -> dict[str, torch.Tensor]:

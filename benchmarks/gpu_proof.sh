@@ -10,20 +10,26 @@
 # (benchmarks/device_agreement.py: both curves, the final actors' distance, stated tolerances); one
 # PPO step at verl's quickstart shapes with random weights for SmolLM2-135M and Qwen2.5-0.5B
 # (benchmarks/gpu_throughput.py: tokens/s and peak memory per phase beside verl's published step).
-# Results go to $OUT when set, else runs/gpu-proof/. Ends with one line: what passed, what did not.
+# Results go to $OUT when set, else runs/gpu-proof-<time>/. Ends with one line: what passed, what did
+# not. The repository's own ppoflow/ folder must not shadow the installed package (it lacks engine/,
+# tasks/, flows/, conf/, which installing maps in): Python runs with PYTHONSAFEPATH=1 (no current
+# folder on sys.path) and pytest with --import-mode=importlib. The dry run installs the bundle's
+# ppoflow wheel the same way (its other wheels are for Python 3.12; this Python's packages stand in).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dry_run=false
-case "${1:-}" in
+case "$*" in
   --dry-run) dry_run=true ;;
   "") ;;
-  *) echo "gpu_proof: unknown option $1 (use --dry-run or nothing)" >&2; exit 2 ;;
+  *) echo "gpu_proof: unknown arguments '$*' (use --dry-run or nothing)" >&2; exit 2 ;;
 esac
-out="${OUT:-runs/gpu-proof}"
+out="${OUT:-runs/gpu-proof-$(date +%Y%m%d-%H%M%S)-$$}"
 mkdir -p "$out"
+site="$(mktemp -d "${TMPDIR:-/tmp}/ppoflow-site-XXXXXXXX")"
+trap 'rm -rf "$site"' EXIT
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PPOFLOW_PROGRESS=0
 deadline=$((SECONDS + 540))
-passed=() failed=()
+passed=() failed=() notes=()
 
 step() {  # name, seconds allowed, command...: runs it within the time left, records the outcome
   local name="$1" limit="$2"
@@ -51,24 +57,30 @@ step() {  # name, seconds allowed, command...: runs it within the time left, rec
 }
 
 proof() {
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
   if $dry_run; then
     py="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
     device=cpu
     if [ -d .gpu-bundle ]; then
       step "bundle complete for the image (static check)" 60 "$py" scripts/gpu_bundle_check.py static .gpu-bundle
+      step "install ppoflow's wheel from the bundle" 60 "$py" -m pip install -q --no-index --no-deps \
+        --no-compile --target "$site" .gpu-bundle/ppoflow-*.whl
     else
-      echo "== bundle: none here (bash scripts/gpu-bundle writes .gpu-bundle/); its check is skipped"
+      echo "== bundle: none here (bash scripts/gpu-bundle writes .gpu-bundle/): not checked, not installed"
+      notes+=("no bundle here: neither checked nor installed")
     fi
   else
-    py=python3
+    py="${PYTHON:-python3}"
     device=cuda
-    "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || {
+    if ! "$py" -c "import torch" 2>/dev/null; then
+      echo "gpu_proof: $py has no torch: run on the GPU machine (PYTHON=… names another Python), or use --dry-run"
+      exit 2
+    fi
+    "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || {
       echo "gpu_proof: torch sees no CUDA device here: run on the GPU machine, or use --dry-run"
       exit 2
     }
     [ -d .gpu-bundle ] || { echo "gpu_proof: no .gpu-bundle/ here: run bash scripts/gpu-bundle first"; exit 2; }
-    site="$(mktemp -d /tmp/ppoflow-site-XXXXXXXX)"
-    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH"
     step "install the bundle" 120 "$py" scripts/gpu_bundle_check.py install "$site" .gpu-bundle
     case $? in  # 1: installed, with requirements unmet (listed above): the steps below show what breaks
       0 | 1) ;;
@@ -76,9 +88,11 @@ proof() {
     esac
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   fi
-  "$py" -c "import sys, torch, transformers, prefect, duckdb; print(f'python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, prefect {prefect.__version__}, duckdb {duckdb.__version__}')"
+  export PYTHONSAFEPATH=1
+  "$py" -c "import sys, torch, transformers, prefect, duckdb, ppoflow.engine; print(f'python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}, prefect {prefect.__version__}, duckdb {duckdb.__version__}; ppoflow from {ppoflow.engine.__path__[0]}')"
 
-  step "tests marked gpu" 150 "$py" -m pytest -q -n 0 -m gpu -p no:cacheprovider tests/gpu
+  step "tests marked gpu" 150 "$py" -m pytest -q -n 0 -m gpu -p no:cacheprovider --import-mode=importlib tests/gpu
+  $dry_run && notes+=("the gpu tests were collected and skip without CUDA")
   if $dry_run; then
     step "embedded default, the same seed twice (2 steps)" 200 \
       "$py" benchmarks/device_agreement.py --devices cpu cpu -- trainer.total_training_steps=2
@@ -93,7 +107,7 @@ proof() {
         --model "$model" --device "$device" --json "$out/throughput-$model.json"
     done
   fi
-  echo "== SmolLM2 GRPO on GSM8K: not run: its weights (a 98 MB GGUF) do not fit one call's 64 MiB beside the bundle"
+  echo "== SmolLM2 GRPO on GSM8K: not run: its weights (a 98 MB GGUF) do not travel with the bundle"
 
   summary="${#passed[@]} of $((${#passed[@]} + ${#failed[@]})) steps passed"
   if ((${#failed[@]})); then
@@ -101,7 +115,7 @@ proof() {
     exit 1
   fi
   if $dry_run; then
-    echo "gpu_proof --dry-run: $summary on the CPU; on the GPU machine: bash benchmarks/gpu_proof.sh"
+    echo "gpu_proof --dry-run: $summary on the CPU ($(IFS=';'; echo "${notes[*]}")); on the GPU machine: bash benchmarks/gpu_proof.sh"
   else
     echo "gpu_proof: $summary on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); results in $out"
   fi

@@ -62,20 +62,28 @@ def main() -> None:
     parser.add_argument("--model", choices=sorted(p.name for p in ARCHITECTURES.iterdir()), required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
-    parser.add_argument("--prompts", type=int, default=256)
-    parser.add_argument("--response-length", type=int, default=256)
+    parser.add_argument("--prompts", type=positive, default=256)
+    parser.add_argument("--response-length", type=positive, default=256)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
+    on_cuda = torch.device(args.device).type == "cuda"
+    if on_cuda and not torch.cuda.is_available():
         sys.exit("gpu_throughput: torch sees no CUDA device (use --device cpu for a smoke run)")
-    if args.device == "cuda":
+    if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 runs: TF32 tensor cores, as verl's defaults
     torch.manual_seed(args.seed)
     figures = run(args)
     print_table(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive count")
+    return value
 
 
 def run(args) -> dict:

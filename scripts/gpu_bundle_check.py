@@ -9,7 +9,8 @@ Standard library and `packaging` only; Python 3.11 and 3.12. BUNDLE defaults to 
   gpu_bundle_check.py install SITE [BUNDLE]            there: all of it, then `export PYTHONPATH=SITE`
       refuses a stale bundle, unpacks it, installs its wheels into SITE (pip --no-index --no-deps
       --target), with the shadow wheels the image's versions need, then runs `site SITE`; exit 2
-      when nothing was installed (stale, pip failed), 1 when installed with unmet requirements
+      when nothing was installed (stale, unreadable, pip failed), 1 when installed with unmet
+      requirements. Every command exits 2, in one line, on a bundle or wheel it cannot read.
   gpu_bundle_check.py shadow [BUNDLE]                  there: the shadow wheels the image needs
   PYTHONPATH=SITE gpu_bundle_check.py site SITE        there: every requirement of every distribution
       in SITE (and each other distribution's requirements on a name in SITE) is met by what
@@ -31,7 +32,9 @@ import hashlib
 import importlib.metadata
 import io
 import json
+import lzma
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -43,7 +46,7 @@ from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,6 +70,11 @@ TARGET_ENV = {
     "sys_platform": "linux",
 }
 UNKNOWN = "unknown"  # the version of an image package the list names without one
+MEMBER = re.compile(r"(wheels|shadow)/[^/]+\.whl")  # the only names a bundle's archive may hold
+
+
+class BundleError(Exception):
+    """A bundle, wheel or folder that cannot be read as one: said in one line, exit 2."""
 
 
 @dataclass
@@ -90,17 +98,20 @@ def dist_from_metadata(text: str, origin: str = "") -> Dist:
 
 
 def dist_from_wheel(path: str | Path, fileobj=None) -> Dist:
-    parse_wheel_filename(Path(path).name)  # refuses a name that is not a wheel's
+    try:
+        parse_wheel_filename(Path(path).name)
+    except InvalidWheelFilename as error:
+        raise BundleError(f"{path}: {error}") from None
     with zipfile.ZipFile(fileobj or path) as whl:
         metadata = [m for m in whl.namelist() if m.endswith(".dist-info/METADATA") and m.count("/") == 1]
         if len(metadata) != 1:
-            sys.exit(f"gpu_bundle_check: {path}: {len(metadata)} .dist-info/METADATA files, not one")
+            raise BundleError(f"{path}: {len(metadata)} .dist-info/METADATA files, not one")
         return dist_from_metadata(whl.read(metadata[0]).decode(), str(path))
 
 
 def add(dists: dict[str, Dist], dist: Dist) -> None:
     if dist.name in dists:  # pip installs neither of two versions
-        sys.exit(f"gpu_bundle_check: two wheels of {dist.name}: {dists[dist.name].origin}, {dist.origin}")
+        raise BundleError(f"two wheels of {dist.name}: {dists[dist.name].origin}, {dist.origin}")
     dists[dist.name] = dist
 
 
@@ -108,6 +119,8 @@ def read_wheels(paths: list[str | Path]) -> dict[str, Dist]:
     """The wheels named, and those in the folders named, by name."""
     dists: dict[str, Dist] = {}
     for p in map(Path, paths):
+        if not p.exists():
+            raise BundleError(f"{p} does not exist")
         for whl in sorted(p.glob("*.whl")) if p.is_dir() else [p]:
             add(dists, dist_from_wheel(whl))
     return dists
@@ -118,13 +131,13 @@ def read_bundle(folder: Path, extract_to: Path | None = None) -> tuple[dict[str,
     and ppoflow's wheel beside it (always carried)."""
     archive = folder / ARCHIVE
     if not archive.is_file():
-        sys.exit(f"gpu_bundle_check: no {archive}: build the bundle with scripts/gpu-bundle")
+        raise BundleError(f"no {archive}: build the bundle with scripts/gpu-bundle")
     wheels: dict[str, Dist] = {}
     shadow: dict[str, Dist] = {}
     with tarfile.open(archive, "r:xz") as tar:
         for member in tar:
-            if not member.name.endswith(".whl"):
-                continue
+            if not (member.isfile() and MEMBER.fullmatch(member.name)):
+                raise BundleError(f"{archive} holds '{member.name}', not a wheel under wheels/ or shadow/")
             if extract_to is None:
                 dist = dist_from_wheel(member.name, io.BytesIO(tar.extractfile(member).read()))
             else:
@@ -247,11 +260,12 @@ def print_report(report: Report, verbose: bool = False) -> int:
 
 
 def source_files(root: Path) -> dict[str, str]:
-    """sha256 of each file ppoflow's wheel is built from: pyproject.toml and the .py and .yaml files of
-    the folders its package-dir maps (tracked or not: a device call carries both)."""
+    """sha256 of each file the bundle is built from: pyproject.toml, constraints.txt (the carried
+    versions) and the .py and .yaml files of the folders ppoflow's package-dir maps (tracked or not:
+    both travel with the repository)."""
     pyproject = root / "pyproject.toml"
     folders = set(tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-dir"].values())
-    files = [pyproject]
+    files = [p for p in (pyproject, root / "constraints.txt") if p.is_file()]
     for folder in sorted(folders):
         files += [p for p in (root / folder).rglob("*") if p.suffix in {".py", ".yaml"} and p.is_file()]
     return {
@@ -263,14 +277,17 @@ def source_files(root: Path) -> dict[str, str]:
 
 def stale(folder: Path) -> str:
     """'' if ppoflow's wheel in the bundle was built from the sources here, else why not."""
-    built = json.loads((folder / MANIFEST).read_text())["source_files"]
+    try:
+        built = json.loads((folder / MANIFEST).read_text())["source_files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise BundleError(f"{folder / MANIFEST} is not a bundle's manifest ({error})") from None
     now = source_files(ROOT)
     changed = sorted(k for k in built.keys() | now.keys() if built.get(k) != now.get(k))
     if not changed:
         return ""
     more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
     return (
-        f"stale: ppoflow's wheel predates {len(changed)} changed source file(s) "
+        f"ppoflow's wheel predates {len(changed)} changed source file(s) "
         f"({', '.join(changed[:3])}{more}): rebuild with scripts/gpu-bundle"
     )
 
@@ -334,6 +351,9 @@ def cmd_static(args) -> int:
     rc = print_report(report, args.verbose)
     if reason:
         print(f"STALE       {reason}")
+    if not wheels:
+        print("EMPTY       no wheel to check: build the bundle with scripts/gpu-bundle")
+        return 1
     return 1 if rc or reason else 0
 
 
@@ -500,7 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shadow", required=True)
     p.add_argument("wheels", nargs="+")
     args = ap.parse_args(argv)
-    return globals()[f"cmd_{args.cmd}"](args)
+    try:
+        return globals()[f"cmd_{args.cmd}"](args)
+    except (BundleError, tarfile.TarError, EOFError, lzma.LZMAError, zipfile.BadZipFile, OSError) as error:
+        print(f"gpu_bundle_check: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

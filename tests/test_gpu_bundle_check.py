@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import json
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -125,6 +127,58 @@ def test_a_bundle_built_from_other_sources_is_stale(tmp_path, monkeypatch):
     (tmp_path / "src/a.py").write_text("x = 2\n")
     (tmp_path / "src/b.py").write_text("")
     assert "2 changed source file(s) (src/a.py, src/b.py)" in gbc.stale(tmp_path)
+
+
+def archive(folder: Path, members: dict[str, bytes], links: dict[str, str] | None = None) -> Path:
+    """A bundle folder whose deps.tar.xz holds `members` (name → bytes) and symbolic `links`."""
+    folder.mkdir()
+    with tarfile.open(folder / gbc.ARCHIVE, "w:xz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("members", "links"),
+    [
+        ({"/tmp/planted-1.0-py3-none-any.whl": b""}, None),  # absolute: read back from outside the bundle
+        ({"wheels/../../planted-1.0-py3-none-any.whl": b""}, None),
+        ({"notes.txt": b"x"}, None),
+        ({}, {"wheels/passwd-1.0-py3-none-any.whl": "/etc/passwd"}),
+    ],
+    ids=["absolute", "traversal", "not-a-wheel", "link"],
+)
+def test_an_archive_member_other_than_a_wheel_under_wheels_or_shadow_is_refused(tmp_path, members, links):
+    folder = archive(tmp_path / "bundle", members, links)
+    with pytest.raises(gbc.BundleError, match="not a wheel under wheels/ or shadow/"):
+        gbc.read_bundle(folder, tmp_path / "extract")
+    assert not (tmp_path / "extract").exists() or not any((tmp_path / "extract").rglob("*"))
+
+
+def test_an_unreadable_bundle_fails_in_one_line_with_exit_2(tmp_path, capsys):
+    """2 means nothing was installed (gpu_proof.sh stops); 1 would mean installed, requirements unmet."""
+    assert gbc.main(["install", str(tmp_path / "site"), str(tmp_path)]) == 2  # no manifest, no archive
+    assert capsys.readouterr().err.count("\n") == 1
+    folder = archive(tmp_path / "bundle", {"wheels/a-1.0-py3-none-any.whl": b"not a zip"})
+    data = (folder / gbc.ARCHIVE).read_bytes()
+    (folder / gbc.ARCHIVE).write_bytes(data[: len(data) // 2])  # truncated
+    assert gbc.main(["static", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpu_bundle_check: ") and err.count("\n") == 1
+    assert gbc.main(["static", str(tmp_path / "no-such-folder")]) == 2
+    assert "no-such-folder does not exist" in capsys.readouterr().err
+
+
+def test_an_empty_folder_of_wheels_is_not_a_pass(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, out = static(tmp_path, capsys, "six\n", tmp_path / "empty")
+    assert rc == 1 and "EMPTY       no wheel to check" in out
 
 
 def _module_level_imports(tree: ast.AST):

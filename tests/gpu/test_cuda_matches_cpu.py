@@ -40,6 +40,7 @@ def test_generation_on_cuda_matches_the_cpu(tiny_model_dir, prompts, do_sample):
     outputs = {}
     for device in ("cpu", "cuda"):
         model = load_actor(tiny_model_dir).to(device)
+        assert next(model.parameters()).device.type == device  # the engine generates where its model is
         engine = HFRolloutEngine(
             model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
         )
