@@ -14,12 +14,10 @@ from pathlib import Path
 
 import torch
 
-from ppoflow.engine.deepspeed_optimizer_state import load_deepspeed_optimizer, save_deepspeed_optimizer
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference
 from ppoflow.engine.names import RolloutEngineName, Strategy
 from ppoflow.engine.optim import OptimSettings, build_optimizer
-from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
 from ppoflow.engine.parallel import (
     DeepSpeedStepper,
     FSDP2Stepper,
@@ -39,6 +37,12 @@ from ppoflow.tasks.models.ray_cluster import where_am_i
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
+from ppoflow.tasks.storage.deepspeed_optimizer_state import load_deepspeed_optimizer, save_deepspeed_optimizer
+from ppoflow.tasks.storage.optimizer_state import (
+    OptimizerStateError,
+    load_torch_optimizer,
+    save_torch_optimizer,
+)
 from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.states import UpdateInputs
 

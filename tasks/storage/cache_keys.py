@@ -22,9 +22,20 @@ from ppoflow.tasks.storage.states import ModelState, StageResult
 from ppoflow.tasks.storage.tables import ArtifactRef
 
 TASKS_DIR = Path(__file__).resolve().parents[1]
-STORAGE_FORMAT = ("tables.py", "schemas.py", "metric_docs.py", "tensors.py", "states.py", "checkpoints.py")
+STORAGE_FORMAT = (
+    "tables.py",
+    "schemas.py",
+    "metric_docs.py",
+    "tensors.py",
+    "states.py",
+    "checkpoints.py",
+    "pretrained_files.py",
+    "safetensors_files.py",
+    "optimizer_state.py",
+    "deepspeed_optimizer_state.py",
+)
 """The storage modules that shape what a stage writes (parquet layout, schemas and their column docs,
-the tensors read back, result types)."""
+the tensors read back, result types, the checkpoint files of models and optimizer states)."""
 
 
 def computing_code(tasks_dir: Path = TASKS_DIR) -> tuple[Path, ...]:

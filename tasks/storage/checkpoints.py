@@ -17,10 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ppoflow.engine.lora import ADAPTER_CONFIG, LoraSpec, save_adapters
-from ppoflow.engine.optimizer_state import OptimizerStateError, load_torch_optimizer, save_torch_optimizer
-from ppoflow.engine.pretrained_files import save_model_files
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
+from ppoflow.tasks.storage.optimizer_state import (
+    OptimizerStateError,
+    load_torch_optimizer,
+    save_torch_optimizer,
+)
+from ppoflow.tasks.storage.pretrained_files import save_model_files
 from ppoflow.tasks.storage.regular_files import leads_outside, refuse_links_below, remove_from_run
 from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import file_digest, saved_folders, step_of, timed_io

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ppoflow.engine.optimizer_state import (
+from ppoflow.tasks.storage.optimizer_state import (
     MOMENTS,
     check_names,
     load_moments,

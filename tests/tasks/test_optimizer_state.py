@@ -11,13 +11,13 @@ import torch
 from safetensors import safe_open
 
 from ppoflow.engine.optim import build_optimizer
-from ppoflow.engine.optimizer_state import (
+from ppoflow.tasks.storage.optimizer_state import (
     OptimizerStateError,
     load_torch_optimizer,
     save_torch_optimizer,
 )
 
-from .settings import optim_settings
+from ..engine.settings import optim_settings
 
 SETTINGS = optim_settings(lr=0.05, warmup_steps=2, weight_decay=0.01)
 
@@ -70,7 +70,7 @@ def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_by
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
-    from ppoflow.engine.optimizer_state import _sort_header, save_moments
+    from ppoflow.tasks.storage.optimizer_state import _sort_header, save_moments
 
     generator = torch.Generator().manual_seed(3)
     moments = {
@@ -103,7 +103,7 @@ def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tiny
 
     from ppoflow.engine.lora import LoraSpec, add_adapters
     from ppoflow.engine.models import load_actor
-    from ppoflow.engine.optimizer_state import _states_by_name
+    from ppoflow.tasks.storage.optimizer_state import _states_by_name
 
     plain = load_actor(tiny_model_dir)
     adapted = add_adapters(
@@ -132,7 +132,7 @@ def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tiny
 MEMORY_PROBE = """
 import resource, sys, torch
 from pathlib import Path
-from ppoflow.engine.optimizer_state import save_moments
+from ppoflow.tasks.storage.optimizer_state import save_moments
 moments = {f"l{i}.weight.{k}": torch.rand(512, 1024) for i in range(32) for k in ("exp_avg", "exp_avg_sq")}
 unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -253,7 +253,7 @@ def test_moments_of_another_model_or_a_damaged_file_are_refused(tmp_path):
 
 
 def test_zero_ranks_split_the_parameters_by_size():
-    from ppoflow.engine.deepspeed_optimizer_state import owners
+    from ppoflow.tasks.storage.deepspeed_optimizer_state import owners
 
     assert owners([100, 10, 10, 10, 10, 70], 2) == [0, 1, 1, 1, 1, 1]
     assert owners([5, 5, 5], 3) == [0, 1, 2]

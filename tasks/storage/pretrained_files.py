@@ -24,7 +24,12 @@ from pathlib import Path
 
 import torch
 
-from ppoflow.engine.safetensors_files import read_header, safetensors_chunks, streamable, write_safetensors
+from ppoflow.tasks.storage.safetensors_files import (
+    read_header,
+    safetensors_chunks,
+    streamable,
+    write_safetensors,
+)
 
 WEIGHTS_FILE = "model.safetensors"
 

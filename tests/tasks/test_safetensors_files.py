@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from ppoflow.engine.safetensors_files import DTYPE_NAMES, read_header, streamable, write_safetensors
+from ppoflow.tasks.storage.safetensors_files import DTYPE_NAMES, read_header, streamable, write_safetensors
 
 
 def _tensors(dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -73,7 +73,7 @@ def test_a_failed_write_names_the_file():
 def test_sorted_keys_are_the_header_save_file_writes_once_sorted(tmp_path):
     """Several metadata keys (save_file orders them differently in every process) and every level's
     keys sorted: the file the optimizer state's writer makes of save_file's (optimizer_state.py)."""
-    from ppoflow.engine.optimizer_state import _sort_header
+    from ppoflow.tasks.storage.optimizer_state import _sort_header
 
     tensors = _tensors(torch.float32)
     metadata = {"format": "pt", "DCP_VERSION": "1.0", "note": 'a "quoted" value'}

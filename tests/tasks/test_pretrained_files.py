@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
-from ppoflow.engine.pretrained_files import NOT_REPRODUCED, WEIGHTS_FILE, _recipes, save_model_files
+from ppoflow.tasks.storage.pretrained_files import NOT_REPRODUCED, WEIGHTS_FILE, _recipes, save_model_files
 
 
 def _transformers_saves(model, tokenizer, directory):
