@@ -98,7 +98,7 @@ proof() {
       "$py" benchmarks/device_agreement.py --devices cpu cpu -- trainer.total_training_steps=2
     for model in smollm2-135m-instruct qwen2.5-0.5b-instruct; do
       step "one PPO step, $model (4 tokens)" 150 "$py" benchmarks/gpu_throughput.py --model "$model" \
-        --device cpu --dtype float32 --prompts 2 --response-length 4 --json "$out/throughput-$model.json"
+        --device cpu --dtype float32 --prompts 4 --response-length 4 --json "$out/throughput-$model.json"
     done
   else
     step "embedded default on CUDA and on the CPU, seed 1" 220 "$py" benchmarks/device_agreement.py --seed 1

@@ -2,15 +2,18 @@
 
     python benchmarks/gpu_throughput.py --model qwen2.5-0.5b-instruct            # on CUDA, bf16
     python benchmarks/gpu_throughput.py --model smollm2-135m-instruct --dtype float32
-    python benchmarks/gpu_throughput.py --device cpu --prompts 4 --response-length 8   # a smoke run
+    python benchmarks/gpu_throughput.py --model smollm2-135m-instruct --device cpu --prompts 4 \
+        --response-length 8 --dtype float32                                            # a smoke run
 
 The model is the architecture of benchmarks/architectures/<model>/config.json (copied from the
 model's published config.json) with random weights; the critic is the same backbone with a value
 head, the reference a frozen copy. The batch is verl's quickstart (docs/start/quickstart): 256
 prompts (lengths uniform in 68–142 tokens, mean 105 like the quickstart log's prompt_length/mean),
-256-token answers (random weights rarely stop early), ppo_mini_batch_size 64, micro-batches of 4
-(actor, critic, reference) and 8 (old log-probs), one PPO epoch. Each phase runs ppoflow's engine
-code: HFRolloutEngine generation, compute_log_probs, compute_values, update_critic, update_actor.
+256-token answers (random weights rarely stop early), and the settings `ppoflow train --config
+conf/gsm8k.yaml` builds (verl's quickstart: ppo_mini_batch_size 64, micro-batches of 4 for actor,
+critic and reference and 8 for old log-probs, one PPO epoch, its learning rates). Each phase runs
+ppoflow's engine code: HFRolloutEngine generation, compute_log_probs, compute_values, update_critic,
+update_actor.
 
 Prints, per phase: seconds, tokens/s on this one device (generation: answer tokens; the others:
 prompt + answer tokens, as verl's perf/throughput counts them) and the device's peak memory during
@@ -33,14 +36,18 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from ppoflow.conf import ConfigError, load_config
 from ppoflow.engine.forward import compute_log_probs, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference
-from ppoflow.engine.optim import OptimSettings, build_optimizer
+from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import build_sequence_batch
-from ppoflow.engine.rollout import HFRolloutEngine, RowStreams, SamplingParams, sample_seed
-from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings, update_actor, update_critic
+from ppoflow.engine.rollout import HFRolloutEngine, RowStreams, sample_seed
+from ppoflow.engine.update import update_actor, update_critic
+from ppoflow.tasks.stages.settings import RunSettings, run_settings
 
 ARCHITECTURES = Path(__file__).parent / "architectures"
+QUICKSTART = Path(__file__).resolve().parents[1] / "conf" / "gsm8k.yaml"
+"""verl's quickstart settings (batch sizes, learning rates), which ppoflow's GSM8K config carries."""
 GIB = 2**30
 
 VERL_QUICKSTART = {  # verl docs/start/quickstart: step 0 of PPO on GSM8K, Qwen2.5-0.5B-Instruct, 1 GPU
@@ -73,7 +80,10 @@ def main() -> None:
     if on_cuda:
         torch.backends.cuda.matmul.allow_tf32 = True  # float32 runs: TF32 tensor cores, as verl's defaults
     torch.manual_seed(args.seed)
-    figures = run(args)
+    try:
+        figures = run(args)
+    except ConfigError as error:  # e.g. fewer prompts than a micro-batch
+        sys.exit(f"gpu_throughput: {error}")
     print_table(figures)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1))
@@ -86,8 +96,20 @@ def positive(text: str) -> int:
     return value
 
 
+def quickstart_settings(prompts: int, response_length: int) -> RunSettings:
+    """Every stage's settings as `ppoflow train --config conf/gsm8k.yaml` builds them, for `prompts`
+    per step (mini-batches of 64, or all of them when fewer) and answers of `response_length`."""
+    overrides = [
+        f"data.train_batch_size={prompts}",
+        f"data.max_response_length={response_length}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={min(64, prompts)}",
+    ]
+    return run_settings(load_config(QUICKSTART, overrides, check_paths=False), total_steps=1)
+
+
 def run(args) -> dict:
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    settings = quickstart_settings(args.prompts, args.response_length)
     config = AutoConfig.from_pretrained(ARCHITECTURES / args.model)
     with tempfile.TemporaryDirectory(prefix="ppoflow-throughput-") as folder:
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)  # random weights, float32
@@ -113,41 +135,39 @@ def run(args) -> dict:
     phases = figures["phases"]
 
     engine = HFRolloutEngine(actor, eos_token_ids=[eos], pad_token_id=pad, batch_size=args.prompts)
-    sampling = SamplingParams(max_new_tokens=args.response_length, temperature=1.0, top_k=-1, top_p=1.0)
+    rollout = settings.rollout
     seeds = [sample_seed(args.seed, i, 0) for i in range(args.prompts)]
-    out = timed(phases, "gen", device, lambda: engine.generate(prompts, sampling, seeds=seeds))
+    out = timed(phases, "gen", device, lambda: engine.generate(prompts, rollout.sampling, seeds=seeds))
     batch = build_sequence_batch(prompts, out.response_ids, pad_token_id=pad)
     answer_tokens = sum(len(r) for r in out.response_ids)
     all_tokens = sum(lengths) + answer_tokens
     figures["prompt_length_mean"] = sum(lengths) / len(lengths)
     figures["response_length_mean"] = answer_tokens / len(lengths)
 
+    temperature = rollout.sampling.logit_temperature
     old = timed(
         phases,
         "old_log_prob",
         device,
-        lambda: compute_log_probs(actor, batch, temperature=1.0, micro_batch_size=8),
+        lambda: compute_log_probs(
+            actor, batch, temperature=temperature, micro_batch_size=rollout.log_prob_micro_batch_size
+        ),
     )
     timed(
         phases,
         "ref",
         device,
-        lambda: compute_log_probs(reference, batch, temperature=1.0, micro_batch_size=4),
+        lambda: compute_log_probs(
+            reference, batch, temperature=temperature, micro_batch_size=rollout.ref_log_prob_micro_batch_size
+        ),
     )
-    values = timed(phases, "values", device, lambda: compute_values(critic, batch, micro_batch_size=4))
+    values_micro = settings.advantages.values_micro_batch_size
+    values = timed(
+        phases, "values", device, lambda: compute_values(critic, batch, micro_batch_size=values_micro)
+    )
     returns = torch.randn_like(values) * batch.response_mask
     advantages = torch.randn_like(values) * batch.response_mask
-    mini = min(64, args.prompts)
-    critic_settings = CriticUpdateSettings(
-        ppo_epochs=1,
-        mini_batch_size=mini,
-        micro_batch_size=4,
-        cliprange_value=0.5,
-        loss_agg_mode="token-mean",
-        grad_clip=1.0,
-        shuffle=False,
-    )
-    critic_optim, _ = build_optimizer(critic, optim(1e-5))
+    critic_optim, _ = build_optimizer(critic, settings.critic.optim)
     timed(
         phases,
         "update_critic",
@@ -158,27 +178,11 @@ def run(args) -> dict:
             batch,
             values=values,
             returns=returns,
-            settings=critic_settings,
+            settings=settings.critic.update,
             seed=args.seed,
         ),
     )
-    actor_settings = ActorUpdateSettings(
-        ppo_epochs=1,
-        mini_batch_size=mini,
-        micro_batch_size=4,
-        temperature=1.0,
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.2,
-        clip_ratio_c=3.0,
-        loss_agg_mode="token-mean",
-        entropy_coeff=0.0,
-        use_kl_loss=False,
-        kl_loss_coef=0.0,
-        kl_loss_type="low_var_kl",
-        grad_clip=1.0,
-        shuffle=False,
-    )
-    actor_optim, _ = build_optimizer(actor, optim(1e-6))
+    actor_optim, _ = build_optimizer(actor, settings.actor.optim)
     timed(
         phases,
         "update_actor",
@@ -190,7 +194,7 @@ def run(args) -> dict:
             old_log_probs=old,
             advantages=advantages,
             ref_log_probs=None,
-            settings=actor_settings,
+            settings=settings.actor.update,
             seed=args.seed,
         ),
     )
@@ -217,18 +221,6 @@ def noise_draw_seconds(rows: int, vocab: int) -> dict[int, float]:
         seconds[count] = (time.perf_counter() - started) / 3
     torch.set_num_threads(threads)
     return seconds
-
-
-def optim(lr: float) -> OptimSettings:
-    return OptimSettings(
-        lr=lr,
-        weight_decay=0.01,
-        betas=(0.9, 0.999),
-        warmup_steps=0,
-        total_steps=0,
-        warmup_style="constant",
-        min_lr_ratio=0.0,
-    )
 
 
 def timed(phases: dict, name: str, device: torch.device, work: Callable):

@@ -228,7 +228,8 @@ class RowStreams:
     for several decoding steps is drawn at once (at most `budget` floats for the whole batch) and
     each step is one division and argmax over the batch. The rows' noise is drawn by up to
     torch.get_num_threads() threads, each filling its own rows from their own generators (the
-    same numbers as one thread; a GPU's rollout waits on this draw, not on its forward pass).
+    same numbers as one thread): at a real vocabulary the draw is large, on the CPU whatever the
+    device (docs/PERFORMANCE.md).
     tests/engine/test_rollout.py holds the equality to torch.multinomial on the installed torch.
     """
 
