@@ -43,7 +43,8 @@ from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import build_sequence_batch
 from ppoflow.engine.rollout import HFRolloutEngine, RowStreams, sample_seed
 from ppoflow.engine.update import update_actor, update_critic
-from ppoflow.tasks.stages.settings import RunSettings, run_settings
+from ppoflow.tasks.pipeline.plan import run_settings
+from ppoflow.tasks.pipeline.settings import RunSettings
 
 ARCHITECTURES = Path(__file__).parent / "architectures"
 QUICKSTART = Path(__file__).resolve().parents[1] / "conf" / "gsm8k.yaml"

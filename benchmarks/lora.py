@@ -64,11 +64,12 @@ def measure(variant: str, rank: int, alpha: int) -> dict:
     from ppoflow.engine.optim import build_optimizer
     from ppoflow.engine.ppo import build_sequence_batch
     from ppoflow.engine.update import update_actor
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.model_files import save_checkpoint
+    from ppoflow.tasks.pipeline.plan import run_settings
+    from ppoflow.tasks.pipeline.run import RunFiles
+    from ppoflow.tasks.pipeline.states import ModelState
     from ppoflow.tasks.stages.prepare_model import converted_gguf, smollm2_gguf
-    from ppoflow.tasks.stages.settings import run_settings
-    from ppoflow.tasks.storage.checkpoints import Trainable, directory_digest, save_checkpoint
-    from ppoflow.tasks.storage.states import ModelState
+    from ppoflow.tasks.storage.checkpoints import Trainable, directory_digest
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -118,7 +119,7 @@ def measure(variant: str, rank: int, alpha: int) -> dict:
     seconds = time.perf_counter() - started
     peak = _peak_rss_mb() - before
     with tempfile.TemporaryDirectory(prefix="ppoflow-lora-bench-") as run_dir:
-        run = Run(run_dir)
+        run = RunFiles(run_dir)
         base = ModelState("actor", directory_digest(model_dir), 0, str(model_dir))
         started = time.perf_counter()
         save_checkpoint(

@@ -84,7 +84,7 @@ def _stage_tasks(results: Path) -> dict:
     from prefect.cache_policies import NONE
     from prefect.filesystems import LocalFileSystem
 
-    from ppoflow.tasks.storage.results import ResultSerializer
+    from ppoflow.tasks.pipeline.results import ResultSerializer
 
     @task(
         name="stage",

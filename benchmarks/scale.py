@@ -241,11 +241,12 @@ def _pipeline_run(common: list[str], world: int, run_dir: Path) -> dict[str, flo
 
 
 def ray_overhead(calls: int) -> None:
-    from ppoflow.tasks.models.workers import GroupPlan, WorkerGroup
+    from ppoflow.tasks.models.workers import WorkerGroup
+    from ppoflow.tasks.pipeline.placement import PlacementPlan
 
     print(f"ray: a local instance and a worker group of 2 ranks (gloo), {calls} calls")
     started = time.perf_counter()
-    group = WorkerGroup(GroupPlan(world_size=2, device="cpu", num_threads=1))
+    group = WorkerGroup(PlacementPlan(world_size=2, device="cpu", num_threads=1))
     start_up = time.perf_counter() - started
     try:
         times = []

@@ -16,7 +16,7 @@ from .names import WarmupStyle
 @dataclass(frozen=True)
 class OptimSettings:
     """A model's optimizer and LR schedule, in verl's names (`*.optim.*`). Built once per run from
-    the config (tasks/stages/update_settings.py), which holds every default."""
+    the config (tasks/pipeline/update_settings.py), which holds every default."""
 
     lr: float
     weight_decay: float

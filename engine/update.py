@@ -29,7 +29,7 @@ Stepper = LocalStepper
 @dataclass(frozen=True)
 class ActorUpdateSettings:
     """One actor update, in verl's names (`actor_rollout_ref.actor.*` unless said). Built once per
-    run from the config (tasks/stages/update_settings.py); the config holds every default."""
+    run from the config (tasks/pipeline/update_settings.py); the config holds every default."""
 
     ppo_epochs: int
     mini_batch_size: int

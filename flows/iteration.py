@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import key_for
+from ppoflow.tasks.pipeline.commit import commit_step
+from ppoflow.tasks.pipeline.results import run_stage
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import RunSettings, checkpoint_due
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StepResults, TrainState
 from ppoflow.tasks.stages.actor_update import actor_update
 from ppoflow.tasks.stages.advantages import advantages
 from ppoflow.tasks.stages.critic_update import critic_update
@@ -16,13 +21,8 @@ from ppoflow.tasks.stages.metrics import metrics, validation_only_metrics
 from ppoflow.tasks.stages.reward_model import reward_model
 from ppoflow.tasks.stages.rewards import rewards
 from ppoflow.tasks.stages.rollouts import rollouts
-from ppoflow.tasks.stages.settings import RunSettings, checkpoint_due
 from ppoflow.tasks.stages.validation import validation
-from ppoflow.tasks.storage.cache_keys import key_for
-from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.manifests import read_manifest
-from ppoflow.tasks.storage.results import run_stage
-from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, TrainState
 from ppoflow.tasks.storage.tables import ArtifactRef, iteration_dir
 
 

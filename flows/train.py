@@ -9,10 +9,20 @@ from prefect import flow
 from ppoflow.conf import PPOFlowConfig, load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
-from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
+from ppoflow.tasks.models.placement import place_models
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
-from ppoflow.tasks.run import Run, close_run, finish_run, open_run, set_torch_threads
+from ppoflow.tasks.pipeline.plan import lora_specs, placement_plan, run_settings, total_training_steps
+from ppoflow.tasks.pipeline.results import run_stage
+from ppoflow.tasks.pipeline.run import Run, close_run, finish_run, open_run, set_torch_threads
+from ppoflow.tasks.pipeline.settings import RunSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, TrainState
+from ppoflow.tasks.pipeline.trainer_state import (
+    data_position,
+    newest_trainer_state,
+    record_trainer_state,
+    resume_state,
+)
 from ppoflow.tasks.stages.prepare_model import (
     critic_state,
     model_source,
@@ -22,23 +32,8 @@ from ppoflow.tasks.stages.prepare_model import (
 from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
-from ppoflow.tasks.stages.settings import (
-    RunSettings,
-    lora_specs,
-    role_layouts,
-    run_settings,
-    total_training_steps,
-)
-from ppoflow.tasks.storage.results import run_stage
 from ppoflow.tasks.storage.run_config import changes_line
-from ppoflow.tasks.storage.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
-from ppoflow.tasks.storage.trainer_state import (
-    data_position,
-    newest_trainer_state,
-    record_trainer_state,
-    resume_state,
-)
 
 
 @flow(name="ppo-train", log_prints=False)
@@ -60,11 +55,9 @@ def train(cfg: PPOFlowConfig) -> dict:
     run = open_run(
         cfg.run_dir,
         cfg.to_yaml(origins=True),
+        place_models(placement_plan(cfg)),
         recompute=cfg.trainer.resume_mode == "disable",
         device=cfg.trainer.device,
-        group=GroupPlan(
-            cfg.world_size, cfg.trainer.device, num_threads=cfg.trainer.num_threads, nnodes=cfg.trainer.nnodes
-        ),
     )
     for warning in cfg.warnings():
         say(f"ppoflow: {warning}")
@@ -77,8 +70,6 @@ def train(cfg: PPOFlowConfig) -> dict:
 
 
 def _train(run: Run, cfg: PPOFlowConfig) -> dict:
-    if isinstance(run.models, WorkerGroupHost):  # devices and shared storage are checked first
-        run.models.start(run)
     base, _ = run_stage(
         prepare_model,
         run,
@@ -94,8 +85,6 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     settings = run_settings(cfg, total)
     check_custom_reward(settings.reward["custom_function"], settings.reward["timeout_s"])
     require_builtin_rewards(run, settings.reward, data.prompt_tables())
-    if isinstance(run.models, WorkerGroupHost):
-        run.models.assign(role_layouts(cfg, settings))
     tracking = Tracking(cfg, run.path, total)
     history = []
 

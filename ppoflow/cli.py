@@ -242,7 +242,7 @@ def _train(args) -> int:
         return 2
     from ppoflow.train_command import run_training
 
-    with _warnings_on_stderr("ppoflow.tasks.storage.results"):
+    with _warnings_on_stderr("ppoflow.tasks.pipeline.results"):
         return run_training(args.config, args.overrides, cfg.run_dir, args.verbose, program=args.program)
 
 

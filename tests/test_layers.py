@@ -150,9 +150,10 @@ def test_every_closed_vocabulary_is_defined_once():
     assert imported_modules(names) == {"typing"}, "engine/names.py must import nothing but typing"
 
 
-TASKS_ORDER = ["faults", "storage", "observe", "models", "run", "retraining", "stages"]
-"""tasks/'s parts, each importing only those before it: the run's storage knows nothing of models or
-stages, where models live knows nothing of the DAG."""
+TASKS_ORDER = ["faults", "storage", "pipeline", "observe", "models", "retraining", "stages"]
+"""tasks/'s parts, each importing only those before it: the run's storage knows nothing of how stages
+run, the pipeline knows where models live only as a protocol, and where models live knows nothing of
+the stages."""
 
 
 def test_the_parts_of_tasks_import_only_the_parts_below_them():
@@ -167,3 +168,16 @@ def test_the_parts_of_tasks_import_only_the_parts_below_them():
             if TASKS_ORDER.index(other) > TASKS_ORDER.index(part):
                 wrong.append(f"{name} imports {target}")
     assert wrong == []
+
+
+@pytest.mark.parametrize("folder", ["storage", "pipeline"])
+def test_storage_and_the_pipeline_name_no_type_from_above_them(folder):
+    """Not even for annotations: storage/ never imports the Run back, pipeline/ no placement."""
+    above = [f"ppoflow.tasks.{part}" for part in TASKS_ORDER[TASKS_ORDER.index(folder) + 1 :]]
+    violations = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in sorted((ROOT / "tasks" / folder).rglob("*.py"))
+        for module in imported_modules(path)
+        if any(module == a or module.startswith(a + ".") for a in above)
+    ]
+    assert not violations, "\n".join(violations)

@@ -5,35 +5,14 @@ worker group call the same function, so a share is computed the same way whereve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.ppo import Rollouts, generate_rollouts
-from ppoflow.engine.rollout import HFRolloutEngine, RolloutEngine, SamplingParams
+from ppoflow.engine.rollout import HFRolloutEngine, RolloutEngine
 from ppoflow.engine.vllm_rollout import VLLMOptions, VLLMRolloutEngine
-
-
-@dataclass(frozen=True)
-class RolloutRequest:
-    """One step's generation, as the rollouts stage asks for it (actor_rollout_ref.rollout.*)."""
-
-    engine: RolloutEngineName
-    n: int
-    sampling: SamplingParams
-    seed: int
-    """The step's sampling seed; response j of prompt i samples from sample_seed(seed, i, j)."""
-    generation_batch_size: int | None
-    """rollout.micro_batch_size: responses generated together on one device (None with vLLM)."""
-    log_prob_micro_batch_size: int
-    ref_log_prob_micro_batch_size: int
-    recompute_old_log_probs: bool = True
-    """False: the engine's log-probs are the old log-probs (rollout_correction.bypass_mode)."""
-    share_prompts: bool = False
-    """actor.use_prefix_grouper: a prompt's responses share its forward pass in the log-prob passes."""
-    vllm: VLLMOptions | None = None
-    """The vLLM engine's options (rollout.name=vllm)."""
+from ppoflow.tasks.pipeline.placement import RolloutRequest
 
 
 class RolloutEngines:

@@ -1,5 +1,5 @@
-"""Where a run's models live while it trains: one `ModelHost` per run, created with the run
-(`tasks/run.py`) and reached as `run.models`.
+"""Where a run's models live while it trains, in this process: the `ModelPlacement` of a run of world
+size 1 (`placement.place_models`), reached as `run.models`.
 
 Stages hand each other `ModelState` references; the host turns a reference into a model. It keeps
 the newest trained state of each role in memory, so consecutive stages never reload weights, and
@@ -23,28 +23,22 @@ from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutEngine, RolloutOutput, SamplingParams
-from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
-from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
-from ppoflow.tasks.models.replay import UpdateHistory, apply_update
+from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
+from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.observe.console import say
-from ppoflow.tasks.storage.checkpoints import (
-    StateUnavailable,
-    Trainable,
-    directory_digest,
-    load_optimizer_state,
-    model_dir,
-    save_checkpoint,
-    verified_dir,
-)
-from ppoflow.tasks.storage.states import ModelState, UpdateInputs
+from ppoflow.tasks.pipeline.model_files import load_optimizer_state, model_dir, save_checkpoint, verified_dir
+from ppoflow.tasks.pipeline.placement import RolloutRequest
+from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInputs
+from ppoflow.tasks.storage.checkpoints import StateUnavailable, Trainable, directory_digest
 
 if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
+    from ppoflow.engine.update import UpdateResult
+    from ppoflow.tasks.pipeline.run import RunFiles
 
 
-def saved_tokenizer_dir(run: Run, state: ModelState, history: UpdateHistory) -> Path:
+def saved_tokenizer_dir(run: RunFiles, state: ModelState, history: UpdateHistory) -> Path:
     """The checkpoint directory of `state`, or of its nearest ancestor whose checkpoint is there (a
     pruned or deleted one is not; `history` knows the ancestors of a state handed on without them),
     or of a LoRA state's base: the tokenizer there is the state's (training never changes it, and
@@ -72,9 +66,12 @@ class ModelHost:
         self._engines = RolloutEngines()
         self.history = UpdateHistory()
 
+    def start(self, run: RunFiles) -> None:
+        """Nothing to start: models are loaded in this process when first asked for."""
+
     def rollouts(
         self,
-        run: Run,
+        run: RunFiles,
         actor: ModelState,
         reference: ModelState | None,
         prompt_ids: list[list[int]],
@@ -97,7 +94,7 @@ class ModelHost:
 
     def generate(
         self,
-        run: Run,
+        run: RunFiles,
         actor: ModelState,
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
@@ -118,7 +115,7 @@ class ModelHost:
 
     def _engine(
         self,
-        run: Run,
+        run: RunFiles,
         actor: ModelState,
         name: RolloutEngineName,
         batch_size: int | None,
@@ -134,7 +131,7 @@ class ModelHost:
             version=actor.lineage,
         )
 
-    def values(self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
+    def values(self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
         """V(s_t) of every response token of `batch` (N, T)."""
         return compute_values(self.model(run, critic), batch, micro_batch_size=micro_batch_size)
 
@@ -158,17 +155,34 @@ class ModelHost:
             self._reward_models[digest] = (self._placed(load_reward_model(path)), load_tokenizer(path))
         return self._reward_models[digest]
 
-    def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
+    def train(self, run: RunFiles, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
         """Apply one update to the parent state of `inputs` (in place); `keep` names the result,
         `drop` discards it."""
         value = self.trainable(run, inputs.parent, inputs.optim, inputs.lora)
         self._live.pop(role, None)  # no longer the parent state, whatever happens next
         self._trained[role] = value
-        return apply_update(run, role, inputs, value, self.tokenizer(run, inputs.parent), on_step=on_step)
+        return self._update(run, role, inputs, value, on_step)
+
+    def _update(
+        self, run: RunFiles, role: str, inputs: UpdateInputs, value: Trainable, on_step=None
+    ) -> UpdateResult:
+        pad_token_id = self.tokenizer(run, inputs.parent).pad_token_id
+        optimizer, scheduler = value.optimizer, value.scheduler
+        return run_update(
+            run.path,
+            role,
+            inputs,
+            value.model,
+            optimizer,
+            scheduler,
+            pad_token_id,
+            on_step=on_step,
+            clock=run.io,
+        )
 
     def save(
         self,
-        run: Run,
+        run: RunFiles,
         role: str,
         step: int,
         tokenizer,
@@ -185,7 +199,7 @@ class ModelHost:
         self._engines.close()
 
     def trainable(
-        self, run: Run, state: ModelState, optim: OptimSettings, lora: LoraSpec | None = None
+        self, run: RunFiles, state: ModelState, optim: OptimSettings, lora: LoraSpec | None = None
     ) -> Trainable:
         """The model, optimizer and LR schedule of `state`, to train: in memory, else from its intact
         checkpoint (the optimizer built with `optim`, its saved state restored; new `lora` adapters
@@ -205,11 +219,11 @@ class ModelHost:
             except StateUnavailable as error:
                 raise StateUnavailable(f"{missing}, and it cannot be rebuilt: {error}") from error
             say(f"rebuilding the {state.role} of step {state.step} by replaying its update: {missing}")
-            apply_update(run, state.role, inputs, value, self.tokenizer(run, inputs.parent))
+            self._update(run, state.role, inputs, value)
         self.keep(state, value)
         return value
 
-    def model(self, run: Run, state: ModelState) -> torch.nn.Module:
+    def model(self, run: RunFiles, state: ModelState) -> torch.nn.Module:
         """The model of `state` for inference: in memory, else its intact checkpoint, else rebuilt by
         replaying the updates since the last intact checkpoint."""
         live = self._live_value(state)
@@ -225,7 +239,7 @@ class ModelHost:
         return self._placed(self._read(run, state, directory))
 
     def reference_for(
-        self, run: Run, actor: ModelState, model: torch.nn.Module, reference: ModelState | None
+        self, run: RunFiles, actor: ModelState, model: torch.nn.Module, reference: ModelState | None
     ) -> torch.nn.Module | None:
         """The reference policy beside `actor` (its `model`): the actor itself while it is the
         reference (the first step), its adapters-off view when it is a LoRA state of the reference
@@ -238,13 +252,13 @@ class ModelHost:
             return AdaptersOff(model)
         return self.reference(run, reference)
 
-    def reference(self, run: Run, state: ModelState) -> torch.nn.Module:
+    def reference(self, run: RunFiles, state: ModelState) -> torch.nn.Module:
         """The frozen reference policy (the initial actor), loaded once per run."""
         if state.lineage not in self._reference:
             self._reference[state.lineage] = self._placed(load_reference(model_dir(run, state)))
         return self._reference[state.lineage]
 
-    def tokenizer(self, run: Run, state: ModelState):
+    def tokenizer(self, run: RunFiles, state: ModelState):
         """The tokenizer saved with `state`, or with its nearest saved ancestor (training never
         changes the tokenizer, and every checkpoint carries the base model's)."""
         return self._tokenizers.get(str(saved_tokenizer_dir(run, state, self.history)))
@@ -264,7 +278,9 @@ class ModelHost:
         live = self._live.get(state.role)
         return live[1] if live is not None and live[0] == state.lineage else None
 
-    def _load(self, run: Run, state: ModelState, optim: OptimSettings, lora: LoraSpec | None) -> Trainable:
+    def _load(
+        self, run: RunFiles, state: ModelState, optim: OptimSettings, lora: LoraSpec | None
+    ) -> Trainable:
         directory = verified_dir(run, state)
         model = self._read(run, state, directory, trainable=True)
         if lora is not None and state.base is None:
@@ -280,7 +296,7 @@ class ModelHost:
             load_optimizer_state(run, state, model, optimizer, scheduler)
         return Trainable(model, optimizer, scheduler)
 
-    def _read(self, run: Run, state: ModelState, directory: Path, *, trainable: bool = False):
+    def _read(self, run: RunFiles, state: ModelState, directory: Path, *, trainable: bool = False):
         """The weights of `state` from its verified `directory`: a whole model, or its base with the
         adapters saved there (trainable or frozen)."""
         if state.base is None:

@@ -10,32 +10,14 @@ import sys
 import time
 from dataclasses import dataclass
 
+from ppoflow.tasks.pipeline.placement import PlacementPlan
+
 PLACEMENT_TIMEOUT_S = 120
 RAY_CLUSTER_SWITCH = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class WorkerFailed(RuntimeError):
     """A rank of the worker group died or raised, or the group could not start; it has been stopped."""
-
-
-@dataclass(frozen=True)
-class GroupPlan:
-    world_size: int
-    device: str
-    ray_address: str | None = None
-    num_threads: int | None = None
-    nnodes: int = 1
-    """trainer.nnodes: the ranks run on this many distinct nodes, world_size / nnodes on each."""
-
-    @property
-    def per_node(self) -> int:
-        return self.world_size // self.nnodes
-
-    def describe(self) -> str:
-        return (
-            f"world_size={self.world_size} (trainer.nnodes={self.nnodes} × "
-            f"trainer.n_gpus_per_node={self.per_node})"
-        )
 
 
 @dataclass(frozen=True)
@@ -68,7 +50,7 @@ def keep_ray_on_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
-def place_workers(plan: GroupPlan, address: str | None):
+def place_workers(plan: PlacementPlan, address: str | None):
     """Reserve room for the ranks, one placement bundle per node (world_size / nnodes devices, and
     as many CPUs): STRICT_SPREAD puts the bundles on distinct nodes (verl asks for one placement
     group per node instead, which distinct nodes do not bind). Returns the placement group. (Rank 0
@@ -92,7 +74,7 @@ def place_workers(plan: GroupPlan, address: str | None):
     return group
 
 
-def _require_nodes(plan: GroupPlan, bundle: dict[str, int], address: str | None) -> None:
+def _require_nodes(plan: PlacementPlan, bundle: dict[str, int], address: str | None) -> None:
     """A cluster without the nodes or devices asked for would leave the placement waiting: say so."""
     import ray
 

@@ -11,12 +11,13 @@ import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference
-from ppoflow.engine.names import RolloutEngineName, Strategy
+from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.parallel import (
     DeepSpeedStepper,
@@ -29,13 +30,14 @@ from ppoflow.engine.parallel import (
 )
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutOutput, SamplingParams
-from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
+from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
 from ppoflow.tasks.models.ray_cluster import where_am_i
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
+from ppoflow.tasks.pipeline.placement import RoleLayout, RolloutRequest
+from ppoflow.tasks.pipeline.states import UpdateInputs
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.deepspeed_optimizer_state import load_deepspeed_optimizer, save_deepspeed_optimizer
 from ppoflow.tasks.storage.optimizer_state import (
@@ -44,39 +46,25 @@ from ppoflow.tasks.storage.optimizer_state import (
     save_torch_optimizer,
 )
 from ppoflow.tasks.storage.regular_files import open_regular_file
-from ppoflow.tasks.storage.states import UpdateInputs
 
-
-@dataclass(frozen=True)
-class RoleLayout:
-    """How one trained role (actor or critic) is spread over the ranks."""
-
-    strategy: Strategy
-    """fsdp2 (fsdp is run as fsdp2) or deepspeed."""
-    zero_stage: int
-    offload_optimizer: bool
-    micro_batch_size: int
-    """ppo_micro_batch_size_per_gpu."""
-    micro_batches: int
-    """Micro-batches per rank in one mini-batch (DeepSpeed's gradient accumulation steps)."""
-    grad_clip: float
-    optim: OptimSettings
+if TYPE_CHECKING:
+    from ppoflow.engine.update import UpdateResult
 
 
 @dataclass
 class _Trained:
     model: torch.nn.Module  # the FSDP2 module, or the DeepSpeed engine
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    stepper: FSDP2Stepper | DeepSpeedStepper
     layout: RoleLayout
-    architecture: type  # the transformers class, to build a whole copy from gathered weights
-    config: object
+    optimizer: torch.optim.Optimizer | None = None  # None: loaded for inference only
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    stepper: FSDP2Stepper | DeepSpeedStepper | None = None
+    architecture: type | None = None  # the transformers class, to build a whole copy from gathered weights
+    config: object = None
 
     @property
     def module(self) -> torch.nn.Module:
         """The transformers model itself (inside the DeepSpeed engine, or the FSDP2 module)."""
-        return self.model.module if self.layout.strategy == "deepspeed" else self.model
+        return self.model.module if isinstance(self.stepper, DeepSpeedStepper) else self.model
 
     def whole_copy(self) -> torch.nn.Module:
         """A fresh, unsharded model of the same architecture (its weights are set afterwards)."""
@@ -131,14 +119,22 @@ class ModelWorker:
         finally:
             path.unlink(missing_ok=True)
 
-    def load(self, role: str, directory: str, optimizer_directory: str | None, layout: RoleLayout) -> None:
-        """Load the model saved in `directory` (an HF model) as this rank's shard of `role`, and the
-        optimizer state in `optimizer_directory` (saved at any world size; None: a fresh optimizer)."""
+    def load(
+        self,
+        role: str,
+        directory: str,
+        optimizer_directory: str | None,
+        layout: RoleLayout,
+        optim: OptimSettings | None,
+    ) -> None:
+        """Load the model saved in `directory` (an HF model) as this rank's shard of `role`; to train
+        it (`optim`), with an optimizer holding the state in `optimizer_directory` (saved at any world
+        size; None: a fresh optimizer). Without `optim` it is loaded for inference only."""
         model = load_critic(directory) if role == "critic" else load_actor(directory)
         model = model.to(self.device)
         if role == "actor" and not _whole_on_every_rank(layout):
             self._generator = copy.deepcopy(model).eval()
-        trained = self._wrap(model, layout)
+        trained = self._wrap(model, layout, optim)
         if optimizer_directory is not None:
             load = load_deepspeed_optimizer if layout.strategy == "deepspeed" else load_torch_optimizer
             try:
@@ -149,10 +145,12 @@ class ModelWorker:
         if role == "actor":
             self._sync_generator()
 
-    def _wrap(self, model: torch.nn.Module, layout: RoleLayout) -> _Trained:
+    def _wrap(self, model: torch.nn.Module, layout: RoleLayout, optim: OptimSettings | None) -> _Trained:
         architecture, config = type(model), model.config
         if layout.strategy == "deepspeed":
-            optimizer, scheduler = build_optimizer(model, layout.optim)
+            if optim is None:  # DeepSpeed wraps a model with its optimizer: for inference, the model
+                return _Trained(model, layout, architecture=architecture, config=config)
+            optimizer, scheduler = build_optimizer(model, optim)
             engine = deepspeed_engine(
                 model,
                 optimizer,
@@ -163,14 +161,18 @@ class ModelWorker:
                 offload_optimizer=layout.offload_optimizer,
             )
             stepper = DeepSpeedStepper(engine, optimizer)
-            return _Trained(engine, optimizer, scheduler, stepper, layout, architecture, config)
+            return _Trained(engine, layout, optimizer, scheduler, stepper, architecture, config)
         model = shard_fsdp2(model, self.device)
-        optimizer, scheduler = build_optimizer(model, layout.optim)
+        if optim is None:
+            return _Trained(model, layout, architecture=architecture, config=config)
+        optimizer, scheduler = build_optimizer(model, optim)
         stepper = FSDP2Stepper(model, optimizer)
-        return _Trained(model, optimizer, scheduler, stepper, layout, architecture, config)
+        return _Trained(model, layout, optimizer, scheduler, stepper, architecture, config)
 
     def _full_weights(self, role: str) -> dict[str, torch.Tensor]:
         trained = self._trained[role]
+        if trained.layout.strategy == "deepspeed" and trained.stepper is None:  # not wrapped: whole weights
+            return {k: v.detach().clone() for k, v in trained.model.state_dict().items()}
         return full_state_dict(trained.model, trained.layout.strategy, trained.layout.zero_stage)
 
     def _sync_generator(self) -> None:
@@ -250,6 +252,10 @@ class ModelWorker:
         """One update of `role` on this rank's share of each mini-batch; rank 0 returns the
         metrics (summed over the ranks)."""
         trained = self._trained[role]
+        if trained.optimizer is None:
+            raise RuntimeError(
+                f"the {role} was loaded for inference only: load it with its optimizer to train it"
+            )
 
         def after_step(_: int) -> None:  # a fault point inside the update, where a rank can die
             inject_fault(f"{role}_update_rank{self.rank}", inputs.step)

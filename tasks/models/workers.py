@@ -20,14 +20,12 @@ import torch
 
 from ppoflow.engine.forward import SequenceBatch
 from ppoflow.engine.names import RolloutEngineName
+from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutOutput, SamplingParams
-from ppoflow.engine.update import UpdateResult
 from ppoflow.engine.vllm_rollout import VLLMOptions
-from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.models.host import saved_tokenizer_dir
 from ppoflow.tasks.models.ray_cluster import (
-    GroupPlan,
     RankPlace,
     WorkerFailed,
     dead_rank,
@@ -37,20 +35,16 @@ from ppoflow.tasks.models.ray_cluster import (
     place_workers,
 )
 from ppoflow.tasks.models.reaper import private_ray_dir, reap_after_exit, remove_ray_dir, stop_processes
-from ppoflow.tasks.models.replay import UpdateHistory
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
-from ppoflow.tasks.models.worker import RoleLayout
 from ppoflow.tasks.observe.console import say
-from ppoflow.tasks.storage.checkpoints import (
-    StateUnavailable,
-    verified_dir,
-    verified_optimizer_dir,
-    write_checkpoint,
-)
-from ppoflow.tasks.storage.states import ModelState, UpdateInputs
+from ppoflow.tasks.pipeline.model_files import verified_dir, verified_optimizer_dir
+from ppoflow.tasks.pipeline.placement import PlacementPlan, RolloutRequest
+from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInputs
+from ppoflow.tasks.storage.checkpoints import StateUnavailable, write_checkpoint
 
 if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
+    from ppoflow.engine.update import UpdateResult
+    from ppoflow.tasks.pipeline.run import RunFiles
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +58,7 @@ class WorkerGroup:
     loopback (its files in a folder of its own, removed on close) or on the cluster at RAY_ADDRESS
     (whose files are left alone), trainer.nnodes distinct nodes of it."""
 
-    def __init__(self, plan: GroupPlan):
+    def __init__(self, plan: PlacementPlan):
         import ray
 
         self.plan = plan
@@ -208,16 +202,15 @@ class WorkerGroupHost:
     """The models of a run with world size > 1: the same questions as `host.ModelHost`, answered
     by a worker group. Which state each role holds is tracked here (by lineage), as ModelHost does."""
 
-    def __init__(self, plan: GroupPlan):
+    def __init__(self, plan: PlacementPlan):
         self.plan = plan
         self.device = plan.device
         self._group: WorkerGroup | None = None
-        self._layouts: dict[str, RoleLayout] = {}
-        self._live: dict[str, str] = {}  # role → lineage its workers hold
+        self._live: dict[str, tuple[str, bool]] = {}  # role → (lineage its workers hold, with an optimizer)
         self._tokenizers = RecentTokenizers()
         self.history = UpdateHistory()
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunFiles) -> None:
         """Start the workers and check that every rank reads and writes the run directory."""
         if self._group is not None:
             return
@@ -228,45 +221,46 @@ class WorkerGroupHost:
                 f"the workers do not all see {run.path}: put the run directory on storage every node mounts"
             )
 
-    def assign(self, layouts: dict[str, RoleLayout]) -> None:
-        """How each trained role is spread over the ranks (known once the run's settings are)."""
-        self._layouts = dict(layouts)
-
     @property
     def group(self) -> WorkerGroup:
         if self._group is None:
-            raise RuntimeError("the worker group is not started (WorkerGroupHost.assign)")
+            raise RuntimeError("the worker group is not started (WorkerGroupHost.start)")
         return self._group
 
-    def tokenizer(self, run: Run, state: ModelState):
+    def tokenizer(self, run: RunFiles, state: ModelState):
         return self._tokenizers.get(str(saved_tokenizer_dir(run, state, self.history)))
 
-    def _ensure(self, run: Run, state: ModelState, what: str) -> None:
-        """Make the workers hold `state`: already held, else its intact checkpoint (with its optimizer
-        state, since the workers train what they hold), else replayed."""
+    def _ensure(
+        self, run: RunFiles, state: ModelState, what: str, optim: OptimSettings | None = None
+    ) -> None:
+        """Make the workers hold `state`: already held, else its intact checkpoint, else replayed. To
+        train it (`optim`, the update's optimizer settings) they hold its optimizer state too: a state
+        loaded for inference only is loaded again with it."""
         role = state.role
-        if self._live.get(role) == state.lineage:
+        held = self._live.get(role)
+        if held is not None and held[0] == state.lineage and (optim is None or held[1]):
             return
         self._live.pop(role, None)
         try:
             directory = verified_dir(run, state)
-            optimizer = str(verified_optimizer_dir(run, state)) if state.step > 0 else None
+            trained = optim is not None and state.step > 0
+            optimizer = str(verified_optimizer_dir(run, state)) if trained else None
         except StateUnavailable as missing:
             inputs = self.history.origin_of(state)
             if inputs is None:
                 raise
-            self._ensure(run, inputs.parent, what)
+            self._ensure(run, inputs.parent, what, inputs.optim)
             say(f"rebuilding the {role} of step {state.step} by replaying its update: {missing}")
             self._train(run, role, inputs, what)
-        else:
-            self.group.call(
-                "load", role, str(directory), optimizer, self._layouts[role], what=f"{what} (loading)"
-            )
-        self._live[role] = state.lineage
+            self._live[role] = (state.lineage, True)
+            return
+        layout = self.plan.layouts[role]
+        self.group.call("load", role, str(directory), optimizer, layout, optim, what=f"{what} (loading)")
+        self._live[role] = (state.lineage, optim is not None)
 
     def rollouts(
         self,
-        run: Run,
+        run: RunFiles,
         actor: ModelState,
         reference: ModelState | None,
         prompt_ids: list[list[int]],
@@ -288,7 +282,7 @@ class WorkerGroupHost:
 
     def generate(
         self,
-        run: Run,
+        run: RunFiles,
         actor: ModelState,
         prompt_ids: list[list[int]],
         sampling: SamplingParams,
@@ -314,7 +308,7 @@ class WorkerGroupHost:
         return out
 
     def values(
-        self, run: Run, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int
+        self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int
     ) -> torch.Tensor:
         """Values in equal shares (the last rows repeated to fill the last share), since every rank
         must take part in each sharded forward pass."""
@@ -326,24 +320,26 @@ class WorkerGroupHost:
         parts = self.group.call("values", what="advantages (critic values)", per_rank=per_rank)
         return torch.cat(parts)[:n]
 
-    def train(self, run: Run, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
+    def train(self, run: RunFiles, role: str, inputs: UpdateInputs, on_step=None) -> UpdateResult:
         if inputs.lora is not None or inputs.parent.base is not None:  # the config refuses it first
             raise ValueError(f"LoRA trains in one process: a worker group cannot train the {role}'s adapters")
-        self._ensure(run, inputs.parent, f"{role}_update")
+        self._ensure(run, inputs.parent, f"{role}_update", inputs.optim)
         self._live.pop(role, None)  # trained in place: no longer the parent state
         result = self._train(run, role, inputs, f"{role}_update")
         if on_step is not None:
             on_step(len(result.steps))
         return result
 
-    def _train(self, run: Run, role: str, inputs: UpdateInputs, what: str) -> UpdateResult:
+    def _train(self, run: RunFiles, role: str, inputs: UpdateInputs, what: str) -> UpdateResult:
         tokenizer_dir = str(saved_tokenizer_dir(run, inputs.parent, self.history))
         results = self.group.call(
             "train", str(run.path), role, inputs, tokenizer_dir, what=f"{what} (step {inputs.step})"
         )
         return results[0]
 
-    def save(self, run: Run, role: str, step: int, tokenizer, base=None, lora=None) -> tuple[str, str, str]:
+    def save(
+        self, run: RunFiles, role: str, step: int, tokenizer, base=None, lora=None
+    ) -> tuple[str, str, str]:
         """Rank 0 writes the whole model (gathered), every rank its part of the optimizer state,
         this process the tokenizer, into the checkpoint being staged."""
 
@@ -351,10 +347,16 @@ class WorkerGroupHost:
             self.group.call("save", role, str(directory), str(optimizer_directory), what=f"{role} checkpoint")
             tokenizer.save_pretrained(directory)
 
-        return write_checkpoint(run, role, step, fill, clock=run.io)
+        return write_checkpoint(run.path, role, step, fill, clock=run.io)
 
-    def keep(self, state: ModelState, value=None) -> None:
-        self._live[state.role] = state.lineage
+    def reward_scores(self, path: str, digest: str, batch: SequenceBatch, *, micro_batch_size: int):
+        raise ValueError(_REWARD_MODEL_IN_ONE_PROCESS)
+
+    def reward_tokenizer(self, path: str, digest: str):
+        raise ValueError(_REWARD_MODEL_IN_ONE_PROCESS)
+
+    def keep(self, state: ModelState) -> None:
+        self._live[state.role] = (state.lineage, True)
 
     def drop(self, role: str) -> None:
         self._live.pop(role, None)
@@ -363,6 +365,12 @@ class WorkerGroupHost:
         if self._group is not None:
             self._group.close()
             self._group = None
+
+
+_REWARD_MODEL_IN_ONE_PROCESS = (
+    "the reward model runs in the trainer's process, which holds no models when the world size is above 1 "
+    "(the config refuses reward_model.enable there first)"
+)
 
 
 def _share_starts(n: int, world: int) -> list[int]:

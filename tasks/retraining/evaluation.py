@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ppoflow.engine.lora import ADAPTER_CONFIG
 from ppoflow.tasks.retraining.rounds import read_champion
+from ppoflow.tasks.storage.checkpoints import TRAINER_STATE_FILE as STATE_FILE
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 CHAMPION = "champion"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from prefect import task
 
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import UpdateSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, UpdateInputs
 from ppoflow.tasks.stages.model_update import train_state
-from ppoflow.tasks.stages.settings import UpdateSettings
-from ppoflow.tasks.storage.cache_keys import stage_cache_key
-from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef
 
 

@@ -13,11 +13,11 @@ from ppoflow.engine.kl import kl_penalty
 from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
 from ppoflow.engine.ppo import compute_advantage_stage, unpad
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.stages.settings import AdvantageStageSettings, PFPPOSettings
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import AdvantageStageSettings, PFPPOSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
 

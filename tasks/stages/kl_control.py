@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ppoflow.engine.kl import AdaptiveKLController
-from ppoflow.tasks.stages.settings import KLControlSettings
+from ppoflow.tasks.pipeline.settings import KLControlSettings
 
 
 def next_kl_coef(

@@ -18,11 +18,11 @@ from ppoflow.engine.metrics import (
     reduce_update_steps,
 )
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import TIMING_PREFIX, StageResult, StageTimer, StepResults
 from ppoflow.tasks.stages.rewards import reward_error_metrics
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import metrics_table
-from ppoflow.tasks.storage.states import TIMING_PREFIX, StageResult, StageTimer, StepResults
 from ppoflow.tasks.storage.tables import read_table, stage_path, write_table
 from ppoflow.tasks.storage.tensors import length_mask, padded_column, token_tensor
 

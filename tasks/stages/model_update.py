@@ -8,11 +8,11 @@ import pyarrow as pa
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.models.replay import update_steps
 from ppoflow.tasks.observe.console import progress_bar
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.storage.cache_keys import current_cache_key, digest_of
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, digest_of
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, UpdateInputs, timing_values
 from ppoflow.tasks.storage.checkpoints import prune_checkpoints, prune_optimizer_states
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, UpdateInputs, timing_values
 from ppoflow.tasks.storage.tables import stage_path, write_table
 
 COLUMNS = {
@@ -59,8 +59,8 @@ def train_state(
             checkpoint, digest, optimizer_digest = run.models.save(
                 run, role, inputs.step, tokenizer, base, inputs.lora
             )
-            prune_checkpoints(run, role, keep_checkpoints, inputs.step)
-            prune_optimizer_states(run, role, inputs.step)
+            prune_checkpoints(run.path, role, keep_checkpoints, inputs.step)
+            prune_optimizer_states(run.path, role, inputs.step)
             # a saved parent need not carry its own history; an unsaved one must, to be rebuilt
             kept = parent.detached() if parent.checkpoint is not None else parent
             saved_inputs = UpdateInputs(**{**vars(inputs), "parent": kept})

@@ -15,12 +15,12 @@ from prefect import task
 from ppoflow.conf.model_paths import SMOLLM2, SMOLLM2_PACKAGE, local_model_path
 from ppoflow.engine.models import convert_gguf
 from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer, warm_start
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.storage.cache_keys import digest_of, stage_cache_key
+from ppoflow.tasks.pipeline.cache_keys import digest_of, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.storage.checkpoints import directory_digest
 from ppoflow.tasks.storage.model_cache import cached_model_dir, replace_directory
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.states import ModelState
 
 BUILTIN_MODEL = "builtin:tiny-addition"
 BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)

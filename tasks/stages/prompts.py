@@ -27,14 +27,14 @@ from prefect import task
 
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, all_addition_problems, sample_addition_problems
 from ppoflow.tasks.observe.console import say
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
 from ppoflow.tasks.stages.rollouts import prompt_token_ids, rendered_prompt
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
 
 INGEST_KEYS = (

@@ -13,7 +13,6 @@ stopped. Kept free of torch/prefect/pyarrow imports so the worker starts fast.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import multiprocessing
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_of_result
+from ppoflow.tasks.pipeline.settings import RewardFunctionError
 from ppoflow.tasks.stages.processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
@@ -33,10 +33,6 @@ LOAD_TIMEOUT_S = 120.0
 
 _POLL_S = 0.5
 """How often the parent looks at a waiting worker's own time."""
-
-
-class RewardFunctionError(RuntimeError):
-    """The reward function cannot be used, or it failed on rows while reward.on_error=fail."""
 
 
 @dataclass(frozen=True)
@@ -63,17 +59,6 @@ class Scored:
     @classmethod
     def failed(cls, error: str, *, timed_out: bool = False) -> Scored:
         return cls(0.0, {}, error, timed_out)
-
-
-def custom_function_section(path: str | None, name: str) -> dict | None:
-    """The reward config's `custom_function`: the file's absolute path, the function name and a
-    digest of the file's bytes, so that editing the file changes the reward stage's cache key."""
-    if path is None:
-        return None
-    file = Path(path).resolve()
-    if not file.is_file():
-        raise RewardFunctionError(f"custom_reward_function.path={path}: no such file")
-    return {"path": str(file), "name": name, "digest": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 def run_custom_reward(

@@ -10,34 +10,17 @@ text prompt followed by the response; cut on the right at max_length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pyarrow as pa
 from prefect import task
 
 from ppoflow.engine.ppo import build_sequence_batch
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import RewardModelSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
-
-
-@dataclass(frozen=True)
-class RewardModelSettings:
-    """The reward model that scores each training response (reward_model.*)."""
-
-    path: str = field(metadata={"cache_key": False})
-    """reward_model.model.path, resolved (where the files are, not what they are: not in the key)."""
-    digest: str
-    """Digest of the model directory's files (weights, config, tokenizer): its identity in the key."""
-    micro_batch_size: int
-    """reward_model.micro_batch_size_per_gpu: rows per forward pass (another size runs kernels of
-    another shape, which can round the last bits differently, so it is in the key)."""
-    max_length: int
-    """reward_model.max_length, else rollout.prompt_length + rollout.response_length: the longest
-    input when the responses are re-tokenised for a reward model with its own tokenizer."""
 
 
 def same_tokenizer(actor_tokenizer, rm_tokenizer) -> bool:

@@ -27,11 +27,11 @@ from ppoflow.engine.rewards import (
 )
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.reward_functions import RewardCall, RewardFunctionError, Scored, run_custom_reward
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
 

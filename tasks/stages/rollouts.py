@@ -8,13 +8,13 @@ from prefect import task
 from ppoflow.engine.data import batch_rows, truncate_prompt
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.generation import RolloutRequest
 from ppoflow.tasks.observe.console import progress_bar
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.stages.settings import DataSettings, RolloutSettings
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.placement import RolloutRequest
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import DataSettings, RolloutSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
 

@@ -12,13 +12,13 @@ from ppoflow.engine.rollout import sample_seed
 from ppoflow.engine.validation_metrics import compute_validation_metrics
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar, show_generations
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import ValidationSettings
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
 from ppoflow.tasks.stages.rollouts import render_prompts
-from ppoflow.tasks.stages.settings import ValidationSettings
-from ppoflow.tasks.storage.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.storage.schemas import SCHEMAS
-from ppoflow.tasks.storage.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
 

@@ -1,9 +1,9 @@
-"""Model states on disk: checkpoint directories, their digests, saving and pruning. Where models
-live while the run trains is `host.ModelHost`."""
+"""Checkpoint directories on disk: their layout (checkpoints/iter=N/<role>/ and <role>.optim/), their
+digests, staged writing and pruning. Which model state a checkpoint holds, and checking it against
+what the run recorded, is `pipeline.model_files`."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -12,25 +12,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from ppoflow.engine.lora import ADAPTER_CONFIG, LoraSpec, save_adapters
+from ppoflow.engine.lora import ADAPTER_CONFIG
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.storage.durability import sync_later, sync_tree_later
-from ppoflow.tasks.storage.optimizer_state import (
-    OptimizerStateError,
-    load_torch_optimizer,
-    save_torch_optimizer,
-)
-from ppoflow.tasks.storage.pretrained_files import save_model_files
 from ppoflow.tasks.storage.regular_files import leads_outside, refuse_links_below, remove_from_run
-from ppoflow.tasks.storage.states import ModelState
 from ppoflow.tasks.storage.tables import file_digest, saved_folders, step_of, timed_io
-
-if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
 
 
 @dataclass
@@ -46,12 +35,8 @@ class StateUnavailable(FileNotFoundError):
     """A model state that is neither in memory nor in an intact checkpoint."""
 
 
-def model_dir(run: Run, state: ModelState) -> Path:
-    if state.checkpoint is None:
-        raise StateUnavailable(
-            f"{state.role} state of step {state.step} was not saved (trainer.save_freq) and is not in memory"
-        )
-    return run.path / state.checkpoint
+TRAINER_STATE_FILE = "trainer_state.json"
+"""In checkpoints/iter=N/: the run's state after step N (pipeline.trainer_state)."""
 
 
 ADAPTER_RECORD = "ppoflow_adapter.json"
@@ -113,74 +98,9 @@ def directory_digest(directory: Path, *, every_entry: bool = False) -> str:
     return h.hexdigest()
 
 
-def state_files_intact(run: Run, state: ModelState) -> bool:
-    """Whether the files a state names still hold what was recorded: a base model's directory its
-    lineage, a saved update's checkpoint (in the run, not through a link) its digest, and its
-    optimizer state its own. An update checkpoint that is gone is allowed when a newer checkpoint of
-    the role exists (pruned by max_*_ckpt_to_keep; replay rebuilds it if ever needed), and so is its
-    optimizer state (only the newest checkpoint of a role keeps one); the newest must be whole,
-    since the run names it as its output and a resume trains it."""
-    if state.checkpoint is None:
-        return True
-    directory = run.path / state.checkpoint
-    try:
-        if state.origin is None and state.step == 0:  # a base model: its lineage is its digest
-            return state.role != "actor" or directory_digest(directory) == state.lineage
-        if Path(state.checkpoint).is_absolute() or state.checkpoint_digest is None:
-            return False  # an update saves its checkpoint in the run, with a digest
-        if not directory.exists():
-            return _newer_checkpoint_exists(run, state)
-        if leads_outside(run.path / "checkpoints", directory):
-            return False
-        if checkpoint_digest(directory) != state.checkpoint_digest:
-            return False
-        if not optimizer_dir(directory).exists():
-            return _newer_checkpoint_exists(run, state)
-        return optimizer_digest(directory) == state.optimizer_digest
-    except OSError:
-        return False
-
-
-def _newer_checkpoint_exists(run: Run, state: ModelState) -> bool:
-    saved = saved_folders(run.path / "checkpoints", state.role)
-    return any(step_of(d.parent.name) > state.step and holds_model(d) for d in saved)
-
-
-def verified_dir(run: Run, state: ModelState) -> Path:
-    """The state's model directory, after checking its files against the recorded digest."""
-    directory = model_dir(run, state)
-    if not holds_model(directory):
-        raise StateUnavailable(f"checkpoint {directory} of the {state.role} at step {state.step} is missing")
-    if state.checkpoint_digest is not None:
-        _check_digest("checkpoint", directory, lambda: checkpoint_digest(directory), state.checkpoint_digest)
-    return directory
-
-
-def verified_optimizer_dir(run: Run, state: ModelState) -> Path:
-    """The optimizer state saved with `state` (to continue training it), checked like its weights."""
-    model = verified_dir(run, state)
-    directory = optimizer_dir(model)
-    if not directory.is_dir():
-        raise StateUnavailable(
-            f"the optimizer state of the {state.role} at step {state.step} was not kept "
-            f"(only the newest {OPTIMIZER_STATES_KEPT} checkpoints of a role keep it)"
-        )
-    _check_digest("optimizer state", directory, lambda: optimizer_digest(model), state.optimizer_digest)
-    return directory
-
-
-def _check_digest(name: str, directory: Path, digest: Callable[[], str], recorded: str | None) -> None:
-    try:
-        actual = digest()
-    except OSError as error:
-        raise StateUnavailable(f"{name} {directory} is incomplete: {error}") from error
-    if actual != recorded:
-        raise StateUnavailable(f"{name} {directory} was altered or truncated (digest mismatch)")
-
-
 @timed_io("checkpoints")
 def write_checkpoint(
-    run: Run, role: str, step: int, fill: Callable[[Path, Path], None]
+    run_dir: Path, role: str, step: int, fill: Callable[[Path, Path], None]
 ) -> tuple[str, str, str]:
     """Write checkpoints/iter=NNNNNN/<role>/ and <role>.optim/ with `fill(model directory,
     optimizer directory)`; returns (model directory relative to the run, its digest, the optimizer
@@ -188,8 +108,8 @@ def write_checkpoint(
     digests do not match, which are never used. Their files are fsynced in the background, and the
     step's commit waits for them (durability.py)."""
     relative = f"checkpoints/iter={step:06d}/{role}"
-    final = run.path / relative
-    root = run.path / "checkpoints"
+    final = run_dir / relative
+    root = run_dir / "checkpoints"
     refuse_links_below(root, final.parent)
     final.parent.mkdir(parents=True, exist_ok=True)
     for leftover in final.parent.glob(f".{role}.*"):  # staged by a process that was killed
@@ -249,66 +169,27 @@ def _umask() -> int:
     return umask
 
 
-def save_checkpoint(
-    run: Run,
-    role: str,
-    step: int,
-    value: Trainable,
-    tokenizer,
-    *,
-    base: ModelState | None = None,
-    lora: LoraSpec | None = None,
-    clock=None,
-) -> tuple[str, str, str]:
-    """A model trained in this process: an HF directory with its tokenizer, or, for a LoRA model
-    (`base`, `lora`), its adapters and ADAPTER_RECORD only (the tokenizer is the base's); and its
-    optimizer state (loadable at any world size)."""
-
-    def fill(directory: Path, optimizer_directory: Path) -> None:
-        if base is None:
-            save_model_files(value.model, tokenizer, directory)
-        else:
-            save_adapters(value.model, directory, base_model_path=str(model_dir(run, base)))
-            record = {
-                "base": {"role": base.role, "lineage": base.lineage, "checkpoint": base.checkpoint},
-                "lora": None if lora is None else dataclasses.asdict(lora),
-            }
-            (directory / ADAPTER_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-        save_torch_optimizer(optimizer_directory, value.model, value.optimizer, value.scheduler)
-
-    return write_checkpoint(run, role, step, fill, clock=clock)
-
-
-def load_optimizer_state(run: Run, state: ModelState, model: torch.nn.Module, optimizer, scheduler) -> None:
-    """Restore the optimizer and LR schedule saved with `state` into this process's optimizer."""
-    directory = verified_optimizer_dir(run, state)
-    try:
-        load_torch_optimizer(directory, model, optimizer, scheduler)
-    except OptimizerStateError as error:
-        raise StateUnavailable(str(error)) from error
-
-
 OPTIMIZER_STATES_KEPT = 2
 """Checkpoints of a role that keep their optimizer state: the newest, which a resume trains, and the
 one before it, from which a damaged newest is trained again."""
 
 
-def prune_optimizer_states(run: Run, role: str, step: int) -> None:
+def prune_optimizer_states(run_dir: Path, role: str, step: int) -> None:
     """Delete the optimizer state of every checkpoint of `role` up to `step` (the one just saved)
     but the newest OPTIMIZER_STATES_KEPT (an older state that is ever trained again is rebuilt by
     replay). Later steps on disk are an earlier start's, not newer than this one."""
-    root = run.path / "checkpoints"
+    root = run_dir / "checkpoints"
     for directory in _up_to(saved_folders(root, f"{role}.optim"), step)[:-OPTIMIZER_STATES_KEPT]:
         if not leads_outside(root, directory):
             remove_from_run(root, directory)
 
 
-def prune_checkpoints(run: Run, role: str, keep: int | None, step: int) -> None:
+def prune_checkpoints(run_dir: Path, role: str, keep: int | None, step: int) -> None:
     """Delete all but the newest `keep` checkpoints of `role` up to `step` (the one just saved;
     None keeps all, as verl)."""
     if keep is None or keep <= 0:
         return
-    root = run.path / "checkpoints"
+    root = run_dir / "checkpoints"
     for directory in _up_to(saved_folders(root, role), step)[:-keep]:
         if not leads_outside(root, directory):  # a planted link's target is not the run's
             remove_from_run(root, directory)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ppoflow.engine.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, load_adapters, merge_adapters
 from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.tasks.storage.checkpoints import TRAINER_STATE_FILE as STATE_FILE
 from ppoflow.tasks.storage.checkpoints import (
     adapter_record,
     checkpoint_digest,
@@ -28,7 +29,6 @@ from ppoflow.tasks.storage.checkpoints import (
     readable_as_the_umask_allows,
 )
 from ppoflow.tasks.storage.tables import read_json, saved_folders, step_of
-from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 
 class ExportError(ValueError):

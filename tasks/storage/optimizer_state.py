@@ -60,7 +60,7 @@ INDEX_FILE = "model.safetensors.index.json"
 
 def _write_one_file(directory: Path, moments: dict[str, torch.Tensor]) -> None:
     """What torch.distributed.checkpoint's Hugging Face writer saves for one process, byte for byte,
-    without its planning (tests/tasks/test_optimizer_state.py checks the bytes): written from the
+    without its planning (tests/tasks/storage/test_optimizer_state.py checks the bytes): written from the
     moments' memory (safetensors_files.py), or by `save_file` with its header sorted afterwards when
     they are not of one dtype. Not fsynced here: whoever keeps the file makes it durable (a run's
     checkpoints are fsynced in the background, tasks/storage/durability.py)."""

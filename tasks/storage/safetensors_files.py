@@ -2,7 +2,7 @@
 
 `write_safetensors` writes the header and then each tensor's bytes, in the order and with the header
 `safetensors.torch.save_file` uses when all tensors share a dtype (name order; the data offsets of
-that order), so the two files are equal byte for byte (tests/tasks/test_safetensors_files.py).
+that order), so the two files are equal byte for byte (tests/tasks/storage/test_safetensors_files.py).
 `save_file` (0.8) writes from the tensors' memory too; what this adds: the same bytes can be hashed
 without writing them (`safetensors_chunks`: how pretrained_files.py checks a first save), a header
 with every level's keys sorted is written at once (the optimizer state's; `save_file`'s is rewritten

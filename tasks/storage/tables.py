@@ -89,6 +89,8 @@ def timed_io(kind: str):
     return decorate
 
 
+RESULTS_DIR = ".prefect-results"
+"""The run's folder of stored stage results (Prefect's, as `pipeline.results` writes them)."""
 COMPRESSION = "zstd"
 COMPRESS_FROM_BYTES = 1 << 16
 """Smaller tables are written uncompressed: zstd would save a few kilobytes and costs a set-up per

@@ -6,8 +6,8 @@ import pytest
 
 from ppoflow.conf import ConfigError, load_config
 from ppoflow.engine.lora import LoraSpec
-from ppoflow.tasks.stages.settings import lora_specs, run_settings
-from ppoflow.tasks.storage.cache_keys import digest_of
+from ppoflow.tasks.pipeline.cache_keys import digest_of
+from ppoflow.tasks.pipeline.plan import lora_specs, run_settings
 
 ACTOR = "actor_rollout_ref.model"
 

@@ -62,7 +62,7 @@ def hf_cache(root: Path, repo_id: str, model_dir: Path) -> Path:
 
 
 def test_a_hugging_face_id_loads_from_the_local_cache(tiny_model_dir, tmp_path, monkeypatch):
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import RunFiles
     from ppoflow.tasks.stages.prepare_model import model_source, prepare_model
 
     snapshot = hf_cache(tmp_path / "hub", "acme/tiny-adder", tiny_model_dir)
@@ -71,7 +71,7 @@ def test_a_hugging_face_id_loads_from_the_local_cache(tiny_model_dir, tmp_path, 
     cfg = load_config(None, ["actor_rollout_ref.model.path=acme/tiny-adder", *MICRO])
     assert cfg.actor_rollout_ref.model.path == "acme/tiny-adder"  # the id, as the user wrote it
     state = prepare_model.fn(
-        Run(str(tmp_path / "run")), "acme/tiny-adder", 1, model_source("acme/tiny-adder")
+        RunFiles(str(tmp_path / "run")), "acme/tiny-adder", 1, model_source("acme/tiny-adder")
     )
     assert state.checkpoint == str(snapshot.resolve())
 

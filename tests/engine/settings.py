@@ -10,7 +10,8 @@ from ppoflow.conf import load_config
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
-from ppoflow.tasks.stages.settings import RunSettings, run_settings
+from ppoflow.tasks.pipeline.plan import run_settings
+from ppoflow.tasks.pipeline.settings import RunSettings
 
 MICRO = [  # verl leaves micro-batch sizes unset; a test sets the one it exercises
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",

@@ -273,7 +273,7 @@ def test_a_cache_other_than_dynamic_cache_runs_whole_rows(monkeypatch):
 )
 def test_the_config_key_turns_sharing_on_in_one_process(overrides, shares):
     from ppoflow.conf import load_config
-    from ppoflow.tasks.stages.settings import run_settings
+    from ppoflow.tasks.pipeline.plan import run_settings
 
     from .settings import MICRO
 

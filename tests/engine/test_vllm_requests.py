@@ -105,7 +105,7 @@ def test_an_incomplete_completion_is_an_error_not_a_short_row(logprobs, reason, 
 def test_only_the_dtype_is_part_of_a_stage_cache_key():
     """Memory and scheduling settings ask for nothing different: changing them (say, after running
     out of GPU memory) keeps every finished stage cached; the dtype changes the numbers."""
-    from ppoflow.tasks.storage.cache_keys import identity
+    from ppoflow.tasks.pipeline.cache_keys import identity
 
     assert (
         identity(VLLMOptions("bfloat16", 576, gpu_memory_utilization=0.3, max_num_seqs=8))

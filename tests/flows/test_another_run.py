@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ppoflow.tasks.run import open_run
+from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.pipeline.run import open_run
 from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
 
 from .conftest import SMALL
@@ -106,14 +107,14 @@ def test_the_flow_refuses_it_too_and_a_validation_only_start_may_name_other_data
     other_data = [*SMALL, f"trainer.default_local_dir={finished_run}", GSM8K[0]]
     cfg = load_config(None, other_data)
     with pytest.raises(AnotherRun, match=r"data\.train_files: builtin:addition → .*train\.jsonl"):
-        open_run(cfg.run_dir, cfg.to_yaml(origins=True))
+        open_run(cfg.run_dir, cfg.to_yaml(origins=True), ModelHost())
     assert _contents(finished_run) == before
     validating = load_config(None, [*other_data, "trainer.val_only=true"])
-    run = open_run(validating.run_dir, validating.to_yaml(origins=True))
+    run = open_run(validating.run_dir, validating.to_yaml(origins=True), ModelHost())
     try:
         assert any("trainer.val_only: false → true" in change for change in run.config_changes)
     finally:
-        from ppoflow.tasks.run import close_run
+        from ppoflow.tasks.pipeline.run import close_run
 
         close_run(run)
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 from transformers import AutoModelForCausalLM
 
-from ppoflow.tasks.storage.results import ResultSerializer
+from ppoflow.tasks.pipeline.results import ResultSerializer
 from ppoflow.tasks.storage.tables import file_digest
 from tests.conftest import try_lock
 

@@ -1,7 +1,7 @@
 """`ppoflow diagnose` on small real runs of the tiny model that exhibit each finding (lr 1e-6,
 lr 0.1, a reward that is always 0, GRPO groups without spread, one on-policy step per iteration,
 training on 32 prompts), and the errors for directories with nothing to diagnose (missing, in
-progress, validation only). tests/tasks/test_diagnose_checks.py tests each check on hand-built metric
+progress, validation only). tests/tasks/observe/test_diagnose_checks.py tests each check on hand-built metric
 rows at its thresholds' edges."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ppoflow.tasks.observe.diagnose import (
 from ppoflow.tasks.observe.diagnose_run import Finding, fitted_change
 from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.tables import write_table
-from tests.tasks.test_diagnose_checks import evidence
+from tests.tasks.observe.test_diagnose_checks import evidence
 
 from .conftest import train
 
@@ -149,7 +149,7 @@ def test_lr_01_aggressive_updates_collapse_and_kl_to_reference(runs):
     assert min(kl_loss) > 1.0  # the collapsed policy is far from the reference from the first update on
     # Whether it still rises after that jump depends on the CPU's rounding (on an AMD EPYC it falls
     # back a little: 6.81, 5.98, 6.24); the finding follows the fitted trend, as
-    # tests/tasks/test_diagnose_checks.py::test_reference_kl_edges pins down at its edges.
+    # tests/tasks/observe/test_diagnose_checks.py::test_reference_kl_edges pins down at its edges.
     runaway = found.get("reference_kl_runaway")
     assert (runaway is not None) == (fitted_change(list(enumerate(kl_loss, start=1))) > 0), kl_loss
     assert runaway is None or (runaway.title.endswith("rising") and "actor/kl_loss" in runaway.title)

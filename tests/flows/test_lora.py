@@ -20,12 +20,12 @@ from ppoflow.cli import main
 from ppoflow.engine.forward import compute_log_probs
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import load_actor, load_tokenizer
+from ppoflow.tasks.pipeline.states import ModelState, TrainState
+from ppoflow.tasks.pipeline.trainer_state import ResumeRefused, resume_state
 from ppoflow.tasks.retraining.evaluation import plan_evaluation
 from ppoflow.tasks.stages.prepare_model import critic_state
 from ppoflow.tasks.storage.checkpoints import directory_digest
-from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
-from ppoflow.tasks.storage.trainer_state import ResumeRefused, resume_state
 
 from .conftest import train
 from .test_resume import metrics_without_wall_clock

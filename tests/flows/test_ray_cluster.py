@@ -311,11 +311,12 @@ def test_two_nodes_train_as_two_local_ranks_and_a_lost_node_fails_fast_then_resu
 def test_nnodes_above_one_without_a_cluster_is_refused_before_ray_starts(monkeypatch, tmp_path):
     import ray
 
-    from ppoflow.tasks.models.workers import GroupPlan, WorkerFailed, WorkerGroup
+    from ppoflow.tasks.models.workers import WorkerFailed, WorkerGroup
+    from ppoflow.tasks.pipeline.placement import PlacementPlan
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert not ray.is_initialized()
     with pytest.raises(WorkerFailed, match=r"asks for 2 nodes, but without RAY_ADDRESS .* trainer\.nnodes=1"):
-        WorkerGroup(GroupPlan(2, "cpu", nnodes=2))
+        WorkerGroup(PlacementPlan(world_size=2, nnodes=2))
     assert not ray.is_initialized() and not list(tmp_path.iterdir())

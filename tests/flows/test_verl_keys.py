@@ -8,7 +8,7 @@ import torch
 
 from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.models import load_critic, load_tokenizer
-from ppoflow.tasks.stages.update_settings import schedule_horizon
+from ppoflow.tasks.pipeline.update_settings import schedule_horizon
 from ppoflow.tasks.storage.confined_query import query
 
 from .conftest import train

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ppoflow.engine.tiny import build_tiny_tokenizer
-from ppoflow.tasks.storage.states import ModelState
+from ppoflow.tasks.pipeline.states import ModelState
 
 # The tiny tokenizer is one token per character; this template renders a chat as its contents only,
 # so a message prompt is as many tokens as its text.

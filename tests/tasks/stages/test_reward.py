@@ -17,13 +17,9 @@ import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
-from ppoflow.tasks.stages.reward_functions import (
-    RewardFunctionError,
-    check_custom_reward,
-    custom_function_section,
-)
+from ppoflow.tasks.pipeline.plan import custom_function_section, run_settings
+from ppoflow.tasks.stages.reward_functions import RewardFunctionError, check_custom_reward
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
-from ppoflow.tasks.stages.settings import run_settings
 
 # Each response text asks the reward function to misbehave in one way; anything else is scored.
 REWARD_FILE = """
@@ -300,10 +296,11 @@ def _prompts(run_dir, sources: list[str], split: str):
 
 
 def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_path):
-    from ppoflow.tasks.run import close_run, open_run
+    from ppoflow.tasks.models.host import ModelHost
+    from ppoflow.tasks.pipeline.run import close_run, open_run
     from ppoflow.tasks.stages.rewards import require_builtin_rewards
 
-    run = open_run(tmp_path / "run", "trainer: {}\n")
+    run = open_run(tmp_path / "run", "trainer: {}\n", ModelHost())
     try:
         known = [ADDITION_DATA_SOURCE, "openai/gsm8k"]
         tables = {"train": _prompts(run.path, known * 3, "train"), "val": _prompts(run.path, known, "val")}

@@ -13,11 +13,12 @@ import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import build_tiny_tokenizer
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.pipeline.plan import run_settings
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.stages.prompts import prompts
 from ppoflow.tasks.stages.rewards import score_rows
-from ppoflow.tasks.stages.settings import run_settings
-from ppoflow.tasks.storage.states import ModelState
 from tests.conftest import gsm8k_file
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -75,7 +76,7 @@ def write_lines(path: Path, lines: list[str]) -> str:
 
 def ingest(tmp_path, state, source: str, split="train", run="run", **data):
     result = prompts.fn(
-        run=Run(str(tmp_path / run)),
+        run=Run(str(tmp_path / run), models=ModelHost()),
         files=source,
         split=split,
         source_digest="t",

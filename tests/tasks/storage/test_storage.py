@@ -278,10 +278,10 @@ def test_nothing_is_written_through_a_link_below_the_run(tmp_path):
     """A folder of the run replaced by a link elsewhere: a table, a manifest, a checkpoint or a
     trainer state that would be written into it is refused, naming the link, and nothing lands
     outside. The run directory (or its checkpoints folder) may itself be a link."""
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import RunFiles
+    from ppoflow.tasks.pipeline.states import TrainState
+    from ppoflow.tasks.pipeline.trainer_state import record_trainer_state
     from ppoflow.tasks.storage.checkpoints import write_checkpoint
-    from ppoflow.tasks.storage.states import TrainState
-    from ppoflow.tasks.storage.trainer_state import record_trainer_state
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -301,9 +301,9 @@ def test_nothing_is_written_through_a_link_below_the_run(tmp_path):
     with pytest.raises(OSError, match=link):
         write_manifest(run, 1, {})
     with pytest.raises(OSError, match=link) as checkpoint:
-        write_checkpoint(Run(str(run)), "critic", 2, fill)
+        write_checkpoint(run, "critic", 2, fill)
     with pytest.raises(OSError, match=link):
-        record_trainer_state(Run(str(run)), 2, TrainState(None, None, None, 0.0), {})
+        record_trainer_state(RunFiles(str(run)), 2, TrainState(None, None, None, 0.0), {})
     assert table.value.filename == str(run / "iter=000001")
     assert checkpoint.value.filename == str(run / "checkpoints/iter=000002")
     assert sorted(p.name for p in outside.iterdir()) == ["actor"]
@@ -315,7 +315,7 @@ def test_nothing_is_written_through_a_link_below_the_run(tmp_path):
     moved = tmp_path / "moved-run"
     moved.mkdir()
     (moved / "checkpoints").symlink_to(bigger)
-    relative, _, _ = write_checkpoint(Run(str(moved)), "critic", 3, fill)
+    relative, _, _ = write_checkpoint(moved, "critic", 3, fill)
     assert (bigger / "iter=000003/critic/model.safetensors").read_bytes() == b"weights"
     assert relative == "checkpoints/iter=000003/critic"
 
@@ -328,7 +328,8 @@ def test_a_run_directory_that_cannot_be_made_is_named_with_its_keys(tmp_path):
 
 
 def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
-    from ppoflow.tasks.run import open_run
+    from ppoflow.tasks.models.host import ModelHost
+    from ppoflow.tasks.pipeline.run import open_run
 
     outside, run = tmp_path / "outside", tmp_path / "run"
     outside.mkdir()
@@ -336,14 +337,15 @@ def test_a_linked_results_folder_stops_the_run_before_it_writes(tmp_path):
     (run / ".lock").touch()  # a run directory (see test_a_folder_of_other_files_is_no_run_directory)
     (run / ".prefect-results").symlink_to(outside)
     with pytest.raises(OSError, match="stage results are kept in a folder of the run, not a link"):
-        open_run(run, "trainer: {}\n")
+        open_run(run, "trainer: {}\n", ModelHost())
     assert not (run / "config.yaml").exists() and try_lock(run)  # nothing written, not left locked
 
 
 def test_a_folder_of_other_files_is_no_run_directory(tmp_path):
     """A run replaces data/train.parquet, model/, config.yaml and deletes .*.tmp files below it: a
     folder that holds files but never had a run's lock file is refused before anything is written."""
-    from ppoflow.tasks.run import close_run, open_run
+    from ppoflow.tasks.models.host import ModelHost
+    from ppoflow.tasks.pipeline.run import close_run, open_run
     from ppoflow.tasks.storage.lock import NotARunDirectory
 
     folder = tmp_path / "project"
@@ -352,13 +354,14 @@ def test_a_folder_of_other_files_is_no_run_directory(tmp_path):
     (folder / "notes").mkdir()
     (folder / "notes/.draft.tmp").write_text("a draft")
     with pytest.raises(NotARunDirectory, match="holds files .* and is not a ppoflow run directory"):
-        open_run(folder, "trainer: {}\n")
+        open_run(folder, "trainer: {}\n", ModelHost())
     assert sorted(p.name for p in folder.rglob("*")) == [".draft.tmp", "data", "notes", "train.parquet"]
     assert (folder / "data/train.parquet").read_bytes() == b"the user's data"
     empty = tmp_path / "empty"
     empty.mkdir()
-    close_run(open_run(empty, "trainer: {}\n"))  # a new or empty folder is taken, and again as a run
-    close_run(open_run(empty, "trainer: {}\n"))
+    # a new or empty folder is taken, and again as a run
+    close_run(open_run(empty, "trainer: {}\n", ModelHost()))
+    close_run(open_run(empty, "trainer: {}\n", ModelHost()))
 
 
 def test_a_run_whose_lock_file_was_deleted_is_told_the_command_that_restores_it(tmp_path):
@@ -369,14 +372,15 @@ def test_a_run_whose_lock_file_was_deleted_is_told_the_command_that_restores_it(
     import shlex
     import subprocess
 
-    from ppoflow.tasks.run import close_run, finish_run, open_run
+    from ppoflow.tasks.models.host import ModelHost
+    from ppoflow.tasks.pipeline.run import close_run, finish_run, open_run
     from ppoflow.tasks.storage.lock import NotARunDirectory, acquire_run_lock
 
     run = tmp_path / "my run"  # a space: the command quotes the path
-    close_run(finish_run(open_run(run, "trainer: {}\n")))  # its config.yaml and catalog
+    close_run(finish_run(open_run(run, "trainer: {}\n", ModelHost())))  # its config.yaml and catalog
     (run / ".lock").unlink()
     with pytest.raises(NotARunDirectory) as refused:
-        open_run(run, "trainer: {}\n")
+        open_run(run, "trainer: {}\n", ModelHost())
     command = f"touch {shlex.quote(str(run / '.lock'))}"
     assert str(refused.value) == (
         f"{run} is a ppoflow run (config.yaml, catalog.duckdb) whose lock file .lock was deleted: if no "
@@ -384,17 +388,17 @@ def test_a_run_whose_lock_file_was_deleted_is_told_the_command_that_restores_it(
         "holds the deleted one, and two writers would mix their files)"
     )
     subprocess.run(command, shell=True, check=True)  # the command as given, through a shell
-    close_run(open_run(run, "trainer: {}\n"))
+    close_run(open_run(run, "trainer: {}\n", ModelHost()))
     home = tmp_path / "home"
     home.mkdir()
     (home / "config.yaml").write_text("editor: vim\n")
     (home / "iter=000001").mkdir()  # a folder of that name, but no step committed in it
     with pytest.raises(NotARunDirectory, match="not a ppoflow run directory: .* choose a new or empty one"):
-        open_run(home, "trainer: {}\n")
+        open_run(home, "trainer: {}\n", ModelHost())
     (home / "config.yaml").unlink()
     (home / "catalog.duckdb").write_bytes(b"")  # without a config.yaml beside it: not ppoflow's
     with pytest.raises(NotARunDirectory, match="is not a ppoflow run directory"):
-        open_run(home, "trainer: {}\n")
+        open_run(home, "trainer: {}\n", ModelHost())
     retraining = tmp_path / "retraining"  # the retrain flow's directory: its rounds
     (retraining / "rounds" / "round=000001").mkdir(parents=True)
     with pytest.raises(NotARunDirectory, match=r"retraining is a ppoflow run \(rounds\) whose lock file"):
@@ -418,7 +422,7 @@ def test_the_temp_sweep_leaves_links_and_what_they_point_at_alone(tmp_path):
 def test_a_checkpoint_of_another_model_is_refused_for_resume(tmp_path):
     import json
 
-    from ppoflow.tasks.storage.trainer_state import ResumeRefused, _check_same_architecture
+    from ppoflow.tasks.pipeline.trainer_state import ResumeRefused, _check_same_architecture
 
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     for folder, layers in ((ours, 3), (theirs, 2)):
@@ -454,8 +458,8 @@ def test_an_optimizer_folder_with_a_pipe_a_link_or_a_dot_file_is_not_what_was_sa
 def test_resume_from_a_folder_without_optimizer_state_is_refused_unless_only_validating(tmp_path):
     import json
 
-    from ppoflow.tasks.storage.states import ModelState, TrainState
-    from ppoflow.tasks.storage.trainer_state import ResumeRefused, resume_state
+    from ppoflow.tasks.pipeline.states import ModelState, TrainState
+    from ppoflow.tasks.pipeline.trainer_state import ResumeRefused, resume_state
 
     folder = tmp_path / "checkpoints/iter=000001"
     (folder / "actor").mkdir(parents=True)
@@ -496,10 +500,11 @@ def test_checkpoint_files_are_readable_as_the_umask_allows(tmp_path, tiny_model_
     name (0600) and renames it into place."""
     from ppoflow.engine.models import load_actor, load_tokenizer
     from ppoflow.engine.optim import build_optimizer
-    from ppoflow.tasks.run import Run
-    from ppoflow.tasks.storage.checkpoints import Trainable, optimizer_dir, save_checkpoint
+    from ppoflow.tasks.pipeline.model_files import save_checkpoint
+    from ppoflow.tasks.pipeline.run import RunFiles
+    from ppoflow.tasks.storage.checkpoints import Trainable, optimizer_dir
 
-    from ..engine.settings import optim_settings
+    from ...engine.settings import optim_settings
 
     model = load_actor(tiny_model_dir)
     optimizer, scheduler = build_optimizer(model, optim_settings(lr=0.01))
@@ -508,7 +513,7 @@ def test_checkpoint_files_are_readable_as_the_umask_allows(tmp_path, tiny_model_
     previous = os.umask(umask)
     try:
         relative, _, _ = save_checkpoint(
-            Run(str(tmp_path)),
+            RunFiles(str(tmp_path)),
             "actor",
             1,
             Trainable(model, optimizer, scheduler),
@@ -530,7 +535,7 @@ def test_a_model_copied_into_the_run_is_readable_as_the_umask_allows(tmp_path, t
     one): the copy's folder and files take the umask's modes, not the source's."""
     import shutil
 
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import RunFiles
     from ppoflow.tasks.stages.prepare_model import _install_copy
 
     private = tmp_path / "private-model"
@@ -538,7 +543,7 @@ def test_a_model_copied_into_the_run_is_readable_as_the_umask_allows(tmp_path, t
     private.chmod(0o700)
     for path in private.iterdir():
         path.chmod(0o600)
-    copy = _install_copy(private, Run(str(tmp_path / "run")), "model/base")
+    copy = _install_copy(private, RunFiles(str(tmp_path / "run")), "model/base")
     umask = os.umask(0o077)
     os.umask(umask)
     modes = {p.name: oct(p.stat().st_mode & 0o777) for p in [copy, *copy.iterdir()]}

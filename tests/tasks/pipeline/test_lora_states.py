@@ -9,10 +9,10 @@ from ppoflow.conf import load_config
 from ppoflow.engine.lora import AdaptersOff, LoraSpec, add_adapters
 from ppoflow.engine.models import load_actor
 from ppoflow.tasks.models.host import ModelHost
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.stages.settings import run_settings
-from ppoflow.tasks.storage.results import ResultSerializer, UnreadableResult
-from ppoflow.tasks.storage.states import ModelState, UpdateInputs
+from ppoflow.tasks.pipeline.plan import run_settings
+from ppoflow.tasks.pipeline.results import ResultSerializer, UnreadableResult
+from ppoflow.tasks.pipeline.run import RunFiles
+from ppoflow.tasks.pipeline.states import ModelState, UpdateInputs
 from ppoflow.tasks.storage.tables import ArtifactRef
 
 SPEC = LoraSpec(8, 16, ("q_proj", "v_proj"), "lm_head", seed=1)
@@ -41,7 +41,7 @@ def test_a_stored_lora_spec_naming_something_other_than_modules_is_unreadable():
 
 
 def test_the_reference_of_a_lora_actor_is_its_base_with_the_adapters_off(tiny_model_dir, tmp_path):
-    run, host = Run(str(tmp_path)), ModelHost()
+    run, host = RunFiles(str(tmp_path)), ModelHost()
     base = ModelState("actor", "lineage-0", 0, str(tiny_model_dir))
     plain = load_actor(tiny_model_dir)
     assert host.reference_for(run, base, plain, base) is plain  # step 1: the actor is the reference

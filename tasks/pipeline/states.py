@@ -1,5 +1,5 @@
 """What stages hand each other: model-state references and stage results (small, JSON-able; never
-data). The run handle is `tasks/run.py`."""
+data). The run handle is `tasks/pipeline/run.py`."""
 
 from __future__ import annotations
 
@@ -7,11 +7,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ppoflow.engine.lora import LoraSpec
-from ppoflow.engine.optim import OptimSettings
-from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.storage.tables import ArtifactRef
+
+if TYPE_CHECKING:  # types only: a stage's cache key hashes the code it runs (cache_keys.py)
+    from ppoflow.engine.lora import LoraSpec
+    from ppoflow.engine.optim import OptimSettings
+    from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 
 ROLES = ("actor", "critic")
 
@@ -121,3 +124,24 @@ class StepResults:
 
     def finished(self) -> list[StageResult]:
         return [r for r in (getattr(self, f.name) for f in dataclasses.fields(self)) if r is not None]
+
+
+class UpdateHistory:
+    """The update that produced each model state this run has seen, by lineage. A state handed on
+    after its checkpoint was saved carries no history (the checkpoint stands in for it), but once its
+    optimizer state is pruned (only the newest checkpoints keep one) the checkpoint cannot be trained
+    on: the state is then rebuilt by replaying its update from its parent, and so on back to a state
+    that can be loaded, at worst the base model. The flow remembers every update stage's state, cached
+    or computed, so that chain is known."""
+
+    def __init__(self) -> None:
+        self._origins: dict[str, UpdateInputs] = {}
+
+    def remember(self, state: ModelState | None) -> None:
+        while state is not None and state.origin is not None and state.lineage not in self._origins:
+            self._origins[state.lineage] = state.origin
+            state = state.origin.parent
+
+    def origin_of(self, state: ModelState) -> UpdateInputs | None:
+        """The update that produced `state`; None for a base model (or a state never seen)."""
+        return state.origin or self._origins.get(state.lineage)

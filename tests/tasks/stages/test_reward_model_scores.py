@@ -12,11 +12,11 @@ import pytest
 from ppoflow.conf import ConfigError, load_config
 from ppoflow.engine.models import ModelLoadError, load_tokenizer
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
+from ppoflow.tasks.pipeline.plan import reward_model_settings, reward_section
 from ppoflow.tasks.stages.reward_model import retokenised, same_tokenizer
 from ppoflow.tasks.stages.rewards import remax_baselines, score_rows
-from ppoflow.tasks.stages.settings import reward_model_settings, reward_section
 
-from ..conf.micro import MICRO
+from ...conf.micro import MICRO
 
 
 def reward(rm_weight, rule_reward=True):

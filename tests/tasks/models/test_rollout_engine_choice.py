@@ -3,7 +3,8 @@
 import pytest
 
 from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams
-from ppoflow.tasks.models.generation import RolloutEngines, RolloutRequest, rollout_share
+from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
+from ppoflow.tasks.pipeline.placement import RolloutRequest
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,16 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ppoflow.tasks.pipeline.states import TIMING_PREFIX, StageResult
 from ppoflow.tasks.storage.catalog import refresh_catalog_if_stale
 from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.manifests import manifest_document, read_manifest, write_manifest
-from ppoflow.tasks.storage.states import TIMING_PREFIX, StageResult
 
 if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import RunFiles
 
 
-def commit_step(run: Run, step: int, results: list[StageResult], states: dict | None = None) -> None:
+def commit_step(run: RunFiles, step: int, results: list[StageResult], states: dict | None = None) -> None:
     """Write step `step`'s manifest from its stages' results (and the model states it started from
     and ended with: see `manifest_document`), then refresh the catalog. A manifest on disk that names
     the same files, cache keys and states is kept as it is: a step served from cache leaves its files

@@ -1,19 +1,10 @@
-"""What each stage is told: typed, frozen settings built once from the config (`run_settings`) and
-passed as they are, down to the engine call that uses them. Field names are verl's (or the engine
-name a field's docstring gives), and every default is the config's: nothing here or in the engine
-repeats one. A stage's settings are part of its cache key, so a change to one section changes only
-the keys of the stages that read it.
-
-The walk of a value, e.g. `actor_rollout_ref.actor.clip_ratio`: the config field
-(conf/schema_actor.py) → `ActorUpdateSettings.clip_ratio_low/high` (engine/update.py, built in
-update_settings.py) → `RunSettings.actor.update` → the `actor_update` stage (its `settings`
-parameter, recorded in `UpdateInputs` for replay) → `engine.update.update_actor` →
-`engine.losses.compute_policy_loss`.
-"""
+"""Building a run's settings from its config: every stage's settings (`run_settings`), each trained
+role's layout over a worker group (`placement_plan`), and the pieces they are made of. The types are
+`settings.py`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
 from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
@@ -21,16 +12,25 @@ from ppoflow.conf.model_paths import local_model_path
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
-from ppoflow.engine.names import RM_SCORE, KLControlType, PFReweightMethod, RolloutEngineName, Truncation
-from ppoflow.engine.optim import OptimSettings
+from ppoflow.engine.names import RM_SCORE
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.engine.vllm_rollout import VLLMOptions
-from ppoflow.tasks.models.worker import RoleLayout
-from ppoflow.tasks.stages.reward_functions import custom_function_section
-from ppoflow.tasks.stages.reward_model import RewardModelSettings
-from ppoflow.tasks.stages.update_settings import (
+from ppoflow.tasks.pipeline.placement import PlacementPlan, RoleLayout
+from ppoflow.tasks.pipeline.settings import (
+    AdvantageStageSettings,
+    DataSettings,
+    KLControlSettings,
+    PFPPOSettings,
+    RewardFunctionError,
+    RewardModelSettings,
+    RolloutSettings,
+    RunSettings,
+    UpdateSettings,
+    ValidationSettings,
+)
+from ppoflow.tasks.pipeline.update_settings import (
     actor_update_settings,
     critic_update_settings,
     optim_settings,
@@ -39,135 +39,15 @@ from ppoflow.tasks.stages.update_settings import (
 from ppoflow.tasks.storage.checkpoints import directory_digest
 
 
-@dataclass(frozen=True)
-class DataSettings:
-    """Which prompts each step trains on (data.*)."""
-
-    train_batch_size: int
-    shuffle: bool
-    seed: int
-    truncation: Truncation
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    """Generating one step's responses (actor_rollout_ref.rollout.*)."""
-
-    engine: RolloutEngineName
-    """rollout.name: "hf" (transformers) or "vllm"."""
-    n: int
-    prompt_length: int
-    """rollout.prompt_length (data.max_prompt_length unless set)."""
-    truncation: Truncation
-    """data.truncation."""
-    sampling: SamplingParams
-    """temperature, top_p, top_k, do_sample; max_new_tokens = rollout.response_length."""
-    log_prob_micro_batch_size: int
-    """rollout.log_prob_micro_batch_size_per_gpu: rows per old-log-prob forward pass."""
-    ref_log_prob_micro_batch_size: int
-    """ref.log_prob_micro_batch_size_per_gpu."""
-    seed: int
-    """rollout.seed, else trainer.seed."""
-    generation_batch_size: int | None
-    """rollout.micro_batch_size: responses generated together on one device (None with vLLM, which
-    schedules its own batches: it is then no part of the cache key)."""
-    greedy_baseline: bool
-    """algorithm.adv_estimator=remax: also generate one greedy response per prompt, whose reward is
-    ReMax's baseline (verl's second, do_sample=False generation)."""
-    vllm: VLLMOptions | None = None
-    """The vLLM engine's options (rollout.name=vllm; None for hf)."""
-    recompute_old_log_probs: bool = True
-    """False with algorithm.rollout_correction.bypass_mode: the engine's log-probs are the old ones."""
-    share_prompts: bool = field(default=False, metadata={"cache_key": False})
-    """actor.use_prefix_grouper (one process only): a prompt's responses share its forward pass in
-    the old and reference log-prob passes (the same numbers up to float rounding)."""
-
-
-@dataclass(frozen=True)
-class ValidationSettings:
-    """Generating and scoring validation answers (rollout.val_kwargs.*)."""
-
-    engine: RolloutEngineName
-    n: int
-    """val_kwargs.n answers per prompt."""
-    prompt_length: int
-    truncation: Truncation
-    sampling: SamplingParams
-    """val_kwargs' temperature, top_p, top_k, do_sample."""
-    generation_batch_size: int | None
-    """rollout.micro_batch_size (None with vLLM)."""
-    seed: int | None
-    """rollout.seed, else trainer.seed, when validation samples (val_kwargs.do_sample and temperature
-    > 0); None when it decodes greedily, which draws nothing."""
-    log_generations: int = field(metadata={"cache_key": False})
-    """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
-    vllm: VLLMOptions | None = None
-    """The vLLM engine's options (rollout.name=vllm; None for hf)."""
-
-
-@dataclass(frozen=True)
-class PFPPOSettings:
-    """algorithm.pf_ppo.*, when algorithm.use_pf_ppo."""
-
-    reweight_method: PFReweightMethod
-    weight_pow: float
-
-
-@dataclass(frozen=True)
-class AdvantageStageSettings:
-    """Values, token-level rewards and advantages (algorithm.*)."""
-
-    estimator: AdvantageSettings
-    values_micro_batch_size: int
-    """critic.forward_micro_batch_size_per_gpu."""
-    pf_ppo: PFPPOSettings | None
-    seed: int
-    """trainer.seed (PF-PPO's resampling)."""
-
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    """One role's update: the loop, and its optimizer and LR schedule."""
-
-    update: ActorUpdateSettings | CriticUpdateSettings
-    optim: OptimSettings
-    keep_checkpoints: int | None = field(metadata={"cache_key": False})
-    """trainer.max_{actor,critic}_ckpt_to_keep (where results are kept, not what they are: not in
-    the cache key)."""
-    lora: LoraSpec | None = None
-    """The role's LoRA adapters (<model>.lora_rank > 0), or None: every weight trains."""
-
-
-@dataclass(frozen=True)
-class KLControlSettings:
-    """algorithm.kl_ctrl.*: β between iterations."""
-
-    type: KLControlType
-    target_kl: float
-    horizon: int
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    data: DataSettings
-    rollout: RolloutSettings
-    validation: ValidationSettings
-    advantages: AdvantageStageSettings
-    actor: UpdateSettings
-    critic: UpdateSettings | None
-    """None when the estimator needs no critic."""
-    reward: dict
-    """reward.* and custom_reward_function.* (the reward functions' own section)."""
-    reward_model: RewardModelSettings | None
-    """None without reward_model.enable."""
-    kl_control: KLControlSettings
-    use_reference: bool
-    critic_warmup: int
-    test_freq: int
-    save_freq: int
-    val_before_train: bool
-    total_steps: int
-    n_devices: int
+def custom_function_section(path: str | None, name: str) -> dict | None:
+    """The reward config's `custom_function`: the file's absolute path, the function name and a
+    digest of the file's bytes, so that editing the file changes the reward stage's cache key."""
+    if path is None:
+        return None
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise RewardFunctionError(f"custom_reward_function.path={path}: no such file")
+    return {"path": str(file), "name": name, "digest": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
@@ -321,28 +201,34 @@ def lora_specs(cfg: PPOFlowConfig) -> dict[str, LoraSpec | None]:
     }
 
 
-def role_layouts(cfg: PPOFlowConfig, settings: RunSettings) -> dict[str, RoleLayout]:
-    """How the actor (and the critic) are spread over a worker group of cfg.world_size ranks:
-    verl's strategy keys (fsdp runs as FSDP2) and each rank's micro-batches per mini-batch."""
-    world = cfg.world_size
+def placement_plan(cfg: PPOFlowConfig) -> PlacementPlan:
+    """Where the run's models live (trainer.device, trainer.nnodes × trainer.n_gpus_per_node), and
+    with a world size above 1 how the actor (and the critic) are spread over the ranks: verl's
+    strategy keys (fsdp runs as FSDP2) and each rank's micro-batches per mini-batch. Nothing in it
+    depends on the data, so it is known before the run opens."""
+    world, arr = cfg.world_size, cfg.actor_rollout_ref
 
-    def layout(section, update: UpdateSettings) -> RoleLayout:
-        strategy = "deepspeed" if section.strategy == "deepspeed" else "fsdp2"
-        loop = update.update
+    def layout(section, loop: ActorUpdateSettings | CriticUpdateSettings) -> RoleLayout:
         return RoleLayout(
-            strategy=strategy,
+            strategy="deepspeed" if section.strategy == "deepspeed" else "fsdp2",
             zero_stage=section.deepspeed_config.zero_stage,
             offload_optimizer=section.deepspeed_config.offload_optimizer,
             micro_batch_size=loop.micro_batch_size,
             micro_batches=loop.mini_batch_size // world // loop.micro_batch_size,
             grad_clip=loop.grad_clip,
-            optim=update.optim,
         )
 
-    layouts = {"actor": layout(cfg.actor_rollout_ref.actor, settings.actor)}
-    if settings.critic is not None:
-        layouts["critic"] = layout(cfg.critic, settings.critic)
-    return layouts
+    temperature = sampling_params(arr.rollout, arr.rollout.response_length).logit_temperature
+    layouts = {"actor": layout(arr.actor, actor_update_settings(cfg, temperature))}
+    if cfg.use_critic:
+        layouts["critic"] = layout(cfg.critic, critic_update_settings(cfg))
+    return PlacementPlan(
+        device=cfg.trainer.device,
+        world_size=world,
+        nnodes=cfg.trainer.nnodes,
+        num_threads=cfg.trainer.num_threads,
+        layouts=layouts,
+    )
 
 
 def _generation_batch_size(cfg: PPOFlowConfig) -> int | None:
@@ -379,17 +265,6 @@ def sampling_params(source, response_length: int) -> SamplingParams:
         top_k=source.top_k,
         do_sample=source.do_sample and source.temperature > 0,
     )
-
-
-MAX_UNSAVED_STEPS = 50
-"""A checkpoint at least this often, whatever trainer.save_freq says, so that a state to rebuild by
-replay is never more than this many updates away from one on disk."""
-
-
-def checkpoint_due(step: int, total: int, save_freq: int) -> bool:
-    """trainer.save_freq (≤ 0: only at the end, as verl's -1), the last step, and every
-    MAX_UNSAVED_STEPS steps."""
-    return (save_freq > 0 and step % save_freq == 0) or step == total or step % MAX_UNSAVED_STEPS == 0
 
 
 def total_training_steps(cfg: PPOFlowConfig, train_rows: int) -> int:

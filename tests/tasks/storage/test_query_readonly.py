@@ -17,7 +17,7 @@ from ppoflow.tasks.storage.catalog import CATALOG_NAME, connect_readonly, refres
 from ppoflow.tasks.storage.confined_query import connect_confined, query
 from ppoflow.tasks.storage.schemas import metrics_table
 from ppoflow.tasks.storage.tables import write_table
-from tests.tasks.test_catalog import write_run
+from tests.tasks.storage.test_catalog import write_run
 
 READ_ONLY = "ppoflow query runs read-only SELECT statements"
 RUN_ONLY = "may read only the run's files"

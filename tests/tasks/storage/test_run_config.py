@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from ppoflow.conf import load_config
-from ppoflow.tasks.run import close_run, open_run
+from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.pipeline.run import close_run, open_run
 from ppoflow.tasks.storage.run_config import PREVIOUS_CONFIG, changes_line, record_config
 
 
@@ -72,8 +73,8 @@ def test_a_key_that_follows_a_changed_one_is_not_named_again(tmp_path):
 
 
 def test_open_run_hands_the_changes_to_the_flow(tmp_path):
-    close_run(open_run(tmp_path, _yaml("trainer.seed=1")))
-    run = open_run(tmp_path, _yaml("trainer.seed=2"))
+    close_run(open_run(tmp_path, _yaml("trainer.seed=1"), ModelHost()))
+    run = open_run(tmp_path, _yaml("trainer.seed=2"), ModelHost())
     try:
         assert run.config_changes == ("trainer.seed: 1 → 2",)
     finally:

@@ -17,7 +17,7 @@ from ppoflow.tasks.storage.optimizer_state import (
     save_torch_optimizer,
 )
 
-from ..engine.settings import optim_settings
+from ...engine.settings import optim_settings
 
 SETTINGS = optim_settings(lr=0.05, warmup_steps=2, weight_decay=0.01)
 

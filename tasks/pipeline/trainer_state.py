@@ -9,18 +9,23 @@ from typing import TYPE_CHECKING
 
 from ppoflow.engine.data import batch_rows
 from ppoflow.engine.lora import LoraSpec
-from ppoflow.tasks.storage.checkpoints import OPTIMIZER_STATES_KEPT, adapter_record, optimizer_dir
+from ppoflow.tasks.pipeline.states import ModelState, TrainState
+from ppoflow.tasks.storage.checkpoints import (
+    OPTIMIZER_STATES_KEPT,
+    TRAINER_STATE_FILE,
+    adapter_record,
+    optimizer_dir,
+)
 from ppoflow.tasks.storage.regular_files import refuse_links_below
-from ppoflow.tasks.storage.states import ModelState, TrainState
 from ppoflow.tasks.storage.tables import read_json, saved_folders, write_json_atomic
 
 if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import RunFiles
 
-STATE_FILE = "trainer_state.json"
+STATE_FILE = TRAINER_STATE_FILE
 
 
-def _saved(run: Run, state: ModelState | None) -> dict | None:
+def _saved(run: RunFiles, state: ModelState | None) -> dict | None:
     if state is None or state.checkpoint is None:
         return None
     return {
@@ -32,7 +37,7 @@ def _saved(run: Run, state: ModelState | None) -> dict | None:
     }
 
 
-def record_trainer_state(run: Run, step: int, state: TrainState, data_position: dict) -> None:
+def record_trainer_state(run: RunFiles, step: int, state: TrainState, data_position: dict) -> None:
     """Write the trainer state beside the step's checkpoints (only steps that saved one; unless the
     file already holds it, so a step served from cache rewrites nothing)."""
     folder = run.path / f"checkpoints/iter={step:06d}"

@@ -8,17 +8,17 @@ import json
 import pyarrow as pa
 import pytest
 
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.storage.commit import commit_step
+from ppoflow.tasks.pipeline.commit import commit_step
+from ppoflow.tasks.pipeline.run import RunFiles
+from ppoflow.tasks.pipeline.states import StageResult, timing_values
 from ppoflow.tasks.storage.manifests import read_manifest
-from ppoflow.tasks.storage.states import StageResult, timing_values
 from ppoflow.tasks.storage.tables import stage_path, write_table
 
 
 @pytest.fixture
 def step_results(tmp_path):
     ref = write_table(pa.table({"x": [1, 2]}), tmp_path, stage_path(1, "rewards"))
-    return Run(str(tmp_path)), [
+    return RunFiles(str(tmp_path)), [
         StageResult("rewards", (ref,), "rewards-key", 0.5, timing_values({"reward": 0.5}))
     ]
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.run import RunFiles
 
 REFUSED = "refusing to (write|delete) through a link inside the run"
 
@@ -36,7 +36,7 @@ def test_a_linked_model_folder_is_refused_before_anything_moves(tmp_path, outsid
     run.mkdir()
     (run / "model").symlink_to(outside)  # outside/base would be moved aside and deleted
     with pytest.raises(OSError, match=REFUSED):
-        _install_copy(source, Run(str(run)), "model/base")
+        _install_copy(source, RunFiles(str(run)), "model/base")
     _untouched(outside)
 
 
@@ -46,12 +46,12 @@ def test_stale_rejects_are_removed_but_not_through_a_linked_data_folder(tmp_path
     run = tmp_path / "run"
     (run / "data").mkdir(parents=True)
     (run / "data/rejects_train.parquet").write_text("from an earlier ingest")
-    assert _write_rejects(Run(str(run)), "train", []) == ()
+    assert _write_rejects(RunFiles(str(run)), "train", []) == ()
     assert not (run / "data/rejects_train.parquet").exists()
     (run / "data").rmdir()
     (run / "data").symlink_to(outside)
     with pytest.raises(OSError, match=REFUSED):
-        _write_rejects(Run(str(run)), "train", [])
+        _write_rejects(RunFiles(str(run)), "train", [])
     _untouched(outside)
 
 

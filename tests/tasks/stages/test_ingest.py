@@ -11,11 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from ppoflow.engine.tiny import build_tiny_tokenizer
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.models.host import ModelHost
+from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.stages.prompts import prompts
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.confined_query import query
-from ppoflow.tasks.storage.states import ModelState
 
 DATA = {
     "prompt_key": "prompt",
@@ -42,7 +43,7 @@ def write_jsonl(path, lines) -> str:
 
 
 def ingest(tmp_path, state, files, split="train", **data):
-    run = Run(str(tmp_path / "run"))
+    run = Run(str(tmp_path / "run"), models=ModelHost())
     result = prompts.fn(
         run=run, files=files, split=split, source_digest="test", data=DATA | data, tokenizer_state=state
     )

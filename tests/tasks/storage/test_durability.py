@@ -13,12 +13,12 @@ import pyarrow as pa
 import pytest
 import torch
 
-from ppoflow.tasks.run import Run
+from ppoflow.tasks.pipeline.commit import commit_step
+from ppoflow.tasks.pipeline.run import RunFiles
+from ppoflow.tasks.pipeline.states import StageResult
 from ppoflow.tasks.storage.checkpoints import optimizer_dir
-from ppoflow.tasks.storage.commit import commit_step
 from ppoflow.tasks.storage.durability import sync_later, wait_durable
 from ppoflow.tasks.storage.manifests import read_manifest
-from ppoflow.tasks.storage.states import StageResult
 from ppoflow.tasks.storage.tables import (
     artifact_is_valid,
     stage_path,
@@ -79,7 +79,7 @@ def test_a_record_is_synced_before_the_write_returns(tmp_path, synced):
 def test_a_failed_fsync_fails_the_commit_removes_the_file_and_writes_no_manifest(tmp_path, monkeypatch):
     """The file's pages may hold what the disk does not, and a second fsync would succeed: it is
     removed, so that its stage is made again (its digest no longer matches), not committed."""
-    run = Run(str(tmp_path))
+    run = RunFiles(str(tmp_path))
     wait_durable(tmp_path)
 
     monkeypatch.setattr(os, "fsync", failing_with(OSError(errno.EIO, "Input/output error")))
@@ -107,7 +107,7 @@ def test_a_failure_of_another_runs_file_does_not_fail_this_runs_commit(tmp_path,
     assert str(other / stage_path(1, "rewards")) in caplog.text
     assert (other / stage_path(1, "rewards")).exists()  # not this run's to remove
     ref = write_table(pa.table({"x": [2]}), ours, stage_path(1, "rewards"))
-    commit_step(Run(str(ours)), 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
+    commit_step(RunFiles(str(ours)), 1, [StageResult("rewards", (ref,), "key", 0.1, ())])
     assert read_manifest(ours, 1) is not None
 
 
@@ -176,10 +176,10 @@ def test_a_table_read_without_its_digest_is_synced_before_the_write_returns(tmp_
 
 def test_a_cached_results_files_are_synced_again(tmp_path, tiny_model_dir, synced):
     """A process killed before its fsyncs leaves files a resumed run reuses from cache."""
-    from ppoflow.tasks.storage.results import sync_outputs_later
-    from ppoflow.tasks.storage.states import ModelState
+    from ppoflow.tasks.pipeline.results import sync_outputs_later
+    from ppoflow.tasks.pipeline.states import ModelState
 
-    run = Run(str(tmp_path))
+    run = RunFiles(str(tmp_path))
     ref = write_table(pa.table({"x": [1]}), tmp_path, stage_path(1, "rewards"))
     relative = _saved_checkpoint(run, tiny_model_dir)
     wait_durable(tmp_path)
@@ -197,7 +197,7 @@ def test_a_checkpoints_folder_that_is_a_link_to_another_disk_is_synced(tmp_path,
     elsewhere.mkdir()
     (tmp_path / "run").mkdir()
     (tmp_path / "run/checkpoints").symlink_to(elsewhere)
-    run = Run(str(tmp_path / "run"))
+    run = RunFiles(str(tmp_path / "run"))
     relative = _saved_checkpoint(run, tiny_model_dir)
     commit_step(run, 1, [])
     assert identity(elsewhere) in synced
@@ -234,9 +234,10 @@ def test_a_fifo_under_a_files_name_fails_the_wait_instead_of_blocking_it(tmp_pat
 def _saved_checkpoint(run, tiny_model_dir) -> str:
     from ppoflow.engine.models import load_actor, load_tokenizer
     from ppoflow.engine.optim import build_optimizer
-    from ppoflow.tasks.storage.checkpoints import Trainable, save_checkpoint
+    from ppoflow.tasks.pipeline.model_files import save_checkpoint
+    from ppoflow.tasks.storage.checkpoints import Trainable
 
-    from ..engine.settings import optim_settings
+    from ...engine.settings import optim_settings
 
     model = load_actor(tiny_model_dir)
     optimizer, scheduler = build_optimizer(model, optim_settings(lr=0.01))
@@ -247,7 +248,7 @@ def _saved_checkpoint(run, tiny_model_dir) -> str:
 
 
 def test_a_checkpoints_files_are_synced_before_its_step_is_committed(tmp_path, tiny_model_dir, synced):
-    run = Run(str(tmp_path))
+    run = RunFiles(str(tmp_path))
     relative = _saved_checkpoint(run, tiny_model_dir)
     commit_step(run, 1, [])
     folder = tmp_path / relative

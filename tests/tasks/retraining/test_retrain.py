@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ppoflow.tasks.pipeline.trainer_state import STATE_FILE
 from ppoflow.tasks.retraining.evaluation import plan_evaluation
 from ppoflow.tasks.retraining.rounds import (
     DataFile,
@@ -22,7 +23,6 @@ from ppoflow.tasks.retraining.rounds import (
     sync_champion_pointer,
 )
 from ppoflow.tasks.storage.confined_query import query
-from ppoflow.tasks.storage.trainer_state import STATE_FILE
 
 
 @pytest.mark.parametrize(

@@ -40,18 +40,18 @@ from pydantic import Field
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
-from ppoflow.tasks.storage.cache_keys import key_for
-from ppoflow.tasks.storage.checkpoints import state_files_intact, sync_checkpoint_later
+from ppoflow.tasks.pipeline.cache_keys import key_for
+from ppoflow.tasks.pipeline.model_files import state_files_intact
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, StepResults, UpdateInputs
+from ppoflow.tasks.storage.checkpoints import sync_checkpoint_later
 from ppoflow.tasks.storage.durability import sync_later
-from ppoflow.tasks.storage.states import ModelState, StageResult, StepResults, UpdateInputs
-from ppoflow.tasks.storage.tables import ArtifactRef, artifact_is_valid
+from ppoflow.tasks.storage.tables import RESULTS_DIR, ArtifactRef, artifact_is_valid
 
 if TYPE_CHECKING:
-    from ppoflow.tasks.run import Run
+    from ppoflow.tasks.pipeline.run import Run, RunFiles
 
 logger = logging.getLogger(__name__)
 
-RESULTS_DIR = ".prefect-results"
 SERIALIZER_TYPE = "ppoflow-json"
 MAX_RECORD_BYTES = 16 << 20
 """Stage results are references and numbers (kilobytes); a larger record is not one of ours."""
@@ -296,7 +296,7 @@ def read_stored_result(path: Path) -> Any:
     return ResultSerializer().loads(record["result"].encode())
 
 
-def outputs_valid(run: Run, result: Any) -> bool:
+def outputs_valid(run: RunFiles, result: Any) -> bool:
     """Every table a (possibly cached) result points at still exists with its digest, and every
     model state it returns still has intact files (see state_files_intact)."""
     items = result if isinstance(result, tuple) else (result,)
@@ -313,7 +313,7 @@ _STORED_NAME = re.compile(r"^[A-Za-z0-9_]+-[0-9a-f]{40}$")
 SHOWN_DISCARDS = 3
 
 
-def discard_unreadable_result(run: Run, task, parameters: dict[str, Any]) -> None:
+def discard_unreadable_result(run: RunFiles, task, parameters: dict[str, Any]) -> None:
     """Remove the stored result of this call unless ppoflow wrote it and can read it back; with it,
     every other stored result of the run that ppoflow cannot read (files planted in the folder are
     found at once, not stage by stage), and warn once, naming them and why."""
@@ -404,7 +404,7 @@ def run_stage(task, run: Run, **parameters: Any):
     return result, state.name == "Cached"
 
 
-def sync_outputs_later(run: Run, result: Any) -> None:
+def sync_outputs_later(run: RunFiles, result: Any) -> None:
     """Queue the fsync of a cached result's tables and checkpoints (durability.py): the process that
     wrote them may have been killed before they reached the disk, and the step's commit is about to
     name them."""

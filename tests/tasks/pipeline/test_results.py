@@ -11,18 +11,18 @@ import pickle
 import pytest
 
 from ppoflow.conf import load_config
-from ppoflow.tasks.run import Run
-from ppoflow.tasks.stages.prepare_model import prepare_model
-from ppoflow.tasks.stages.settings import run_settings
-from ppoflow.tasks.storage.cache_keys import key_for
-from ppoflow.tasks.storage.results import (
+from ppoflow.tasks.pipeline.cache_keys import key_for
+from ppoflow.tasks.pipeline.plan import run_settings
+from ppoflow.tasks.pipeline.results import (
     RESULTS_DIR,
     ResultSerializer,
     UnreadableResult,
     discard_unreadable_result,
     read_stored_result,
 )
-from ppoflow.tasks.storage.states import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.pipeline.run import RunFiles
+from ppoflow.tasks.pipeline.states import ModelState, StageResult, UpdateInputs
+from ppoflow.tasks.stages.prepare_model import prepare_model
 from ppoflow.tasks.storage.tables import ArtifactRef
 
 SETTINGS = run_settings(load_config(), total_steps=40)  # the embedded default's
@@ -198,7 +198,7 @@ def test_recorded_update_settings_are_checked_field_by_field(tmp_path, field, va
 
 
 def test_a_fifo_under_a_results_name_is_discarded_without_blocking(tmp_path):
-    run = Run(str(tmp_path))
+    run = RunFiles(str(tmp_path))
     parameters = {"model_path": "builtin:tiny-addition", "seed": 1, "source": "builtin:tiny-addition"}
     path = tmp_path / RESULTS_DIR / key_for(prepare_model, {"run": run, **parameters})
     path.parent.mkdir()
@@ -211,7 +211,7 @@ def test_planted_results_are_removed_together_and_said_once(tmp_path, caplog):
     """A folder of planted records was removed record by record as each stage came to it, and every
     stage was trained again without a word: now the first found has the rest removed with it, in
     one warning naming them and why."""
-    run = Run(str(tmp_path))
+    run = RunFiles(str(tmp_path))
     folder = tmp_path / RESULTS_DIR
     folder.mkdir()
     calls = [{"model_path": f"builtin:m{i}", "seed": i, "source": f"builtin:m{i}"} for i in range(3)]
@@ -222,7 +222,7 @@ def test_planted_results_are_removed_together_and_said_once(tmp_path, caplog):
     stage, _ = _update_result()
     _record(folder / keys[2], {"type": "ppoflow-json"}, ResultSerializer().dumps(stage).decode())
     (folder / "notes.txt").write_text("not a stored result's name: Prefect never reads it")
-    with caplog.at_level("INFO", logger="ppoflow.tasks.storage.results"):
+    with caplog.at_level("INFO", logger="ppoflow.tasks.pipeline.results"):
         discard_unreadable_result(run, prepare_model, calls[1])
         discard_unreadable_result(run, prepare_model, calls[0])  # already gone: nothing more to say
     assert [(record.levelname, record.getMessage()) for record in caplog.records] == [

@@ -1,6 +1,7 @@
-"""The run handle every stage receives: where the run's files are, where its models live, and the
-clock of its file IO; and the run's life: opened (lock taken, leftovers cleared, config written) and
-closed once per run by the flow."""
+"""The run handle every stage receives: where the run's files are and the clock of their IO
+(`RunFiles`, all that the pipeline's file handling needs), and where its models live (`Run.models`,
+a `ModelPlacement`); and the run's life: opened (lock taken, leftovers cleared, config written, the
+placement started) and closed once per run by the flow."""
 
 from __future__ import annotations
 
@@ -10,28 +11,24 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ppoflow.tasks.models.host import ModelHost
-from ppoflow.tasks.models.workers import GroupPlan, WorkerGroupHost
+from ppoflow.tasks.pipeline.placement import ModelPlacement
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.durability import wait_durable
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import make_run_directory, remove_stale_temp_files
-from ppoflow.tasks.storage.results import RESULTS_DIR
 from ppoflow.tasks.storage.run_config import record_config, require_same_run
-from ppoflow.tasks.storage.tables import IOClock
+from ppoflow.tasks.storage.tables import RESULTS_DIR, IOClock
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Run:
+class RunFiles:
     """`run_dir` is absolute. Not part of cache keys, so a moved run keeps its cache; `recompute`
     (trainer.resume_mode=disable) makes every stage run again instead of resuming."""
 
     run_dir: str
     recompute: bool = False
-    models: ModelHost | WorkerGroupHost = field(default_factory=ModelHost, compare=False, repr=False)
-    """Where the run's actor, critic and reference live (`run.models.model(state)`)."""
     io: IOClock = field(default_factory=IOClock, compare=False, repr=False)
     """Seconds spent reading and writing the run's files."""
     config_changes: tuple[str, ...] = field(default=(), compare=False, repr=False)
@@ -42,20 +39,28 @@ class Run:
         return Path(self.run_dir)
 
 
+@dataclass(frozen=True)
+class Run(RunFiles):
+    """A run's files and where its models live."""
+
+    models: ModelPlacement = field(kw_only=True, compare=False, repr=False)
+    """The run's actor, critic, reference and reward model (`run.models.rollouts(...)`)."""
+
+
 def open_run(
     run_dir: str | Path,
     config_yaml: str,
+    models: ModelPlacement,
     *,
     recompute: bool = False,
     device: str = "cpu",
-    group: GroupPlan | None = None,
 ) -> Run:
     """Take the run directory's lock (one writer per run), clear what killed writes left behind,
-    and write its effective config (config.yaml; the Run's `config_changes` name what differs from
-    the last start's). A start of another actor model or other training data than the steps already
-    there is refused first (run_config.AnotherRun). `recompute` (trainer.resume_mode=disable) runs
-    every stage again; the run's models live on `device` (trainer.device), in this process or, with
-    a `group` of world size > 1, in a worker group (started by `WorkerGroupHost.assign`)."""
+    write its effective config (config.yaml; the Run's `config_changes` name what differs from the
+    last start's), and start `models` (a worker group checks that every rank sees the run). A start
+    of another actor model or other training data than the steps already there is refused first
+    (run_config.AnotherRun). `recompute` (trainer.resume_mode=disable) runs every stage again; the
+    models live on `device` (trainer.device)."""
     path = Path(run_dir).resolve()
     make_run_directory(path)
     if device == "cpu":  # DeepSpeed (imported by transformers' integrations too) would warn it found no GPU
@@ -66,11 +71,15 @@ def open_run(
         _require_results_folder(path / RESULTS_DIR)
         remove_stale_temp_files(path)
         changes = record_config(path, config_yaml)
+        run = Run(str(path), recompute=recompute, config_changes=tuple(changes), models=models)
+        models.start(run)  # devices and shared storage are checked before any stage
     except BaseException:
-        release_run_lock(path)
+        try:
+            models.close()
+        finally:
+            release_run_lock(path)
         raise
-    models = WorkerGroupHost(group) if group is not None and group.world_size > 1 else ModelHost(device)
-    return Run(str(path), recompute=recompute, models=models, config_changes=tuple(changes))
+    return run
 
 
 def _require_results_folder(path: Path) -> None:
