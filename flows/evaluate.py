@@ -10,6 +10,7 @@ from prefect import flow
 from ppoflow.conf import load_config
 from ppoflow.flows.train import train
 from ppoflow.tasks.observe.artifacts import publish_markdown
+from ppoflow.tasks.pipeline.plan import run_plan
 from ppoflow.tasks.retraining.evaluation import CHAMPION, evaluation_markdown, plan_evaluation
 
 
@@ -32,7 +33,7 @@ def evaluate(
     """
     root = Path(run_dir).resolve()
     plan = plan_evaluation(checkpoint, root, config_file, list(overrides or []))
-    summary = train(load_config(plan.config_file, plan.overrides))
+    summary = train(run_plan(load_config(plan.config_file, plan.overrides)))
     step, score = summary["validation"][-1]
     publish_markdown(root, "evaluation", evaluation_markdown(plan, step, score))
     return {

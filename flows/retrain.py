@@ -15,6 +15,7 @@ from ppoflow.conf import load_config
 from ppoflow.flows.train import train
 from ppoflow.tasks.observe.artifacts import publish_markdown
 from ppoflow.tasks.observe.console import say
+from ppoflow.tasks.pipeline.plan import ingest_settings, run_plan
 from ppoflow.tasks.retraining.rounds import (
     BASE,
     decide,
@@ -29,7 +30,7 @@ from ppoflow.tasks.retraining.rounds import (
     start_promotions_table,
     sync_champion_pointer,
 )
-from ppoflow.tasks.stages.prompts import NotEnoughData, ingest_settings, unusable_data_file
+from ppoflow.tasks.stages.prompts import NotEnoughData, unusable_data_file
 from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.retrain_tables import PROMOTIONS, ROUNDS
 from ppoflow.tasks.storage.run_config import CONFIG
@@ -76,7 +77,7 @@ def retrain(
                 f"{ROUNDS}/ folder too (or start a new retraining directory)"
             )
         new, skipped = take_stock(data_dir, root)
-        data = ingest_settings(settings.data, "train")
+        data = ingest_settings(settings, "train")
         new, unusable, unreadable = set_aside_unusable(root, new, lambda path: unusable_data_file(path, data))
         for file in unusable:
             say(f"set aside (listed in unusable_files, not tried again): {file['reason']}")
@@ -99,7 +100,7 @@ def retrain(
             config_file, [*overrides, *round_overrides(root, number, new, champion, iterations, test_freq)]
         )
         try:
-            summary = train(round_cfg)
+            summary = train(run_plan(round_cfg))
         except NotEnoughData as error:  # the files stay new: the next run trains on them and what follows
             return _nothing_to_do(root, f"{error}; waiting for more data", holder, champion)
         incumbent, candidate = round_scores(summary, start + 1, start + iterations)

@@ -6,16 +6,16 @@ import time
 
 from prefect import flow
 
-from ppoflow.conf import PPOFlowConfig, load_config
+from ppoflow.conf import load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.placement import place_models
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
-from ppoflow.tasks.pipeline.plan import lora_specs, placement_plan, run_settings, total_training_steps
+from ppoflow.tasks.pipeline.plan import run_plan, total_training_steps
 from ppoflow.tasks.pipeline.results import run_stage
 from ppoflow.tasks.pipeline.run import Run, close_run, finish_run, open_run, set_torch_threads
-from ppoflow.tasks.pipeline.settings import RunSettings
+from ppoflow.tasks.pipeline.settings import RunPlan, RunSettings, StartPlan
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, TrainState
 from ppoflow.tasks.pipeline.trainer_state import (
     data_position,
@@ -29,7 +29,7 @@ from ppoflow.tasks.stages.prepare_model import (
     prepare_model,
     require_same_tokenizer,
 )
-from ppoflow.tasks.stages.prompts import ingest_settings, prompts, require_full_batch, source_digest
+from ppoflow.tasks.stages.prompts import prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
 from ppoflow.tasks.storage.run_config import changes_line
@@ -46,46 +46,53 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
         overrides: Dotted key=value overrides applied on top, e.g. ["trainer.total_training_steps=5",
             "actor_rollout_ref.actor.optim.lr=1e-4"].
     """
-    return train(load_config(config_file, overrides or []))
+    return train(run_plan(load_config(config_file, overrides or [])))
 
 
-def train(cfg: PPOFlowConfig) -> dict:
-    require_machine(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)  # before the run directory
-    set_torch_threads(cfg.trainer.num_threads)
+@flow(name="ppo-train", log_prints=False, validate_parameters=False)
+def ppo_train_planned(plan: RunPlan) -> dict:
+    """Train the run `plan` describes (`ppoflow train`, which has loaded the config already)."""
+    return train(plan)
+
+
+def train(plan: RunPlan) -> dict:
+    require_machine(plan.placement.device, plan.rollout_engine)  # before the run directory
+    set_torch_threads(plan.num_threads)
     run = open_run(
-        cfg.run_dir,
-        cfg.to_yaml(origins=True),
-        place_models(placement_plan(cfg)),
-        recompute=cfg.trainer.resume_mode == "disable",
-        device=cfg.trainer.device,
+        plan.run_dir,
+        plan.config_yaml,
+        place_models(plan.placement),
+        recompute=plan.recompute,
+        device=plan.placement.device,
     )
-    for warning in cfg.warnings():
+    for warning in plan.warnings:
         say(f"ppoflow: {warning}")
     if run.config_changes:
         say(f"ppoflow: {changes_line(list(run.config_changes))}")
     try:
-        return _train(run, cfg)
+        return _train(run, plan)
     finally:
         close_run(run)
 
 
-def _train(run: Run, cfg: PPOFlowConfig) -> dict:
+def _train(run: Run, plan: RunPlan) -> dict:
+    start = plan.start
     base, _ = run_stage(
         prepare_model,
         run,
-        model_path=cfg.actor_rollout_ref.model.path,
-        seed=cfg.trainer.seed,
-        source=model_source(cfg.actor_rollout_ref.model.path),
+        model_path=start.actor_path,
+        seed=start.seed,
+        source=model_source(start.actor_path),
     )
-    val_only = cfg.trainer.val_only  # verl: validate the model as it is, train nothing
-    critic_base = _critic_base(run, cfg, base) if cfg.use_critic else None  # checked before any ingest
-    data = _datasets(run, cfg, base)
-    first, state = _starting_state(run, cfg, base, critic_base)
-    total = first - 1 if val_only else total_training_steps(cfg, data.train.ref.rows)
-    settings = run_settings(cfg, total)
-    check_custom_reward(settings.reward["custom_function"], settings.reward["timeout_s"])
+    val_only = start.val_only  # verl: validate the model as it is, train nothing
+    critic_base = _critic_base(run, start, base) if start.critic_path is not None else None  # before ingest
+    data = _datasets(run, plan, base)
+    first, state = _starting_state(run, start, base, critic_base)
+    total = first - 1 if val_only else total_training_steps(plan.data, data.train.ref.rows)
+    settings = plan.with_total_steps(total).settings
+    check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
     require_builtin_rewards(run, settings.reward, data.prompt_tables())
-    tracking = Tracking(cfg, run.path, total)
+    tracking = Tracking(plan.tracking, run.path, total)
     history = []
 
     def record(step: int, result, seconds: float | None) -> None:
@@ -127,8 +134,9 @@ def _train(run: Run, cfg: PPOFlowConfig) -> dict:
     return summary
 
 
-def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
+def _datasets(run: Run, plan: RunPlan, base: ModelState) -> Datasets:
     """The ingested prompts (no training split when only validating), checked to fill one batch."""
+    sources = plan.data
 
     def ingest(files: str | list[str], split: str) -> StageResult:
         result, _ = run_stage(
@@ -137,15 +145,15 @@ def _datasets(run: Run, cfg: PPOFlowConfig, base: ModelState) -> Datasets:
             files=files,
             split=split,
             source_digest=source_digest(files),
-            data=ingest_settings(cfg.data, split),
+            data=sources.train if split == "train" else sources.val,
             tokenizer_state=base,
         )
         return result
 
-    train = None if cfg.trainer.val_only else ingest(cfg.data.train_files, "train")
+    train = None if sources.train_files is None else ingest(sources.train_files, "train")
     if train is not None:
-        require_full_batch(train, cfg.data.train_files, cfg.data.train_batch_size)
-    return Datasets(train=train, val=ingest(cfg.data.val_files, "val"))
+        require_full_batch(train, sources.train_files, sources.train_batch_size)
+    return Datasets(train=train, val=ingest(sources.val_files, "val"))
 
 
 def _set_aside_steps_not_continued(
@@ -172,36 +180,32 @@ def _set_aside_steps_not_continued(
     )
 
 
-def _critic_base(run: Run, cfg: PPOFlowConfig, base: ModelState) -> ModelState:
+def _critic_base(run: Run, start: StartPlan, base: ModelState) -> ModelState:
     """The critic's backbone: the actor's base model, or critic.model.path when it names another."""
-    path = cfg.critic.model.path
-    if path == cfg.actor_rollout_ref.model.path:
+    path = start.critic_path
+    if path == start.actor_path:
         return base
     critic_base, _ = run_stage(
-        prepare_model,
-        run,
-        model_path=path,
-        seed=cfg.trainer.seed,
-        source=model_source(path, "critic.model.path"),
+        prepare_model, run, model_path=path, seed=start.seed, source=model_source(path, "critic.model.path")
     )
     require_same_tokenizer(run, base, critic_base, path)
     return critic_base
 
 
 def _starting_state(
-    run: Run, cfg: PPOFlowConfig, base: ModelState, critic_base: ModelState | None
+    run: Run, start: StartPlan, base: ModelState, critic_base: ModelState | None
 ) -> tuple[int, TrainState]:
     """(first step, models and β): the base models, or a saved checkpoint: resume_mode=resume_path's, or
     for a validation-only start in auto mode the run's newest."""
     state = TrainState(
         actor=base,
         critic=critic_state(critic_base) if critic_base is not None else None,
-        reference=base if cfg.use_reference_policy else None,
-        kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+        reference=base if start.use_reference else None,
+        kl_coef=start.kl_coef,
     )
-    checkpoint = cfg.trainer.resume_from_path if cfg.trainer.resume_mode == "resume_path" else None
+    checkpoint = start.resume_from_path if start.resume_mode == "resume_path" else None
     where = None
-    if cfg.trainer.val_only and cfg.trainer.resume_mode == "auto":
+    if start.val_only and start.resume_mode == "auto":
         # verl's auto mode loads the newest checkpoint before validating it; a training start needs
         # none of that: its finished steps are replayed from their cached stages.
         checkpoint = newest_trainer_state(run.path)
@@ -209,5 +213,5 @@ def _starting_state(
     if checkpoint is None:
         return 1, state
     return resume_state(
-        checkpoint, state, run_dir=run.path, train=not cfg.trainer.val_only, lora=lora_specs(cfg), where=where
+        checkpoint, state, run_dir=run.path, train=not start.val_only, lora=dict(start.lora), where=where
     )

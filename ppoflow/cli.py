@@ -233,17 +233,21 @@ def _train(args) -> int:
     if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
         print(f"ppoflow: {problem}", file=sys.stderr)
         return 2
+    from ppoflow.engine.models import ModelLoadError
+    from ppoflow.tasks.pipeline.plan import run_plan
+    from ppoflow.tasks.pipeline.settings import RewardFunctionError
     from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
 
     try:  # before the run's logs or server: a refused start changes nothing in the run
-        require_same_run(cfg.run_dir.resolve(), cfg.to_yaml(origins=True))
-    except AnotherRun as error:
+        plan = run_plan(cfg)  # the config is read once: the flow is given this plan
+        require_same_run(cfg.run_dir.resolve(), plan.config_yaml)
+    except (AnotherRun, RewardFunctionError, ModelLoadError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     from ppoflow.train_command import run_training
 
     with _warnings_on_stderr("ppoflow.tasks.pipeline.results"):
-        return run_training(args.config, args.overrides, cfg.run_dir, args.verbose, program=args.program)
+        return run_training(plan, args.verbose, program=args.program)
 
 
 @contextlib.contextmanager

@@ -20,34 +20,35 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ppoflow.prefect_server import ServerDidNotStart, deliver_prefect_logs_and_events, prefect_api
 from ppoflow.tasks.observe.invocation import ppoflow_command
 from ppoflow.tasks.storage.lock import RunLocked, acquire_run_lock, release_run_lock
 from ppoflow.tasks.storage.regular_files import make_run_directory, open_regular_file
 
+if TYPE_CHECKING:
+    from ppoflow.tasks.pipeline.settings import RunPlan
+
 LOG_NAME = "logs/train.log"
 SERVER_LOG_NAME = "logs/prefect-server.log"
 EXIT_FAILED, EXIT_LOCKED = 1, 3
 
 
-def run_training(
-    config_file: str | None, overrides: list[str], run_dir: Path, verbose: bool, *, program: bool = False
-) -> int:
+def run_training(plan: RunPlan, verbose: bool, *, program: bool = False) -> int:
     """Train as configured; returns the exit code (0 done, 1 failed, 3 locked or no usable state,
     130 interrupted). As the `ppoflow` program, what the interpreter still prints on its way out
     after ppoflow's last line (a library's thread or exit hook) goes to the run's log, not under
     that line (a Python caller keeps its stderr)."""
+    run_dir = Path(plan.run_dir)
     log_file = run_dir.resolve() / LOG_NAME
-    code, logs_ours = _run_training(config_file, overrides, run_dir, log_file, verbose)
+    code, logs_ours = _run_training(plan, run_dir, log_file, verbose)
     if program and logs_ours:  # (a run that another process trains: its log is that process's)
         _send_the_rest_to(log_file)
     return code
 
 
-def _run_training(
-    config_file: str | None, overrides: list[str], run_dir: Path, log_file: Path, verbose: bool
-) -> tuple[int, bool]:
+def _run_training(plan: RunPlan, run_dir: Path, log_file: Path, verbose: bool) -> tuple[int, bool]:
     """(the exit code, whether the run's logs are this process's: not when another one trains it)."""
     program = ppoflow_command()
     resume = f"{program} {shlex.join(sys.argv[1:])}" if sys.argv[1:2] == ["train"] else f"{program} train …"
@@ -56,7 +57,7 @@ def _run_training(
         server = prefect_api(deliver_on_exit=False, server_log=run_dir.resolve() / SERVER_LOG_NAME)
         with interrupt, _run_lock(run_dir), server, _logging_to(log_file, verbose, interrupt):
             try:
-                return _train(config_file, overrides, log_file, resume, interrupt), True
+                return _train(plan, log_file, resume, interrupt), True
             finally:
                 deliver_prefect_logs_and_events()  # while the server is up, Prefect's notes to the log
     except KeyboardInterrupt:
@@ -74,15 +75,13 @@ def _run_training(
     return interrupt.exit_code(), True
 
 
-def _train(
-    config_file: str | None, overrides: list[str], log_file: Path, resume: str, interrupt: _Interrupt
-) -> int:
-    from ppoflow.flows.train import ppo_train
+def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) -> int:
+    from ppoflow.flows.train import ppo_train_planned
     from ppoflow.tasks.storage.checkpoints import StateUnavailable
     from ppoflow.tasks.storage.lock import RunLocked
 
     try:
-        ppo_train(config_file, overrides)
+        ppo_train_planned(plan)
     except (RunLocked, StateUnavailable) as error:
         _say(f"ppoflow: {error}")
         return EXIT_LOCKED

@@ -8,7 +8,10 @@ and to the Prefect artifacts when the run happens inside a Prefect flow run.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.pipeline.settings import TrackingSettings
 
 
 class Backend(Protocol):
@@ -19,12 +22,12 @@ class Backend(Protocol):
     def fail(self) -> None: ...
 
 
-def _backends(cfg, run_path: Path, total: int) -> list[Backend]:
+def _backends(settings: TrackingSettings, run_path: Path, total: int) -> list[Backend]:
     backends: list[Backend] = []
-    if "wandb" in cfg.trainer.logger:
+    if "wandb" in settings.loggers:
         from ppoflow.tasks.observe.wandb_logger import WandbLogger  # wandb is imported only when asked for
 
-        backends.append(WandbLogger(cfg, run_path))
+        backends.append(WandbLogger(settings, run_path))
     from ppoflow.tasks.observe.artifacts import PrefectArtifacts
 
     if PrefectArtifacts.active():
@@ -35,8 +38,8 @@ def _backends(cfg, run_path: Path, total: int) -> list[Backend]:
 class Tracking:
     """All configured metric sinks of one training run."""
 
-    def __init__(self, cfg, run_path: Path, total: int):
-        self.backends = _backends(cfg, run_path, total)
+    def __init__(self, settings: TrackingSettings, run_path: Path, total: int):
+        self.backends = _backends(settings, run_path, total)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for backend in self.backends:

@@ -12,13 +12,16 @@ import netrc
 import numbers
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import pyarrow.parquet as pq
 
 from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.tables import stage_path
+
+if TYPE_CHECKING:
+    from ppoflow.tasks.pipeline.settings import TrackingSettings
 
 GENERATIONS_KEY = "val/generations"
 GENERATION_COLUMNS = ("prompt", "response", "score", "step")
@@ -50,19 +53,19 @@ def wandb_mode(environ: dict[str, str] | None = None) -> str:
 class WandbLogger:
     """A tracking backend (see tasks/observe/tracking.py): one wandb run per training run."""
 
-    def __init__(self, cfg, run_path: Path):
+    def __init__(self, settings: TrackingSettings, run_path: Path):
         import wandb
 
         self.run_path = Path(run_path)
         self.run_path.mkdir(parents=True, exist_ok=True)
         for folder in ("wandb", ".wandb"):  # wandb writes into either; planted as a link, elsewhere
             refuse_links_below(self.run_path, self.run_path / folder)
-        self.max_generations = cfg.trainer.log_val_generations
+        self.max_generations = settings.log_val_generations
         self._wandb = wandb
         self.run = wandb.init(
-            project=cfg.trainer.project_name,
-            name=cfg.trainer.experiment_name,
-            config=cfg.model_dump(mode="json"),
+            project=settings.project_name,
+            name=settings.experiment_name,
+            config=dict(settings.config),
             dir=self.run_path,
             mode=wandb_mode(),
             reinit="finish_previous",  # a run left open by a failed training in this process

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
+from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
@@ -20,13 +21,21 @@ from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.pipeline.placement import PlacementPlan, RoleLayout
 from ppoflow.tasks.pipeline.settings import (
     AdvantageStageSettings,
+    CustomRewardFunction,
+    DataPlan,
     DataSettings,
+    IngestSettings,
     KLControlSettings,
     PFPPOSettings,
     RewardFunctionError,
     RewardModelSettings,
+    RewardSettings,
     RolloutSettings,
+    RunPlan,
     RunSettings,
+    Schedule,
+    StartPlan,
+    TrackingSettings,
     UpdateSettings,
     ValidationSettings,
 )
@@ -34,20 +43,21 @@ from ppoflow.tasks.pipeline.update_settings import (
     actor_update_settings,
     critic_update_settings,
     optim_settings,
+    schedule_horizon,
     shares_prompts,
 )
 from ppoflow.tasks.storage.checkpoints import directory_digest
 
 
-def custom_function_section(path: str | None, name: str) -> dict | None:
-    """The reward config's `custom_function`: the file's absolute path, the function name and a
-    digest of the file's bytes, so that editing the file changes the reward stage's cache key."""
+def custom_function(path: str | None, name: str) -> CustomRewardFunction | None:
+    """custom_reward_function.*, its file digested (so that editing it changes the reward stage's
+    cache key); None when no file is named."""
     if path is None:
         return None
     file = Path(path).resolve()
     if not file.is_file():
         raise RewardFunctionError(f"custom_reward_function.path={path}: no such file")
-    return {"path": str(file), "name": name, "digest": hashlib.sha256(file.read_bytes()).hexdigest()}
+    return CustomRewardFunction(str(file), name, hashlib.sha256(file.read_bytes()).hexdigest())
 
 
 def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
@@ -116,7 +126,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         )
         if cfg.use_critic
         else None,
-        reward=reward_section(cfg),
+        reward=reward_settings(cfg),
         reward_model=reward_model_settings(cfg),
         kl_control=KLControlSettings(
             type=algorithm.kl_ctrl.type,
@@ -133,7 +143,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
     )
 
 
-def reward_section(cfg: PPOFlowConfig) -> dict:
+def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
     """What the rewards and validation stages are told. `weights` are the rule components' (reward.weights
     without rm_score); with a reward model, `rm_weight` is reward.weights.rm_score, and when that is not
     set the score is the reward model's alone (`rule_reward` false), as verl's reward managers return
@@ -141,18 +151,16 @@ def reward_section(cfg: PPOFlowConfig) -> dict:
     weights = dict(cfg.reward.weights)
     rm_weight = weights.pop(RM_SCORE, None)
     enabled = cfg.reward_model.enable
-    return {
-        "weights": weights,
-        "rm_weight": (1.0 if rm_weight is None else rm_weight) if enabled else None,
-        "rule_reward": not enabled or rm_weight is not None,
-        "reward_fn_key": cfg.data.reward_fn_key,
-        "timeout_s": cfg.reward.timeout_s,
-        "on_error": cfg.reward.on_error,
-        "gsm8k_method": cfg.reward.gsm8k_method,
-        "custom_function": custom_function_section(
-            cfg.custom_reward_function.path, cfg.custom_reward_function.name
-        ),
-    }
+    return RewardSettings(
+        weights=weights,
+        rm_weight=(1.0 if rm_weight is None else rm_weight) if enabled else None,
+        rule_reward=not enabled or rm_weight is not None,
+        reward_fn_key=cfg.data.reward_fn_key,
+        timeout_s=cfg.reward.timeout_s,
+        on_error=cfg.reward.on_error,
+        gsm8k_method=cfg.reward.gsm8k_method,
+        custom_function=custom_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name),
+    )
 
 
 def reward_model_settings(cfg: PPOFlowConfig) -> RewardModelSettings | None:
@@ -267,8 +275,76 @@ def sampling_params(source, response_length: int) -> SamplingParams:
     )
 
 
-def total_training_steps(cfg: PPOFlowConfig, train_rows: int) -> int:
+def total_training_steps(data: DataPlan, train_rows: int) -> int:
     """trainer.total_training_steps when set, else total_epochs × full batches per epoch (verl)."""
-    if cfg.trainer.total_training_steps:
-        return cfg.trainer.total_training_steps
-    return cfg.trainer.total_epochs * steps_per_epoch(train_rows, cfg.data.train_batch_size)
+    if data.total_training_steps:
+        return data.total_training_steps
+    return data.total_epochs * steps_per_epoch(train_rows, data.train_batch_size)
+
+
+def run_plan(cfg: PPOFlowConfig) -> RunPlan:
+    """The run `cfg` describes, built once right after it is loaded: every stage's settings (for a
+    run of 0 steps until `RunPlan.with_total_steps` is given its length), where its models live,
+    what it starts from and where its prompts come from."""
+    trainer, arr = cfg.trainer, cfg.actor_rollout_ref
+    schedules = {"actor": schedule(arr.actor.optim)}
+    if cfg.use_critic:
+        schedules["critic"] = schedule(cfg.critic.optim)
+    return RunPlan(
+        run_dir=str(cfg.run_dir),
+        config_yaml=cfg.to_yaml(origins=True),
+        warnings=tuple(cfg.warnings()),
+        num_threads=trainer.num_threads,
+        recompute=trainer.resume_mode == "disable",
+        rollout_engine=arr.rollout.name,
+        placement=placement_plan(cfg),
+        start=StartPlan(
+            actor_path=arr.model.path,
+            critic_path=cfg.critic.model.path if cfg.use_critic else None,
+            seed=trainer.seed,
+            use_reference=cfg.use_reference_policy,
+            kl_coef=cfg.algorithm.kl_ctrl.kl_coef,
+            val_only=trainer.val_only,
+            resume_mode=trainer.resume_mode,
+            resume_from_path=trainer.resume_from_path,
+            lora=lora_specs(cfg),
+        ),
+        data=DataPlan(
+            train_files=None if trainer.val_only else cfg.data.train_files,
+            val_files=cfg.data.val_files,
+            train=ingest_settings(cfg, "train"),
+            val=ingest_settings(cfg, "val"),
+            train_batch_size=cfg.data.train_batch_size,
+            total_epochs=trainer.total_epochs,
+            total_training_steps=trainer.total_training_steps,
+        ),
+        settings=run_settings(cfg, 0),
+        schedules=schedules,
+        tracking=TrackingSettings(
+            loggers=tuple(trainer.logger),
+            project_name=trainer.project_name,
+            experiment_name=trainer.experiment_name,
+            log_val_generations=trainer.log_val_generations,
+            config=cfg.model_dump(mode="json"),
+        ),
+    )
+
+
+def schedule(optim: OptimConfig) -> Schedule:
+    """How an `*.optim` section's LR schedule depends on the run's length (`schedule_horizon`)."""
+    return Schedule(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, schedule_horizon(optim, 1) == 1)
+
+
+def ingest_settings(cfg: PPOFlowConfig, split: str) -> IngestSettings:
+    """The data.* keys ingest reads for `split`, with data.train_max_samples / val_max_samples as
+    `max_samples`."""
+    data = cfg.data
+    return IngestSettings(
+        prompt_key=data.prompt_key,
+        reward_fn_key=data.reward_fn_key,
+        max_prompt_length=data.max_prompt_length,
+        truncation=data.truncation,
+        filter_overlong_prompts=data.filter_overlong_prompts,
+        max_reject_fraction=data.max_reject_fraction,
+        max_samples=data.train_max_samples if split == "train" else data.val_max_samples,
+    )

@@ -13,17 +13,25 @@ parameter, recorded in `UpdateInputs` for replay) → `engine.update.update_acto
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # types only: a stage's cache key hashes the code it runs (cache_keys.py)
     from ppoflow.engine.lora import LoraSpec
-    from ppoflow.engine.names import KLControlType, PFReweightMethod, RolloutEngineName, Truncation
+    from ppoflow.engine.names import (
+        Gsm8kMethod,
+        KLControlType,
+        PFReweightMethod,
+        RolloutEngineName,
+        Truncation,
+    )
     from ppoflow.engine.optim import OptimSettings
     from ppoflow.engine.ppo import AdvantageSettings
     from ppoflow.engine.rollout import SamplingParams
     from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
     from ppoflow.engine.vllm_rollout import VLLMOptions
+    from ppoflow.tasks.pipeline.placement import PlacementPlan
 
 
 class RewardFunctionError(RuntimeError):
@@ -44,6 +52,50 @@ class RewardModelSettings:
     max_length: int
     """reward_model.max_length, else rollout.prompt_length + rollout.response_length: the longest
     input when the responses are re-tokenised for a reward model with its own tokenizer."""
+
+
+@dataclass(frozen=True)
+class CustomRewardFunction:
+    """custom_reward_function.*: the file's absolute path, the function's name and a digest of the
+    file's bytes, so that editing the file changes the reward stage's cache key."""
+
+    path: str
+    name: str
+    digest: str
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    """What the rewards and validation stages are told (reward.*, custom_reward_function.*)."""
+
+    weights: Mapping[str, float]
+    """reward.weights of the rule components (rm_score, the reward model's weight, aside)."""
+    rm_weight: float | None
+    """reward.weights.rm_score with a reward model (1.0 unset); None without one."""
+    rule_reward: bool
+    """False when the reward model's score is the reward alone (a reward model and no rm_score
+    weight), as verl's reward managers return its rm_scores instead of the rule reward."""
+    reward_fn_key: str
+    """data.reward_fn_key: the column that picks a row's reward function."""
+    timeout_s: float
+    on_error: Literal["fail", "zero"]
+    gsm8k_method: Gsm8kMethod
+    custom_function: CustomRewardFunction | None
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """The data.* keys the prompts stage reads for one split (so that, e.g., a new
+    train_batch_size keeps its cache)."""
+
+    prompt_key: str
+    reward_fn_key: str
+    max_prompt_length: int
+    truncation: Truncation
+    filter_overlong_prompts: bool
+    max_reject_fraction: float
+    max_samples: int
+    """data.train_max_samples or data.val_max_samples (≤ 0: every row)."""
 
 
 @dataclass(frozen=True)
@@ -163,8 +215,7 @@ class RunSettings:
     actor: UpdateSettings
     critic: UpdateSettings | None
     """None when the estimator needs no critic."""
-    reward: dict
-    """reward.* and custom_reward_function.* (the reward functions' own section)."""
+    reward: RewardSettings
     reward_model: RewardModelSettings | None
     """None without reward_model.enable."""
     kl_control: KLControlSettings
@@ -174,6 +225,7 @@ class RunSettings:
     save_freq: int
     val_before_train: bool
     total_steps: int
+    """The run's training steps (known once its data is ingested, `RunPlan.with_total_steps`)."""
     n_devices: int
 
 
@@ -186,3 +238,103 @@ def checkpoint_due(step: int, total: int, save_freq: int) -> bool:
     """trainer.save_freq (≤ 0: only at the end, as verl's -1), the last step, and every
     MAX_UNSAVED_STEPS steps."""
     return (save_freq > 0 and step % save_freq == 0) or step == total or step % MAX_UNSAVED_STEPS == 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How one role's LR schedule depends on the run's length (`*.optim`)."""
+
+    lr_warmup_steps: int
+    lr_warmup_steps_ratio: float
+    depends_on_length: bool
+    """Cosine decay or a warmup given as a ratio: the horizon is the run's length; else 0, so that
+    training longer does not invalidate the cached updates of a constant schedule."""
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """What a run starts from: its models, β, and a checkpoint to resume."""
+
+    actor_path: str
+    critic_path: str | None
+    """critic.model.path when the estimator needs a critic (the actor's path when it names the same)."""
+    seed: int
+    use_reference: bool
+    kl_coef: float
+    val_only: bool
+    """trainer.val_only: validate the model as it is, train nothing."""
+    resume_mode: Literal["auto", "disable", "resume_path"]
+    resume_from_path: str | None
+    lora: Mapping[str, LoraSpec | None]
+    """role → its LoRA adapters (None: every weight trains)."""
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """Where a run's prompts come from and how they are read."""
+
+    train_files: str | list[str] | None
+    """None when only validating."""
+    val_files: str | list[str]
+    train: IngestSettings
+    val: IngestSettings
+    train_batch_size: int
+    total_epochs: int
+    total_training_steps: int | None
+    """trainer.total_training_steps, else total_epochs × full batches of the ingested rows."""
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """trainer.logger and what a backend records of the run."""
+
+    loggers: tuple[str, ...]
+    project_name: str
+    experiment_name: str
+    log_val_generations: int
+    config: Mapping
+    """The effective config as JSON (wandb's run config)."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run, typed: every stage's settings and what the flow needs, built once right after the config
+    is loaded (`plan.run_plan`). Only the run's length depends on the data: `with_total_steps` fills
+    it (and the LR schedules that depend on it) after ingest."""
+
+    run_dir: str
+    config_yaml: str
+    """The effective config with each key's origin (config.yaml)."""
+    warnings: tuple[str, ...]
+    num_threads: int | None
+    recompute: bool
+    """trainer.resume_mode=disable: every stage runs again."""
+    rollout_engine: RolloutEngineName
+    placement: PlacementPlan
+    start: StartPlan
+    data: DataPlan
+    settings: RunSettings
+    """total_steps 0 (and the schedules' horizons with it) until `with_total_steps`."""
+    schedules: Mapping[str, Schedule]
+    tracking: TrackingSettings
+
+    def with_total_steps(self, total: int) -> RunPlan:
+        """The plan for a run of `total` training steps: its length, and the LR horizon of each role
+        whose schedule depends on it (verl sets optim.total_training_steps to the run's length)."""
+        from ppoflow.engine.optim import resolve_warmup_steps
+
+        def updated(role: str, update: UpdateSettings | None) -> UpdateSettings | None:
+            if update is None:
+                return None
+            rule = self.schedules[role]
+            horizon = total if rule.depends_on_length else 0
+            warmup = resolve_warmup_steps(rule.lr_warmup_steps, rule.lr_warmup_steps_ratio, horizon)
+            return replace(update, optim=replace(update.optim, total_steps=horizon, warmup_steps=warmup))
+
+        settings = replace(
+            self.settings,
+            total_steps=total,
+            actor=updated("actor", self.settings.actor),
+            critic=updated("critic", self.settings.critic),
+        )
+        return replace(self, settings=settings)

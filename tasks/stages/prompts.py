@@ -29,6 +29,7 @@ from ppoflow.engine.tiny import ADDITION_DATA_SOURCE, all_addition_problems, sam
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
@@ -37,14 +38,6 @@ from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
 
-INGEST_KEYS = (
-    "prompt_key",
-    "reward_fn_key",
-    "max_prompt_length",
-    "truncation",
-    "filter_overlong_prompts",
-    "max_reject_fraction",
-)
 RAW_CHARS = 2000
 
 
@@ -65,7 +58,7 @@ def prompts(
     files: str | list[str],
     split: str,
     source_digest: str,
-    data: dict,
+    data: IngestSettings,
     tokenizer_state: ModelState,
 ) -> StageResult:
     """JSON/JSONL/parquet prompts (or the built-in task) → data/<split>.parquet (+ rejects_<split>)."""
@@ -77,8 +70,8 @@ def prompts(
         rows, rejects = _file_prompts(names, split, data, run.models.tokenizer(run, tokenizer_state))
     rejects_ref = _write_rejects(run, split, rejects)
     _check(split, names, len(rows), rejects, data, run.path / _rejects_path(split))
-    if data.get("max_samples", -1) > 0:  # verl's data.{train,val}_max_samples: the first N good rows
-        rows = rows[: data["max_samples"]]
+    if data.max_samples > 0:  # verl's data.{train,val}_max_samples: the first N good rows
+        rows = rows[: data.max_samples]
     table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
     refs = (write_table(table, run.path, f"data/{split}.parquet", SCHEMAS["prompts"], clock=run.io),)
     say(_summary(split, names, len(rows), rejects, run.path / _rejects_path(split)))
@@ -100,13 +93,6 @@ def require_full_batch(train: StageResult, files: str | list[str], batch_size: i
             f"data.train_files ({names}) hold {rows} usable prompts ({rejected} rows rejected), fewer than "
             f"data.train_batch_size={batch_size}: one batch cannot be filled"
         )
-
-
-def ingest_settings(data, split: str) -> dict:
-    """The data.* keys ingest reads for `split` (so that, e.g., a new train_batch_size keeps its
-    cache), with data.train_max_samples / val_max_samples as "max_samples"."""
-    max_samples = data.train_max_samples if split == "train" else data.val_max_samples
-    return {key: getattr(data, key) for key in INGEST_KEYS} | {"max_samples": max_samples}
 
 
 def source_digest(files: str | list[str]) -> str:
@@ -139,7 +125,9 @@ def _builtin_prompts(split: str) -> list[dict]:
     ]
 
 
-def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[list[dict], list[Reject]]:
+def _file_prompts(
+    names: list[str], split: str, data: IngestSettings, tokenizer
+) -> tuple[list[dict], list[Reject]]:
     """verl's dataset schema: prompt (chat messages or text), data_source, ability,
     reward_model.ground_truth, extra_info. Ids are scoped per file (prefixed by the file's position
     when there are several), as verl datasets number extra_info.index from 0 in each file."""
@@ -151,7 +139,7 @@ def _file_prompts(names: list[str], split: str, data: dict, tokenizer) -> tuple[
         position = -1
         for position, (line, raw, record) in enumerate(_read_rows(Path(name))):
             try:
-                row = prompt_row(record, data["prompt_key"], split, position, data["reward_fn_key"])
+                row = prompt_row(record, data.prompt_key, split, position, data.reward_fn_key)
                 _check_length(tokenizer, row, data)
                 first = seen.get(row["prompt_id"])
                 if first is not None:
@@ -175,12 +163,12 @@ word it cuts) makes it overlong without tokenizing the rest (a 20 MB prompt took
 tokenize whole)."""
 
 
-def _check_length(tokenizer, row: dict, data: dict) -> None:
+def _check_length(tokenizer, row: dict, data: IngestSettings) -> None:
     """Measure the prompt as rollout renders it; overlong is a reject when filtered or when
     data.truncation=error (which then fails the ingest), else rollout truncates it."""
-    limit = data["max_prompt_length"]
-    rejected = data["filter_overlong_prompts"] or data["truncation"] == "error"
-    kind = "overlong prompt" if data["filter_overlong_prompts"] else "overlong prompt (truncation=error)"
+    limit = data.max_prompt_length
+    rejected = data.filter_overlong_prompts or data.truncation == "error"
+    kind = "overlong prompt" if data.filter_overlong_prompts else "overlong prompt (truncation=error)"
     if rejected:
         _check_head(tokenizer, row, limit, kind)
     ids = prompt_token_ids(tokenizer, row)
@@ -207,7 +195,7 @@ def _check_head(tokenizer, row: dict, limit: int, kind: str) -> None:
         )
 
 
-def unusable_data_file(path: Path, data: dict) -> str | None:
+def unusable_data_file(path: Path, data: IngestSettings) -> str | None:
     """Why `path` cannot be taken in as training data at all, or None: its format cannot be read
     (unsupported, not a JSON list, not parquet), it has no rows, or more than
     data.max_reject_fraction of its rows are not dataset rows (malformed JSON, missing fields, with
@@ -219,13 +207,13 @@ def unusable_data_file(path: Path, data: dict) -> str | None:
         for position, (_, _, record) in enumerate(_read_rows(path)):
             rows += 1
             try:
-                prompt_row(record, data["prompt_key"], "train", position, data["reward_fn_key"])
+                prompt_row(record, data.prompt_key, "train", position, data.reward_fn_key)
             except Rejected as reject:
                 rejected += 1
                 first = first or reject.reason
     except ValueError as error:
         return str(error)
-    limit = data["max_reject_fraction"]
+    limit = data.max_reject_fraction
     if not rows:
         return f"data file {path} has no rows"
     if rejected / rows > limit:
@@ -369,7 +357,9 @@ def _write_rejects(run: Run, split: str, rejects: list[Reject]) -> tuple[Artifac
     return (write_table(table, run.path, _rejects_path(split), SCHEMAS["rejects"], clock=run.io),)
 
 
-def _check(split: str, names: list[str], rows: int, rejects: list[Reject], data: dict, path: Path) -> None:
+def _check(
+    split: str, names: list[str], rows: int, rejects: list[Reject], data: IngestSettings, path: Path
+) -> None:
     """Fail on any overlong prompt under data.truncation=error, when every row was rejected, or when
     the rejected share is above data.max_reject_fraction."""
     overlong = [r for r in rejects if r.kind == "overlong prompt (truncation=error)"]
@@ -381,7 +371,7 @@ def _check(split: str, names: list[str], rows: int, rejects: list[Reject], data:
             "raise data.max_prompt_length, set data.truncation=left|right|middle, "
             "or set data.filter_overlong_prompts=true"
         )
-    total, limit = rows + len(rejects), data["max_reject_fraction"]
+    total, limit = rows + len(rejects), data.max_reject_fraction
     if rejects and (not rows or len(rejects) / total > limit):
         raise ValueError(
             f"ingest {split}: {len(rejects):,} of {total:,} rows from {', '.join(names)} rejected "

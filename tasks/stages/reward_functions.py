@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_of_result
-from ppoflow.tasks.pipeline.settings import RewardFunctionError
+from ppoflow.tasks.pipeline.settings import CustomRewardFunction, RewardFunctionError
 from ppoflow.tasks.stages.processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
@@ -62,12 +62,16 @@ class Scored:
 
 
 def run_custom_reward(
-    function: dict, calls: list[RewardCall], timeout_s: float, *, stop_at_timeout: bool = False
+    function: CustomRewardFunction,
+    calls: list[RewardCall],
+    timeout_s: float,
+    *,
+    stop_at_timeout: bool = False,
 ) -> list[Scored | None]:
-    """Score every call with `function` (a `custom_function_section`) in worker processes.
+    """Score every call with `function` (custom_reward_function.*) in worker processes.
     With `stop_at_timeout`, rows after the first timed-out one are left unscored (None)."""
-    if not Path(function["path"]).is_file():
-        raise RewardFunctionError(f"custom_reward_function.path={function['path']}: no such file")
+    if not Path(function.path).is_file():
+        raise RewardFunctionError(f"custom_reward_function.path={function.path}: no such file")
     outcomes: list[Scored | None] = [None] * len(calls)
     start = 0
     while start < len(calls):
@@ -75,8 +79,8 @@ def run_custom_reward(
     return outcomes
 
 
-def check_custom_reward(function: dict | None, timeout_s: float) -> None:
-    """Load the custom reward function (a `custom_function_section`) once in a worker, as scoring
+def check_custom_reward(function: CustomRewardFunction | None, timeout_s: float) -> None:
+    """Load the custom reward function (custom_reward_function.*) once in a worker, as scoring
     will: a RewardFunctionError now, before any generation, for a file that does not import or has
     no such function (verl loads it when its trainer starts, too)."""
     if function is not None:
@@ -84,7 +88,7 @@ def check_custom_reward(function: dict | None, timeout_s: float) -> None:
 
 
 def _run_worker(
-    function: dict,
+    function: CustomRewardFunction,
     calls: list[RewardCall],
     start: int,
     timeout_s: float,
@@ -97,13 +101,13 @@ def _run_worker(
     receive, send = context.Pipe(duplex=False)
     worker = context.Process(
         target=_serve,
-        args=(send, function["path"], function["name"], calls[start:], timeout_s, os.getpid()),
+        args=(send, function.path, function.name, calls[start:], timeout_s, os.getpid()),
         name="ppoflow-reward",
         daemon=True,
     )
     worker.start()
     send.close()
-    where = f"custom_reward_function.path={function['path']}"
+    where = f"custom_reward_function.path={function.path}"
     try:
         kind, payload = _receive(receive, max(LOAD_TIMEOUT_S, timeout_s), worker)
         if kind == "load_error":  # load_function's message names the file already

@@ -29,6 +29,7 @@ from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import RewardSettings
 from ppoflow.tasks.pipeline.states import StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.reward_functions import RewardCall, RewardFunctionError, Scored, run_custom_reward
 from ppoflow.tasks.storage.schemas import SCHEMAS
@@ -53,22 +54,22 @@ def reward_components(
 BUILTIN_DATA_SOURCES = (ADDITION_DATA_SOURCE, GSM8K_DATA_SOURCE)
 
 
-def require_builtin_rewards(run: Run, reward: dict, prompts: dict[str, ArtifactRef]) -> None:
+def require_builtin_rewards(run: Run, reward: RewardSettings, prompts: dict[str, ArtifactRef]) -> None:
     """When the built-in rewards score the run (no custom_reward_function), every prompt they score
     must have a data_source they know: checked right after ingest (`prompts`: split → its prompts
     table), not when the first rewards stage fails after the first rollouts. Validation is always
     scored by them (as in verl); training not when the reward model's score is the reward alone."""
-    if reward["custom_function"] is not None:
+    if reward.custom_function is not None:
         return
     known = pa.array(BUILTIN_DATA_SOURCES)
     for split, ref in prompts.items():
-        if split == "train" and not reward["rule_reward"]:  # the reward model's score alone
+        if split == "train" and not reward.rule_reward:  # the reward model's score alone
             continue
         table = read_table(run.path, ref, clock=run.io).select(["data_source", "row_index"])
         unknown = table.filter(pc.invert(pc.is_in(table["data_source"], value_set=known)))
         if unknown.num_rows:
             source, row = unknown["data_source"][0].as_py(), unknown["row_index"][0].as_py()
-            named = reward["reward_fn_key"]
+            named = reward.reward_fn_key
             field = "data_source" if named == "data_source" else f"{named} (data.reward_fn_key)"
             raise RewardFunctionError(
                 f"{unknown.num_rows} {split} prompt(s) have a {field} with no built-in reward, the first "
@@ -89,17 +90,17 @@ def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) ->
 def score_rows(
     rows: list[dict],
     prompts: dict[str, dict],
-    reward: dict,
+    reward: RewardSettings,
     baselines: list[float] | None = None,
     rm_scores: list[float] | None = None,
 ) -> pa.Table:
     """One reward row per response (rows: prompt_id, sample_idx, data_source, response_text), scored
     against its prompt (prompts: prompt_id → a prompts-table row with ground_truth and extra_info) by
     the custom reward function if one is configured, else by the data source's built-in reward
-    weighted by reward["weights"]. Failing rows follow reward["on_error"]. `baselines`: ReMax's
+    weighted by reward.weights. Failing rows follow reward.on_error. `baselines`: ReMax's
     baseline score of each row (`remax_baselines`), else null. With `rm_scores` (one per row), the
-    reward model's score is the component rm_score, added with weight reward["rm_weight"] (alone,
-    without a rule reward, when reward["rule_reward"] is false)."""
+    reward model's score is the component rm_score, added with weight reward.rm_weight (alone,
+    without a rule reward, when reward.rule_reward is false)."""
     calls = [
         RewardCall(
             row["data_source"],
@@ -109,21 +110,19 @@ def score_rows(
         )
         for row in rows
     ]
-    fail = reward["on_error"] == "fail"
-    custom = reward["custom_function"]
-    if rm_scores is not None and not reward["rule_reward"]:
+    fail = reward.on_error == "fail"
+    custom = reward.custom_function
+    if rm_scores is not None and not reward.rule_reward:
         outcomes: list[Scored | None] = [Scored(0.0) for _ in calls]
     elif custom is not None:
-        outcomes = run_custom_reward(custom, calls, reward["timeout_s"], stop_at_timeout=fail)
+        outcomes = run_custom_reward(custom, calls, reward.timeout_s, stop_at_timeout=fail)
     else:
-        method = reward["gsm8k_method"]
-        outcomes = [_builtin(call, reward["weights"], method) for call in calls]
+        method = reward.gsm8k_method
+        outcomes = [_builtin(call, reward.weights, method) for call in calls]
     if fail:
         _raise_on_failures(rows, outcomes)
     if rm_scores is not None:
-        outcomes = [
-            _with_rm_score(o, s, reward["rm_weight"]) for o, s in zip(outcomes, rm_scores, strict=True)
-        ]
+        outcomes = [_with_rm_score(o, s, reward.rm_weight) for o, s in zip(outcomes, rm_scores, strict=True)]
     return pa.Table.from_pydict(
         {
             "prompt_id": [row["prompt_id"] for row in rows],
@@ -167,7 +166,7 @@ def rewards(
     step: int,
     rollouts: ArtifactRef,
     prompts: ArtifactRef,
-    reward: dict,
+    reward: RewardSettings,
     reward_model: ArtifactRef | None = None,
 ) -> StageResult:
     """Score every rollout against its prompt's ground truth, with the reward model's scores (the
@@ -199,7 +198,10 @@ def rewards(
 
 
 def remax_baselines(
-    rows: list[dict], prompts: dict[str, dict], reward: dict, rm_scores: list[float | None] | None = None
+    rows: list[dict],
+    prompts: dict[str, dict],
+    reward: RewardSettings,
+    rm_scores: list[float | None] | None = None,
 ) -> list[float] | None:
     """ReMax's reward baseline of each row: the score of its prompt's greedy response (the rollouts'
     baseline_response_text, scored once per prompt as responses are, with the reward model's score of

@@ -14,7 +14,7 @@ from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar, show_generations
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
-from ppoflow.tasks.pipeline.settings import ValidationSettings
+from ppoflow.tasks.pipeline.settings import RewardSettings, ValidationSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
 from ppoflow.tasks.stages.rollouts import render_prompts
@@ -30,12 +30,12 @@ def validation_seed(seed: int | None, step: int, prompt_index: int, sample_index
     return sample_seed(seed * 1_000_003 + step, -1 - prompt_index, sample_index)
 
 
-def returns_a_number(reward: dict, components: list[dict[str, float]]) -> bool:
+def returns_a_number(reward: RewardSettings, components: list[dict[str, float]]) -> bool:
     """Whether the scores come from a reward function that returns a number, which verl records as
     `acc` too: a built-in reward (verl's own, GSM8K's compute_score, return a float; ppoflow's
     components are the parts of it) or a custom function whose rows have no components (it returned a
     float, or a dict with its score alone)."""
-    return reward["custom_function"] is None or not (components and components[0])
+    return reward.custom_function is None or not (components and components[0])
 
 
 @task(name="validation", task_run_name="validation-step{step}", cache_key_fn=stage_cache_key)
@@ -45,7 +45,7 @@ def validation(
     actor: ModelState,
     prompts: ArtifactRef,
     settings: ValidationSettings,
-    reward: dict,
+    reward: RewardSettings,
 ) -> StageResult:
     """Generate val_kwargs.n answers per validation prompt with the actor of `step` and score them
     (verl's timer: testing)."""

@@ -5,6 +5,7 @@ without a reject, and openai/gsm8k rows are scored by the configured extraction 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ from ppoflow.engine.tiny import build_tiny_tokenizer
 from ppoflow.tasks.models.host import ModelHost
 from ppoflow.tasks.pipeline.plan import run_settings
 from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.stages.prompts import prompts
 from ppoflow.tasks.stages.rewards import score_rows
@@ -23,14 +25,15 @@ from tests.conftest import gsm8k_file
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 # The tiny tokenizer is one token per character and the longest GSM8K question is 985 characters.
-DATA = {
-    "prompt_key": "prompt",
-    "reward_fn_key": "data_source",
-    "max_prompt_length": 2048,
-    "truncation": "error",
-    "filter_overlong_prompts": False,
-    "max_reject_fraction": 0.0,
-}
+DATA = IngestSettings(
+    prompt_key="prompt",
+    reward_fn_key="data_source",
+    max_prompt_length=2048,
+    truncation="error",
+    filter_overlong_prompts=False,
+    max_reject_fraction=0.0,
+    max_samples=-1,
+)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 # verl's examples/data_preprocess/gsm8k.py output, as `datasets` writes it (struct fields sorted).
 VERL_SCHEMA = pa.schema(
@@ -80,7 +83,7 @@ def ingest(tmp_path, state, source: str, split="train", run="run", **data):
         files=source,
         split=split,
         source_digest="t",
-        data=DATA | data,
+        data=replace(DATA, **data),
         tokenizer_state=state,
     )
     return result, pq.read_table(tmp_path / run / f"data/{split}.parquet").to_pylist()
@@ -265,11 +268,11 @@ def test_gsm8k_rows_are_scored_by_the_configured_method(tmp_path, tokenizer_stat
     scores = {}
     for method in ("strict", "flexible"):
         reward = run_settings(load_config(None, [f"reward.gsm8k_method={method}"]), 1).reward
-        assert reward["gsm8k_method"] == method
+        assert reward.gsm8k_method == method
         table = score_rows(generated, prompts, reward).to_pylist()
         assert [r["error"] for r in table] == [None] * 4
         scores[method] = [round(r["score"], 6) for r in table]
     # default weights {correctness: 0.9, format: 0.1}: correct 1.0, extracted but wrong 0.1, none 0
     assert scores == {"strict": [1.0, 0.0, 0.1, 0.0], "flexible": [1.0, 1.0, 0.1, 0.0]}
     defaults = run_settings(load_config(None, []), 1).reward
-    assert defaults["gsm8k_method"] == "strict"
+    assert defaults.gsm8k_method == "strict"

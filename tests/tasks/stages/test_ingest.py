@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,19 +14,21 @@ import pytest
 from ppoflow.engine.tiny import build_tiny_tokenizer
 from ppoflow.tasks.models.host import ModelHost
 from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.stages.prompts import prompts
 from ppoflow.tasks.storage.catalog import refresh_catalog
 from ppoflow.tasks.storage.confined_query import query
 
-DATA = {
-    "prompt_key": "prompt",
-    "reward_fn_key": "data_source",
-    "max_prompt_length": 16,
-    "truncation": "error",
-    "filter_overlong_prompts": False,
-    "max_reject_fraction": 1.0,
-}
+DATA = IngestSettings(
+    prompt_key="prompt",
+    reward_fn_key="data_source",
+    max_prompt_length=16,
+    truncation="error",
+    filter_overlong_prompts=False,
+    max_reject_fraction=1.0,
+    max_samples=-1,
+)
 
 
 def good(prompt="1 + 2 = ", truth="3", **extra) -> dict:
@@ -45,7 +48,12 @@ def write_jsonl(path, lines) -> str:
 def ingest(tmp_path, state, files, split="train", **data):
     run = Run(str(tmp_path / "run"), models=ModelHost())
     result = prompts.fn(
-        run=run, files=files, split=split, source_digest="test", data=DATA | data, tokenizer_state=state
+        run=run,
+        files=files,
+        split=split,
+        source_digest="test",
+        data=replace(DATA, **data),
+        tokenizer_state=state,
     )
     return result, pq.read_table(run.path / f"data/{split}.parquet").to_pylist()
 

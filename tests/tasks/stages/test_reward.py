@@ -11,13 +11,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from ppoflow.conf import load_config
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
-from ppoflow.tasks.pipeline.plan import custom_function_section, run_settings
+from ppoflow.tasks.pipeline.plan import custom_function, run_settings
+from ppoflow.tasks.pipeline.settings import RewardSettings
 from ppoflow.tasks.stages.reward_functions import RewardFunctionError, check_custom_reward
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
 
@@ -70,15 +72,16 @@ def reward_file(tmp_path, text=REWARD_FILE, name="my_reward.py"):
 
 
 def config(path, *, on_error="zero", timeout_s=5.0, name="compute_score", weights=None):
-    custom = None if path is None else custom_function_section(str(path), name)
-    return {
-        "weights": weights or {"correctness": 0.9, "format": 0.1},
-        "timeout_s": timeout_s,
-        "on_error": on_error,
-        "gsm8k_method": "strict",
-        "reward_fn_key": "data_source",
-        "custom_function": custom,
-    }
+    return RewardSettings(
+        weights=weights or {"correctness": 0.9, "format": 0.1},
+        rm_weight=None,
+        rule_reward=True,
+        reward_fn_key="data_source",
+        timeout_s=timeout_s,
+        on_error=on_error,
+        gsm8k_method="strict",
+        custom_function=None if path is None else custom_function(str(path), name),
+    )
 
 
 def score(responses, reward, data_source="gsm8k", truth="7", extra_info=None):
@@ -216,14 +219,14 @@ def test_a_file_that_cannot_serve_is_one_clear_error_before_scoring(tmp_path, te
         score(["7"], config(path, name=name))
     # The train flow checks it before anything is generated, as scoring will load it.
     with pytest.raises(RewardFunctionError, match=named_once):
-        check_custom_reward(custom_function_section(str(path), name), timeout_s=10)
-    check_custom_reward(custom_function_section(str(reward_file(tmp_path)), "compute_score"), timeout_s=10)
+        check_custom_reward(custom_function(str(path), name), timeout_s=10)
+    check_custom_reward(custom_function(str(reward_file(tmp_path)), "compute_score"), timeout_s=10)
     check_custom_reward(None, timeout_s=10)
 
 
 def test_a_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(RewardFunctionError, match="custom_reward_function.path=.*nope.py: no such file"):
-        custom_function_section(str(tmp_path / "nope.py"), "compute_score")
+        custom_function(str(tmp_path / "nope.py"), "compute_score")
     reward = config(reward_file(tmp_path))
     (tmp_path / "my_reward.py").unlink()
     with pytest.raises(RewardFunctionError, match="my_reward.py: no such file"):
@@ -262,13 +265,13 @@ def test_reward_section_carries_the_file_digest_timeout_and_policy(tmp_path):
     path = reward_file(tmp_path)
     overrides = [f"custom_reward_function.path={path}", "reward.on_error=zero", "reward.timeout_s=2"]
     reward = run_settings(load_config(None, overrides), 1).reward
-    assert reward["custom_function"]["path"] == str(path.resolve())
-    assert reward["custom_function"]["name"] == "compute_score"
-    assert (reward["timeout_s"], reward["on_error"]) == (2.0, "zero")
+    assert reward.custom_function.path == str(path.resolve())
+    assert reward.custom_function.name == "compute_score"
+    assert (reward.timeout_s, reward.on_error) == (2.0, "zero")
     path.write_text(REWARD_FILE + "\n# edited\n")
     edited = run_settings(load_config(None, overrides), 1).reward
-    assert edited["custom_function"]["digest"] != reward["custom_function"]["digest"]
-    assert run_settings(load_config(None, []), 1).reward["custom_function"] is None
+    assert edited.custom_function.digest != reward.custom_function.digest
+    assert run_settings(load_config(None, []), 1).reward.custom_function is None
 
 
 def _prompts(run_dir, sources: list[str], split: str):
@@ -304,10 +307,10 @@ def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_pat
     try:
         known = [ADDITION_DATA_SOURCE, "openai/gsm8k"]
         tables = {"train": _prompts(run.path, known * 3, "train"), "val": _prompts(run.path, known, "val")}
-        builtin = config(None) | {"rule_reward": True}
+        builtin = config(None)
         require_builtin_rewards(run, builtin, tables)
         tables["val"] = _prompts(run.path, [*known, "my/math", "my/math"], "val")
-        reward = builtin | {"reward_fn_key": "source"}
+        reward = replace(builtin, reward_fn_key="source")
         with pytest.raises(RewardFunctionError) as refused:
             require_builtin_rewards(run, reward, tables)
         assert str(refused.value).startswith(
@@ -315,9 +318,9 @@ def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_pat
             "(row 2 of data.val_files); the built-in rewards score ppoflow/addition, openai/gsm8k: set "
             "custom_reward_function.path"
         )
-        require_builtin_rewards(run, config(reward_file(tmp_path)) | {"rule_reward": True}, tables)
+        require_builtin_rewards(run, config(reward_file(tmp_path)), tables)
         tables["train"] = _prompts(run.path, ["my/math"], "train")
-        only_model = reward | {"rule_reward": False}  # the reward model's score alone, in training
+        only_model = replace(reward, rule_reward=False)  # the reward model's score alone, in training
         require_builtin_rewards(run, only_model, {"train": tables["train"]})
         with pytest.raises(RewardFunctionError, match="val prompt"):  # validation is scored by rules
             require_builtin_rewards(run, only_model, tables)

@@ -12,7 +12,8 @@ import pytest
 from ppoflow.conf import ConfigError, load_config
 from ppoflow.engine.models import ModelLoadError, load_tokenizer
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
-from ppoflow.tasks.pipeline.plan import reward_model_settings, reward_section
+from ppoflow.tasks.pipeline.plan import reward_model_settings, reward_settings
+from ppoflow.tasks.pipeline.settings import RewardSettings
 from ppoflow.tasks.stages.reward_model import retokenised, same_tokenizer
 from ppoflow.tasks.stages.rewards import remax_baselines, score_rows
 
@@ -20,16 +21,16 @@ from ...conf.micro import MICRO
 
 
 def reward(rm_weight, rule_reward=True):
-    return {
-        "weights": {"correctness": 0.9, "format": 0.1},
-        "rm_weight": rm_weight,
-        "rule_reward": rule_reward,
-        "timeout_s": 5.0,
-        "on_error": "zero",
-        "gsm8k_method": "strict",
-        "reward_fn_key": "data_source",
-        "custom_function": None,
-    }
+    return RewardSettings(
+        weights={"correctness": 0.9, "format": 0.1},
+        rm_weight=rm_weight,
+        rule_reward=rule_reward,
+        reward_fn_key="data_source",
+        timeout_s=5.0,
+        on_error="zero",
+        gsm8k_method="strict",
+        custom_function=None,
+    )
 
 
 def scored(responses, section, rm_scores, data_source=ADDITION_DATA_SOURCE):
@@ -80,21 +81,21 @@ def test_remax_baselines_are_scored_with_the_reward_models_score_of_the_greedy_r
 
 
 def test_the_reward_section_splits_the_reward_models_weight_from_the_rule_weights(tmp_path):
-    plain = reward_section(load_config(None, ["reward.weights.correctness=0.8"], check_paths=False))
-    assert (plain["weights"], plain["rm_weight"], plain["rule_reward"]) == (
+    plain = reward_settings(load_config(None, ["reward.weights.correctness=0.8"], check_paths=False))
+    assert (plain.weights, plain.rm_weight, plain.rule_reward) == (
         {"correctness": 0.8, "format": 0.1},
         None,
         True,
     )
     enabled = ["reward_model.enable=true", f"reward_model.model.path={tmp_path}"]
-    alone = reward_section(load_config(None, enabled, check_paths=False))
-    assert (alone["weights"], alone["rm_weight"], alone["rule_reward"]) == (
+    alone = reward_settings(load_config(None, enabled, check_paths=False))
+    assert (alone.weights, alone.rm_weight, alone.rule_reward) == (
         {"correctness": 0.9, "format": 0.1},  # what validation scores with: the rule reward, as verl
         1.0,
         False,
     )
-    beside = reward_section(load_config(None, [*enabled, "reward.weights.rm_score=0.5"], check_paths=False))
-    assert (beside["weights"], beside["rm_weight"], beside["rule_reward"]) == (
+    beside = reward_settings(load_config(None, [*enabled, "reward.weights.rm_score=0.5"], check_paths=False))
+    assert (beside.weights, beside.rm_weight, beside.rule_reward) == (
         {"correctness": 0.9, "format": 0.1},
         0.5,
         True,
