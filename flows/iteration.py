@@ -11,7 +11,7 @@ from ppoflow.tasks.pipeline.cache_keys import key_for
 from ppoflow.tasks.pipeline.commit import commit_step
 from ppoflow.tasks.pipeline.results import run_stage
 from ppoflow.tasks.pipeline.run import Run
-from ppoflow.tasks.pipeline.settings import RunSettings, checkpoint_due
+from ppoflow.tasks.pipeline.settings import RewardKL, RunSettings, checkpoint_due
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StepResults, TrainState
 from ppoflow.tasks.stages.actor_update import actor_update
 from ppoflow.tasks.stages.advantages import advantages
@@ -208,12 +208,8 @@ def ppo_iteration(
         step=step,
         epoch=epoch,
         stages=results,
-        kl={"coef": state.kl_coef, "current": current_kl},
-        limits={
-            "prompt_length": s.rollout.prompt_length,
-            "response_length": s.rollout.sampling.max_new_tokens,
-        },
-        n_devices=s.n_devices,
+        kl=RewardKL(state.kl_coef, current_kl),
+        settings=s.metrics,
     )
     kl_coef = next_kl_coef(s.kl_control, state.kl_coef, current_kl, generated.ref.rows)
     ended = replace(state, actor=actor, critic=critic, kl_coef=kl_coef)

@@ -26,6 +26,7 @@ from ppoflow.tasks.pipeline.settings import (
     DataSettings,
     IngestSettings,
     KLControlSettings,
+    MetricsSettings,
     PFPPOSettings,
     RewardFunctionError,
     RewardModelSettings,
@@ -139,7 +140,11 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         save_freq=cfg.trainer.save_freq,
         val_before_train=cfg.trainer.val_before_train,
         total_steps=total_steps,
-        n_devices=cfg.world_size,
+        metrics=MetricsSettings(
+            prompt_length=rollout.prompt_length,
+            response_length=rollout.sampling.max_new_tokens,
+            n_devices=cfg.world_size,
+        ),
     )
 
 

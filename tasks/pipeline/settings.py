@@ -207,6 +207,26 @@ class KLControlSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    """What the metrics stage compares against (verl's clip ratios of lengths) and divides by."""
+
+    prompt_length: int
+    """rollout.prompt_length: prompts this long count as clipped (prompt_length/clip_ratio)."""
+    response_length: int
+    """rollout.response_length: responses this long count as clipped (response_length/clip_ratio)."""
+    n_devices: int
+    """trainer.nnodes × trainer.n_gpus_per_node, for verl's per-GPU throughput."""
+
+
+@dataclass(frozen=True)
+class RewardKL:
+    """β and the step's KL to the reference in the reward (algorithm.use_kl_in_reward; else None)."""
+
+    coef: float
+    current: float | None
+
+
+@dataclass(frozen=True)
 class RunSettings:
     data: DataSettings
     rollout: RolloutSettings
@@ -226,7 +246,7 @@ class RunSettings:
     val_before_train: bool
     total_steps: int
     """The run's training steps (known once its data is ingested, `RunPlan.with_total_steps`)."""
-    n_devices: int
+    metrics: MetricsSettings
 
 
 MAX_UNSAVED_STEPS = 50

@@ -20,6 +20,7 @@ from ppoflow.engine.metrics import (
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
+from ppoflow.tasks.pipeline.settings import MetricsSettings, RewardKL
 from ppoflow.tasks.pipeline.states import TIMING_PREFIX, StageResult, StageTimer, StepResults
 from ppoflow.tasks.stages.rewards import reward_error_metrics
 from ppoflow.tasks.storage.schemas import metrics_table
@@ -32,7 +33,7 @@ def _data_metrics(
     rollouts: pa.Table,
     reward: StageResult,
     advantage: StageResult,
-    limits: dict,
+    settings: MetricsSettings,
     *,
     recomputed: bool,
 ) -> dict[str, float]:
@@ -48,8 +49,8 @@ def _data_metrics(
         returns=padded_column(adv, "returns", width),
         response_mask=mask,
         prompt_lengths=torch.tensor(rollouts["prompt_length"].to_numpy(), dtype=torch.long),
-        max_prompt_length=limits["prompt_length"],
-        max_response_length=limits["response_length"],
+        max_prompt_length=settings.prompt_length,
+        max_response_length=settings.response_length,
         values=token_tensor(adv, "values", width),
     )
     metrics |= reward_error_metrics(rewards)
@@ -97,9 +98,8 @@ def metrics(
     step: int,
     epoch: int,
     stages: StepResults,
-    kl: dict,
-    limits: dict,
-    n_devices: int,
+    kl: RewardKL,
+    settings: MetricsSettings,
 ) -> StageResult:
     """All of the step's metrics in one row (verl's names) → iter=N/metrics/. Timings are verl's
     timers as the stages measured them (timing_s/gen, …, timing_s/testing) and timing_s/step, the
@@ -107,13 +107,13 @@ def metrics(
     timer = StageTimer()
     rollouts = read_table(run.path, stages.rollouts.ref, clock=run.io)
     recomputed = any(name == f"{TIMING_PREFIX}old_log_prob" for name, _ in stages.rollouts.values)
-    values = _data_metrics(run, rollouts, stages.rewards, stages.advantages, limits, recomputed=recomputed)
+    values = _data_metrics(run, rollouts, stages.rewards, stages.advantages, settings, recomputed=recomputed)
     values |= _update_metrics(run, stages.critic_update, "critic") | _update_metrics(
         run, stages.actor_update, "actor"
     )
     values |= dict(stages.validation.values) if stages.validation is not None else {}
-    if kl.get("current") is not None:  # verl logs both only with algorithm.use_kl_in_reward
-        values |= {"actor/reward_kl_penalty": kl["current"], "actor/reward_kl_penalty_coeff": kl["coef"]}
+    if kl.current is not None:  # verl logs both only with algorithm.use_kl_in_reward
+        values |= {"actor/reward_kl_penalty": kl.current, "actor/reward_kl_penalty_coeff": kl.coef}
     values |= {"training/global_step": float(step), "training/epoch": float(epoch)}  # epoch: 0-based
     tokens = _token_counts(rollouts)
     done = stages.finished()
@@ -126,7 +126,7 @@ def metrics(
     timing["step"] = sum(s.seconds for s in done)
     values |= compute_timing_metrics(timing, {timer_: tokens[kind] for timer_, kind in PER_TOKEN.items()})
     values |= compute_throughput_metrics(
-        total_tokens=tokens["all"], step_seconds=timing["step"], n_devices=n_devices
+        total_tokens=tokens["all"], step_seconds=timing["step"], n_devices=settings.n_devices
     )
     values |= memory_metrics()
     inject_fault("metrics", step)
