@@ -161,7 +161,7 @@ def _instrument(clocks: Clocks) -> None:
     import prefect.transactions
 
     from ppoflow.flows import iteration, train
-    from ppoflow.tasks.storage import results
+    from ppoflow.tasks.pipeline import results
 
     engine = prefect.task_engine.SyncTaskRunEngine
     transaction = prefect.transactions.Transaction

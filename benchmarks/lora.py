@@ -9,7 +9,7 @@ tokens) × 4 responses of 64 random tokens; their old log-probs are computed fir
 resident memory is reset (/proc/self/clear_refs) and the actor update runs: one optimizer step
 (AdamW) over the 16 responses in micro-batches of 2 (`engine.update.update_actor`, as the
 `actor_update` stage runs it). Then the checkpoint of that iteration is written as a run writes it
-(`tasks.storage.checkpoints.save_checkpoint`: the weights, or the adapters, and the optimizer
+(`tasks.pipeline.model_files.save_checkpoint`: the weights, or the adapters, and the optimizer
 state). Reported, medians over the rounds:
 - trainable: parameters that receive gradients (the adapters, or every weight),
 - checkpoint MB: bytes of checkpoints/iter=1/actor/ and actor.optim/ (one iteration's checkpoint),

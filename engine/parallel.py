@@ -192,7 +192,7 @@ def shard_fsdp2(model: torch.nn.Module, device: str) -> torch.nn.Module:
 
 def deepspeed_engine(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     *,
     zero_stage: int,
     micro_batch_size: int,
@@ -201,7 +201,8 @@ def deepspeed_engine(
     offload_optimizer: bool = False,
 ):
     """`model` and its (client, torch) optimizer under DeepSpeed ZeRO `zero_stage`, accumulating
-    `micro_batches` micro-batches of `micro_batch_size` per optimizer step on each rank."""
+    `micro_batches` micro-batches of `micro_batch_size` per optimizer step on each rank. Without an
+    optimizer (a model only generated from or valued), ZeRO-3 still partitions its parameters."""
     import deepspeed
 
     _skip_shared_memory_build()

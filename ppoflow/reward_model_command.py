@@ -154,7 +154,7 @@ def _encoded(tokenizer, records: list[dict]) -> tuple[SequenceBatch, torch.Tenso
     import torch
 
     from ppoflow.engine.ppo import build_sequence_batch
-    from ppoflow.tasks.stages.rollouts import prompt_token_ids
+    from ppoflow.tasks.stages.prompt_rows import prompt_token_ids
 
     prompts, responses = [], []
     for record in records:

@@ -60,11 +60,12 @@ class _Trained:
     stepper: FSDP2Stepper | DeepSpeedStepper | None = None
     architecture: type | None = None  # the transformers class, to build a whole copy from gathered weights
     config: object = None
+    engine: bool = False  # `model` is a DeepSpeed engine
 
     @property
     def module(self) -> torch.nn.Module:
         """The transformers model itself (inside the DeepSpeed engine, or the FSDP2 module)."""
-        return self.model.module if isinstance(self.stepper, DeepSpeedStepper) else self.model
+        return self.model.module if self.engine else self.model
 
     def whole_copy(self) -> torch.nn.Module:
         """A fresh, unsharded model of the same architecture (its weights are set afterwards)."""
@@ -148,9 +149,9 @@ class ModelWorker:
     def _wrap(self, model: torch.nn.Module, layout: RoleLayout, optim: OptimSettings | None) -> _Trained:
         architecture, config = type(model), model.config
         if layout.strategy == "deepspeed":
-            if optim is None:  # DeepSpeed wraps a model with its optimizer: for inference, the model
+            if optim is None and layout.zero_stage < 3:  # whole weights on every rank: the model itself
                 return _Trained(model, layout, architecture=architecture, config=config)
-            optimizer, scheduler = build_optimizer(model, optim)
+            optimizer, scheduler = build_optimizer(model, optim) if optim is not None else (None, None)
             engine = deepspeed_engine(
                 model,
                 optimizer,
@@ -160,8 +161,10 @@ class ModelWorker:
                 grad_clip=layout.grad_clip,
                 offload_optimizer=layout.offload_optimizer,
             )
+            if optimizer is None:  # ZeRO-3 for inference: its parameters partitioned over the ranks
+                return _Trained(engine, layout, architecture=architecture, config=config, engine=True)
             stepper = DeepSpeedStepper(engine, optimizer)
-            return _Trained(engine, layout, optimizer, scheduler, stepper, architecture, config)
+            return _Trained(engine, layout, optimizer, scheduler, stepper, architecture, config, engine=True)
         model = shard_fsdp2(model, self.device)
         if optim is None:
             return _Trained(model, layout, architecture=architecture, config=config)
@@ -171,7 +174,7 @@ class ModelWorker:
 
     def _full_weights(self, role: str) -> dict[str, torch.Tensor]:
         trained = self._trained[role]
-        if trained.layout.strategy == "deepspeed" and trained.stepper is None:  # not wrapped: whole weights
+        if trained.layout.strategy == "deepspeed" and not trained.engine:  # not wrapped: whole weights
             return {k: v.detach().clone() for k, v in trained.model.state_dict().items()}
         return full_state_dict(trained.model, trained.layout.strategy, trained.layout.zero_stage)
 

@@ -66,11 +66,19 @@ class StageCode:
                 return candidate
         return None
 
+    def module_of(self, path: Path) -> str | None:
+        """The dotted name of a file inside one of the package folders (None elsewhere)."""
+        for package, folder in sorted(self.roots.items(), key=lambda item: -len(str(item[1]))):
+            if path.is_relative_to(folder):
+                parts = path.relative_to(folder).with_suffix("").parts
+                return ".".join((package, *parts))
+        return None
+
     def closure(self, files: list[Path], stop: tuple[str, ...] = ()) -> dict[str, Path]:
         """Module → file of every ppoflow module `files` import, transitively, the files themselves
         included; modules under `stop` and NOT_COMPUTING are left out (and not followed)."""
         found: dict[str, Path] = {str(path): path for path in files}
-        pending = [name for path in files for name in imported_modules(path)]
+        pending = [name for path in files for name in imported_modules(path, self.module_of(path))]
         while pending:
             name = pending.pop()
             if name in found or _under(name, (*stop, *NOT_COMPUTING)):
@@ -79,7 +87,7 @@ class StageCode:
             if path is None or str(path) in found:
                 continue
             found[name] = path
-            pending.extend(imported_modules(path))
+            pending.extend(imported_modules(path, name))
         return found
 
     def stage_files(self, stage_file: Path) -> list[Path]:
@@ -88,10 +96,8 @@ class StageCode:
         asked = {q for path in own.values() for q in placement_questions(path)}
         answering = tuple(sorted({m for q in asked for m in ANSWERS.get(q, ())}))
         every_answer = tuple(m for modules in ANSWERS.values() for m in modules)
-        placements = self.closure(
-            [p for p in map(self.locate, PLACEMENTS) if p is not None], stop=every_answer
-        )
-        answers = self.closure([p for p in map(self.locate, answering) if p is not None])
+        placements = self.closure(self._files(PLACEMENTS), stop=every_answer)
+        answers = self.closure(self._files(answering))
         return sorted({*own.values(), *placements.values(), *answers.values()}, key=str)
 
     def _files(self, modules: tuple[str, ...]) -> list[Path]:
@@ -106,15 +112,29 @@ def _under(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
-def imported_modules(path: Path) -> frozenset[str]:
-    """The absolute imports of a file, at any depth (a function's lazy import runs too), except those
-    under `if TYPE_CHECKING:`; `from a import b` names both a and a.b (b may be a module)."""
-    return _imports_in(path.read_text(), str(path))
+def imported_modules(path: Path, module: str | None = None) -> frozenset[str]:
+    """The imports of a file, at any depth (a function's lazy import runs too), except those under
+    `if TYPE_CHECKING:`; `from a import b` names both a and a.b (b may be a module). Relative imports
+    (`from .losses import …`, as engine/ writes them) are resolved against `module`, the file's
+    dotted name (without it they are left out)."""
+    package = module if module is None or path.name == "__init__.py" else module.rpartition(".")[0]
+    return _imports_in(path.read_text(), str(path), package)
 
 
 @functools.lru_cache(maxsize=1024)
-def _imports_in(source: str, filename: str) -> frozenset[str]:
+def _imports_in(source: str, filename: str, package: str | None) -> frozenset[str]:
     names: set[str] = set()
+
+    def absolute(node: ast.ImportFrom) -> str | None:
+        if node.level == 0:
+            return node.module
+        if not package:
+            return None
+        parts = package.split(".")
+        if node.level - 1 >= len(parts):
+            return None
+        anchor = ".".join(parts[: len(parts) - (node.level - 1)])
+        return f"{anchor}.{node.module}" if node.module else anchor
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
@@ -123,9 +143,9 @@ def _imports_in(source: str, filename: str) -> frozenset[str]:
             return
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and (base := absolute(node)) is not None:
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
         for child in ast.iter_child_nodes(node):
             visit(child)
 

@@ -8,7 +8,7 @@ result dataclasses (`ResultSerializer`), and `run_stage` reads a stored result i
 Prefect does: anything that is not such a record is removed and the stage runs again (a cache miss).
 
 A result that is ours is reused only while everything it points at is intact: its parquet files
-(digests) and the model files of the states it returns (`models.state_files_intact`).
+(digests) and the model files of the states it returns (`model_files.state_files_intact`).
 
 Discarding is said (a warning of this module's logger, which `ppoflow train` prints): the first
 stored result found unreadable has every other one of the folder removed with it, so a folder of

@@ -1,7 +1,9 @@
 """One source row → one prompts-table row (verl's dataset schema, or a raw GSM8K row converted as
 verl's preprocessing does), or `Rejected` with the short kind the ingest summary counts and the
 reason the rejects table keeps. Every field a reward or the catalog relies on is checked here, so
-that a bad value is a reject at ingest, never a failure (or a silent wrong score) later."""
+that a bad value is a reject at ingest, never a failure (or a silent wrong score) later. And a row
+as the model reads it (`rendered_prompt`, `prompt_token_ids`, `render_prompts`): ingest measures
+it, rollouts and validation generate from it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import math
 import sys
 from typing import Any
 
+from ppoflow.engine.data import truncate_prompt
 from ppoflow.engine.gsm8k import verl_record
 
 VERL_FIELDS = {"prompt", "reward_model", "data_source"}
@@ -249,3 +252,41 @@ def raw_text(record: Any) -> str:
         return "(not shown: nested too deeply to print)"
     except ValueError:  # json.dumps's other error on a parsed row: an integer too long to print
         return f"(not shown: a number of more than {sys.get_int_max_str_digits()} digits)"
+
+
+def rendered_prompt(tokenizer, row: dict) -> str:
+    """A prompt's text as the model sees it: the chat template applied to message prompts (raises
+    what a missing or broken template raises)."""
+    if row["prompt_messages"] is not None:
+        messages = row["prompt_messages"]
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return row["prompt_text"]
+
+
+def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
+    """Untruncated token ids of a prompt as the model sees it (rendered_prompt), or why it cannot be
+    rendered. Shared by ingest (which measures) and rollout."""
+    try:
+        return list(tokenizer(rendered_prompt(tokenizer, row), add_special_tokens=False)["input_ids"])
+    except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
+        return f"cannot render the prompt: {type(exc).__name__}: {exc}"
+
+
+def render_prompts(
+    tokenizer, rows: list[dict], max_length: int, truncation: str
+) -> list[tuple[str, list[int]]]:
+    """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
+    rendered = []
+    for row in rows:
+        ids = prompt_token_ids(tokenizer, row)
+        if isinstance(ids, str):
+            raise ValueError(f"prompt {row['prompt_id']}: {ids}")
+        ids = truncate_prompt(ids, max_length, truncation)
+        if ids is None:
+            raise ValueError(
+                f"prompt {row['prompt_id']} is longer than data.max_prompt_length={max_length} tokens "
+                "and data.truncation=error; raise the limit, set data.truncation, "
+                "or data.filter_overlong_prompts"
+            )
+        rendered.append((tokenizer.decode(ids), ids))
+    return rendered

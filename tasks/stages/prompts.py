@@ -32,8 +32,7 @@ from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
-from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, raw_text
-from ppoflow.tasks.stages.rollouts import prompt_token_ids, rendered_prompt
+from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, prompt_token_ids, raw_text, rendered_prompt
 from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table

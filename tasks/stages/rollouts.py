@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 from prefect import task
 
-from ppoflow.engine.data import batch_rows, truncate_prompt
+from ppoflow.engine.data import batch_rows
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar
@@ -14,46 +14,9 @@ from ppoflow.tasks.pipeline.placement import RolloutRequest
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import DataSettings, RolloutSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.stages.prompt_rows import render_prompts
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
-
-
-def rendered_prompt(tokenizer, row: dict) -> str:
-    """A prompt's text as the model sees it: the chat template applied to message prompts (raises
-    what a missing or broken template raises)."""
-    if row["prompt_messages"] is not None:
-        messages = row["prompt_messages"]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return row["prompt_text"]
-
-
-def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
-    """Untruncated token ids of a prompt as the model sees it (rendered_prompt), or why it cannot be
-    rendered. Shared by ingest (which measures) and rollout."""
-    try:
-        return list(tokenizer(rendered_prompt(tokenizer, row), add_special_tokens=False)["input_ids"])
-    except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
-        return f"cannot render the prompt: {type(exc).__name__}: {exc}"
-
-
-def render_prompts(
-    tokenizer, rows: list[dict], max_length: int, truncation: str
-) -> list[tuple[str, list[int]]]:
-    """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
-    rendered = []
-    for row in rows:
-        ids = prompt_token_ids(tokenizer, row)
-        if isinstance(ids, str):
-            raise ValueError(f"prompt {row['prompt_id']}: {ids}")
-        ids = truncate_prompt(ids, max_length, truncation)
-        if ids is None:
-            raise ValueError(
-                f"prompt {row['prompt_id']} is longer than data.max_prompt_length={max_length} tokens "
-                "and data.truncation=error; raise the limit, set data.truncation, "
-                "or data.filter_overlong_prompts"
-            )
-        rendered.append((tokenizer.decode(ids), ids))
-    return rendered
 
 
 @task(name="rollouts", task_run_name="rollouts-step{step}", cache_key_fn=stage_cache_key)

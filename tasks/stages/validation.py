@@ -16,8 +16,8 @@ from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import RewardSettings, ValidationSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.stages.prompt_rows import render_prompts
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
-from ppoflow.tasks.stages.rollouts import render_prompts
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 

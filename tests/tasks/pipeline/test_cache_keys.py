@@ -15,6 +15,7 @@ from ppoflow.tasks.pipeline.cache_keys import PACKAGES, StageCode, files_hash, i
 ROOT = Path(__file__).resolve().parents[3]
 FOLDERS = {"ppoflow": "ppoflow", "ppoflow.engine": "engine", "ppoflow.tasks": "tasks", "ppoflow.conf": "conf"}
 STAGES = ("rollouts", "rewards", "advantages", "critic_update", "actor_update", "validation", "metrics")
+ALL_STAGES = (*STAGES, "prompts", "prepare_model", "reward_model")
 
 
 @pytest.fixture
@@ -58,7 +59,13 @@ def test_editing_the_critic_update_leaves_rollouts_rewards_and_advantages_cached
 
 def test_editing_generation_recomputes_rollouts_and_validation_only(source_copy):
     assert changed(source_copy, ("tasks/models/generation.py",)) == {"rollouts", "validation"}
-    assert "critic_update" not in changed(source_copy, ("engine/kl.py",))
+
+
+def test_code_reached_by_relative_imports_is_in_the_keys(source_copy):
+    """engine/ imports its own modules relatively (`from .losses import …`)."""
+    assert changed(source_copy, ("engine/losses.py",)) == {"critic_update", "actor_update", "metrics"}
+    assert changed(source_copy, ("engine/advantages.py",)) == set(STAGES)  # via engine/ppo.py
+    assert {"critic_update", "actor_update"} <= changed(source_copy, ("engine/kl.py",))
 
 
 @pytest.mark.parametrize(
@@ -91,22 +98,42 @@ def test_editing_the_storage_format_or_a_placement_changes_every_key(source_copy
     assert changed(source_copy, (relative,)) == set(STAGES)
 
 
-def test_type_only_imports_are_not_code_but_lazy_imports_are(tmp_path):
+def test_type_only_imports_are_not_code_but_lazy_and_relative_imports_are(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
         "from typing import TYPE_CHECKING\n"
         "import ppoflow.engine.kl\n"
+        "from .losses import compute_policy_loss\n"
+        "from . import masking\n"
         "if TYPE_CHECKING:\n    from ppoflow.engine.update import UpdateResult\n"
         "else:\n    from ppoflow.engine.names import RM_SCORE\n"
         "def f():\n    from ppoflow.engine.rollout import pad_flat\n"
     )
-    assert {m for m in imported_modules(sample) if m.startswith("ppoflow")} == {
+    assert {m for m in imported_modules(sample, "ppoflow.engine.sample") if m.startswith("ppoflow")} == {
         "ppoflow.engine.kl",
+        "ppoflow.engine.losses",
+        "ppoflow.engine.losses.compute_policy_loss",
+        "ppoflow.engine",
+        "ppoflow.engine.masking",
         "ppoflow.engine.names",
         "ppoflow.engine.names.RM_SCORE",
         "ppoflow.engine.rollout",
         "ppoflow.engine.rollout.pad_flat",
     }
+    assert "ppoflow.engine.losses" not in imported_modules(sample)  # no package to resolve it against
+
+
+def test_every_engine_module_a_stage_runs_is_in_a_key():
+    code = StageCode()
+    hashed = {
+        path
+        for stage in ALL_STAGES
+        for path in code.stage_files(code.locate(f"ppoflow.tasks.stages.{stage}"))
+    }
+    engine = set((ROOT / "engine").glob("*.py"))
+    assert engine - hashed == {
+        ROOT / "engine/reward_model.py"
+    }  # `ppoflow reward-model`'s training, no stage's
 
 
 def test_the_running_code_is_the_repositorys():
