@@ -17,23 +17,15 @@ from ppoflow.engine.tiny import build_tiny_tokenizer
 from ppoflow.tasks.models.host import ModelHost
 from ppoflow.tasks.pipeline.plan import run_settings
 from ppoflow.tasks.pipeline.run import Run
-from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState
 from ppoflow.tasks.stages.prompts import prompts
 from ppoflow.tasks.stages.rewards import score_rows
 from tests.conftest import gsm8k_file
+from tests.tasks.stages.test_ingest import DATA as INGEST
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 # The tiny tokenizer is one token per character and the longest GSM8K question is 985 characters.
-DATA = IngestSettings(
-    prompt_key="prompt",
-    reward_fn_key="data_source",
-    max_prompt_length=2048,
-    truncation="error",
-    filter_overlong_prompts=False,
-    max_reject_fraction=0.0,
-    max_samples=-1,
-)
+DATA = replace(INGEST, max_prompt_length=2048, max_reject_fraction=0.0)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 # verl's examples/data_preprocess/gsm8k.py output, as `datasets` writes it (struct fields sorted).
 VERL_SCHEMA = pa.schema(
