@@ -34,7 +34,11 @@ DYNAMIC_BATCHING = (
     ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
     ("reward_model", "use_dynamic_bsz", "micro_batch_size_per_gpu"),
 )
-"""(section, dynamic-batch switch, the fixed micro-batch size ppoflow uses instead)."""
+"""(section, dynamic-batch switch, the fixed micro-batch size ppoflow uses instead). The actor's and
+the critic's updates honour the switch (`DYNAMIC_UPDATES`); their micro-batch size is still needed
+for the batch-shape checks."""
+DYNAMIC_UPDATES = ("actor_rollout_ref.actor", "critic")
+"""Sections whose use_dynamic_bsz forms the update's micro-batches by ppo_max_token_len_per_gpu."""
 
 
 @dataclass(frozen=True)
@@ -202,8 +206,21 @@ NO_EFFECT: tuple[NoEffect, ...] = (
     ),
     NoEffect(
         ("*.use_dynamic_bsz", "*.log_prob_use_dynamic_bsz", "*max_token_len_per_gpu"),
-        "micro-batches have a fixed number of responses (*_micro_batch_size_per_gpu); losses are "
-        "aggregated over the mini-batch, so the result is the same",
+        "forward passes outside the updates have a fixed number of responses "
+        "(*_micro_batch_size_per_gpu); the results are the same up to float rounding",
+        except_keys=tuple(
+            f"{section}.{key}"
+            for section in DYNAMIC_UPDATES
+            for key in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu")
+        ),
+    ),
+    *(
+        NoEffect(
+            (f"{section}.ppo_max_token_len_per_gpu",),
+            f"{section}.use_dynamic_bsz is off: micro-batches have ppo_micro_batch_size_per_gpu responses",
+            lambda cfg, section=section: not get_key(cfg, f"{section}.use_dynamic_bsz"),
+        )
+        for section in DYNAMIC_UPDATES
     ),
     NoEffect(
         ("*.checkpoint.save_contents", "*.checkpoint.load_contents", "trainer.del_local_ckpt_after_load"),

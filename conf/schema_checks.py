@@ -100,6 +100,7 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     _fill_derived(cfg)
     _check_same_n(cfg)
     _check_prompt_budget(cfg)
+    _check_token_budgets(cfg)
     _check_reward_weights(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
@@ -182,6 +183,22 @@ def _check_prompt_budget(cfg: "PPOFlowConfig") -> None:
             "second) or lower the second",
             keys=("actor_rollout_ref.rollout.prompt_length", "data.max_prompt_length"),
         )
+
+
+def _check_token_budgets(cfg: "PPOFlowConfig") -> None:
+    """With use_dynamic_bsz, the longest sequence the rollout can make must fit one micro-batch."""
+    rollout = cfg.actor_rollout_ref.rollout
+    longest = rollout.prompt_length + rollout.response_length
+    sections = ("actor_rollout_ref.actor", "critic") if cfg.use_critic else ("actor_rollout_ref.actor",)
+    for section in sections:
+        budget = get_key(cfg, f"{section}.ppo_max_token_len_per_gpu")
+        if get_key(cfg, f"{section}.use_dynamic_bsz") and budget < longest:
+            raise ConfigError(
+                f"{section}.ppo_max_token_len_per_gpu={budget} is below the longest sequence a rollout "
+                f"can make, rollout.prompt_length + rollout.response_length = {longest} tokens: a "
+                "micro-batch must hold at least one; raise it",
+                keys=(f"{section}.ppo_max_token_len_per_gpu",),
+            )
 
 
 def _check_reward_weights(cfg: "PPOFlowConfig") -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppoflow.engine.names import RM_SCORE
 
-from .effects import DYNAMIC_BATCHING, INERT_MODEL_OVERRIDES, MODELS
+from .effects import DYNAMIC_BATCHING, DYNAMIC_UPDATES, INERT_MODEL_OVERRIDES, MODELS
 from .schema_checks import followed_source, get_key
 from .schema_common import ConfigError
 
@@ -186,9 +186,21 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         Unsupported(
             f"{section}.{switch}",
             lambda value, cfg, size_key=f"{section}.{size}": value and get_key(cfg, size_key) is None,
-            f"dynamic batching by token count is not implemented: set {section}.{size}",
+            f"set {section}.{size} too: the batch-shape checks need it (the token budget forms the "
+            "update's micro-batches)"
+            if section in DYNAMIC_UPDATES and size == "ppo_micro_batch_size_per_gpu"
+            else f"dynamic batching by token count is not implemented here: set {section}.{size}",
         )
         for section, switch, size in DYNAMIC_BATCHING
+    ),
+    *(
+        Unsupported(
+            f"{section}.use_dynamic_bsz",
+            lambda value, cfg: value and cfg.world_size > 1,
+            "micro-batches by token budget run in one process: the ranks of a worker group must run "
+            "as many micro-batches each; set use_dynamic_bsz=false (or one device)",
+        )
+        for section in DYNAMIC_UPDATES
     ),
 )
 

@@ -47,8 +47,10 @@ Batching of an update
                     (critic.ppo_mini_batch_size, defaulting to the actor's, for the critic);
                     ppo_epochs passes over the step's N rows.
     micro-batch     the rows of one forward/backward pass (actor.ppo_micro_batch_size_per_gpu,
-                    critic.ppo_micro_batch_size_per_gpu); gradients accumulate over a mini-batch's
-                    micro-batches, all divided by the mini-batch's denominator. Forward-only passes
+                    critic.ppo_micro_batch_size_per_gpu; with use_dynamic_bsz, consecutive rows
+                    within ppo_max_token_len_per_gpu tokens: update.micro_batches); gradients
+                    accumulate over a mini-batch's micro-batches, all divided by the mini-batch's
+                    denominator. Forward-only passes
                     use rollout.log_prob_micro_batch_size_per_gpu (old log-probs),
                     ref.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu.
 

@@ -57,6 +57,9 @@ class ActorUpdateSettings:
     """actor.use_prefix_grouper: the rows of a micro-batch that hold the same prompt share one
     forward pass of it (`forward.shared_prompt_logits`; the same numbers up to float rounding, so
     no part of the cache key)."""
+    max_token_len: int | None = None
+    """use_dynamic_bsz: micro-batches by token budget, ppo_max_token_len_per_gpu (`micro_batches`);
+    None: micro_batch_size rows each."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class CriticUpdateSettings:
     shuffle: bool
     gradient_checkpointing: bool = field(default=False, metadata={"cache_key": False})
     """critic.model.enable_gradient_checkpointing (see ActorUpdateSettings)."""
+    max_token_len: int | None = None
+    """critic.use_dynamic_bsz: micro-batches by token budget, critic.ppo_max_token_len_per_gpu."""
 
 
 @dataclass
@@ -99,6 +104,34 @@ def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: in
         order = torch.randperm(n_rows, generator=generator) if shuffle else torch.arange(n_rows)
         for index, rows in enumerate(order.split(size)):
             yield epoch, index, rows
+
+
+def micro_batches(
+    rows: torch.Tensor, batch: SequenceBatch, *, size: int, max_tokens: int | None
+) -> list[torch.Tensor]:
+    """`rows` (in order) as micro-batches: `size` rows each, or with a token budget (verl's
+    use_dynamic_bsz) as many consecutive rows as keep the micro-batch's padded tensor within
+    `max_tokens`: rows × (its longest prompt + its longest response), the shape it runs at
+    (`SequenceBatch.without_padding`). verl counts the tokens of packed sequences instead; padded, the
+    budget bounds what a forward pass holds. A row longer than the budget alone is an error."""
+    if max_tokens is None:
+        return list(rows.split(size))
+    prompts = batch.prompt_mask[rows].sum(dim=1).tolist()
+    responses = (batch.response_mask[rows] != 0).sum(dim=1).tolist()
+    cuts, start, longest_prompt, longest_response = [], 0, 0, 0
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        if prompt + response > max_tokens:
+            raise ValueError(
+                f"a sequence of {prompt + response} tokens (prompt and response) does not fit the "
+                f"micro-batch token budget of {max_tokens} (ppo_max_token_len_per_gpu): raise it"
+            )
+        wider = max(longest_prompt, prompt) + max(longest_response, response)
+        if i > start and (i - start + 1) * wider > max_tokens:
+            cuts.append(i)
+            start, longest_prompt, longest_response = i, prompt, response
+        else:
+            longest_prompt, longest_response = max(longest_prompt, prompt), max(longest_response, response)
+    return list(rows.tensor_split(cuts)) if cuts else [rows]
 
 
 Cells = tuple[torch.Tensor, slice]
@@ -157,7 +190,8 @@ def _optimize(
             mask = batch.response_mask[rows]
             denominator = agg_denominator(mask, s.loss_agg_mode)
             step: dict[str, float] = defaultdict(float)
-            micros = rows.chunk(stepper.world)[stepper.rank].split(s.micro_batch_size)
+            own = rows.chunk(stepper.world)[stepper.rank]
+            micros = micro_batches(own, batch, size=s.micro_batch_size, max_tokens=s.max_token_len)
             for position, micro in enumerate(micros):
                 part = batch.select(micro).without_padding().to(device)
                 cells = (micro, slice(0, part.response_ids.shape[1]))

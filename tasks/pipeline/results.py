@@ -203,7 +203,8 @@ unreadable (recomputed), not a failure later in the stage that uses it."""
 
 def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
     """Field types of an engine settings dataclass, from its annotations (every field of these is
-    a number, a bool, a tuple of numbers or one of a Literal's values, stored as a string)."""
+    a number (or an int or None), a bool, a tuple of numbers or one of a Literal's values, stored as
+    a string)."""
     types = {}
     for name, hint in typing.get_type_hints(cls).items():
         if typing.get_origin(hint) is typing.Literal:
@@ -214,6 +215,8 @@ def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
             types[name] = _NUMBER if hint is float else (int,)
         elif typing.get_origin(hint) is tuple:
             types[name] = (tuple,)
+        elif set(typing.get_args(hint)) == {int, type(None)}:  # int | None
+            types[name] = (int, type(None))
         else:
             raise TypeError(f"{cls.__name__}.{name}: no stored form for {hint}")
     return types
@@ -254,6 +257,7 @@ COUNTS = (
     "ppo_epochs",
     "mini_batch_size",
     "micro_batch_size",
+    "max_token_len",
 )
 """Fields that count something: non-negative and below 2³¹."""
 

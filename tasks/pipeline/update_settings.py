@@ -36,6 +36,7 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         shuffle=actor.shuffle,
         gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
         share_prompts=shares_prompts(cfg),
+        max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
     )
 
 
@@ -50,6 +51,7 @@ def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
         grad_clip=critic.grad_clip,
         shuffle=critic.shuffle,
         gradient_checkpointing=critic.model.enable_gradient_checkpointing,
+        max_token_len=critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
     )
 
 

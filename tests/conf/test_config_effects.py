@@ -10,6 +10,7 @@ from ppoflow.conf import ConfigError, PPOFlowConfig, all_keys, load_config
 from ppoflow.conf.effects import NO_EFFECT
 from ppoflow.conf.schema_checks import get_key
 from ppoflow.conf.unsupported import UNSUPPORTED
+from ppoflow.tasks.pipeline.plan import run_settings
 
 from .micro import MICRO
 
@@ -137,7 +138,16 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
         (
             "actor_rollout_ref.actor.use_dynamic_bsz=true "
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-            "dynamic batching by token count is not implemented",
+            "the batch-shape checks need it",
+        ),
+        (
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true "
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
+            "dynamic batching by token count is not implemented here",
+        ),
+        (
+            "critic.use_dynamic_bsz=true trainer.n_gpus_per_node=2",
+            "micro-batches by token budget run in one process",
         ),
     ],
 )
@@ -170,7 +180,25 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
         ],
         check_paths=False,
     )
-    assert [key for key, _ in cfg.settings_without_effect()] == ["actor_rollout_ref.actor.use_dynamic_bsz"]
+    assert cfg.settings_without_effect() == []  # use_dynamic_bsz forms the actor's micro-batches
+
+
+def test_a_token_budget_without_dynamic_batching_or_outside_the_updates_has_no_effect():
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+            "critic.use_dynamic_bsz=true",
+            "critic.ppo_max_token_len_per_gpu=4096",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        ],
+        check_paths=False,
+    )
+    keys = [key for key, _ in cfg.settings_without_effect()]
+    assert keys == [
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -352,3 +380,18 @@ def test_verls_default_policy_loss_is_accepted_and_its_other_losses_are_refused_
         "no effect in this run: actor_rollout_ref.actor.policy_loss.clip_cov_ratio (they tune verl's "
         "clip_cov and kl_cov policy losses; this run's is vanilla)"
     ]
+
+
+def test_a_token_budget_below_the_longest_sequence_is_refused():
+    overrides = [
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=5",
+    ]
+    with pytest.raises(
+        ConfigError, match=r"ppo_max_token_len_per_gpu=5 is below the longest sequence"
+    ) as raised:
+        load_config(None, overrides, check_paths=False)
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" in str(raised.value)
+    cfg = load_config(None, [*overrides[:1], "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"])
+    assert run_settings(cfg, 1).actor.update.max_token_len == 4096
+    assert run_settings(load_config(None, []), 1).actor.update.max_token_len is None

@@ -9,7 +9,7 @@ import torch
 from ppoflow.engine.forward import compute_log_probs, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch
-from ppoflow.engine.update import update_actor, update_critic
+from ppoflow.engine.update import micro_batches, update_actor, update_critic
 
 from .settings import actor_settings, critic_settings
 
@@ -24,7 +24,7 @@ def batch(tiny_model_dir):
     return build_sequence_batch(prompts, responses, pad_token_id=tokenizer.pad_token_id)
 
 
-def _sgd_actor_step(model, batch, micro, mode, advantages, entropy_coeff=0.01):
+def _sgd_actor_step(model, batch, micro, mode, advantages, entropy_coeff=0.01, **changes):
     old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = actor_settings(
@@ -34,6 +34,7 @@ def _sgd_actor_step(model, batch, micro, mode, advantages, entropy_coeff=0.01):
         loss_agg_mode=mode,
         entropy_coeff=entropy_coeff,
         grad_clip=1e9,
+        **changes,
     )
     metrics = update_actor(
         model,
@@ -227,3 +228,62 @@ def test_an_entropy_bonus_still_reaches_the_gradient(tiny_model_dir, batch):
         _sgd_actor_step(model, batch, 8, "token-mean", advantages, entropy_coeff=coeff)
         trained.append(next(model.parameters()).detach().clone())
     assert not torch.equal(*trained)
+
+
+def test_a_token_budget_cuts_consecutive_rows_by_their_padded_size(batch):
+    """The micro-batch runs at rows × (longest prompt + longest response) of its rows."""
+    prompts = batch.prompt_mask.sum(dim=1).tolist()
+    responses = batch.response_mask.sum(dim=1).int().tolist()
+    rows = torch.arange(len(batch))
+    widest = max(p for p in prompts) + max(responses)
+    assert [len(m) for m in micro_batches(rows, batch, size=3, max_tokens=None)] == [3, 3, 2]
+    assert [m.tolist() for m in micro_batches(rows, batch, size=1, max_tokens=8 * widest)] == [list(range(8))]
+    for budget in (max(p + r for p, r in zip(prompts, responses, strict=True)), 2 * widest, 3 * widest + 1):
+        micros = micro_batches(rows, batch, size=1, max_tokens=budget)
+        assert torch.cat(micros).tolist() == list(range(8))  # every row once, in order
+        for micro in micros:
+            shape = len(micro) * (max(prompts[i] for i in micro) + max(responses[i] for i in micro))
+            assert shape <= budget
+        for left, right in zip(micros, micros[1:], strict=False):  # each cut was needed
+            both = torch.cat([left, right[:1]])
+            assert len(both) * (max(prompts[i] for i in both) + max(responses[i] for i in both)) > budget
+    with pytest.raises(ValueError, match="does not fit the micro-batch token budget of 3"):
+        micro_batches(rows, batch, size=1, max_tokens=3)
+
+
+@pytest.mark.parametrize("mode", MODES[:2])
+def test_micro_batches_by_token_budget_give_the_update_of_fixed_ones(tiny_model_dir, batch, mode):
+    """verl's use_dynamic_bsz: the loss is aggregated over the mini-batch, so only the grouping of the
+    rows changes, and with it the float rounding (tolerance 1e-6, as for 1×8 vs 4×2)."""
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0))
+    base = load_actor(tiny_model_dir)
+    fixed, budgeted = copy.deepcopy(base), copy.deepcopy(base)
+    widest = int(batch.prompt_mask.sum(dim=1).max() + batch.response_mask.sum(dim=1).max())
+    m_fixed = _sgd_actor_step(fixed, batch, 8, mode, advantages)
+    budget = {"max_token_len": 3 * widest}  # several micro-batches of unequal sizes
+    m_budget = _sgd_actor_step(budgeted, batch, 8, mode, advantages, **budget)
+    for (name, p1), p2 in zip(fixed.named_parameters(), budgeted.parameters(), strict=True):
+        assert torch.allclose(p1, p2, atol=1e-6), name
+    for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm"):
+        assert m_fixed[key] == pytest.approx(m_budget[key], abs=1e-5), key
+    critic = load_critic(tiny_model_dir)
+    values = compute_values(critic, batch, micro_batch_size=8)
+    returns = torch.randn(values.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
+    trained = []
+    for extra in ({}, budget):
+        model = copy.deepcopy(critic)
+        settings = critic_settings(
+            ppo_epochs=1, mini_batch_size=8, micro_batch_size=8, grad_clip=1e9, **extra
+        )
+        update_critic(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            batch,
+            values=values,
+            returns=returns,
+            settings=settings,
+            seed=0,
+        )
+        trained.append(model)
+    for p1, p2 in zip(trained[0].parameters(), trained[1].parameters(), strict=True):
+        assert torch.allclose(p1, p2, atol=1e-6)
