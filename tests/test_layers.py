@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from ppoflow.tasks.pipeline.cache_keys import imported_modules as runtime_imports
+
 ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "engine": {"prefect", "pyarrow", "duckdb", "wandb", "ppoflow.tasks", "ppoflow.flows", "ppoflow.cli"},
@@ -68,34 +70,10 @@ def module_files() -> dict[str, Path]:
     return found
 
 
-def runtime_nodes(tree: ast.AST):
-    """Every node of `tree` except what sits under `if TYPE_CHECKING:` (annotations only)."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
-            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
-            continue
-        yield node
-        yield from runtime_nodes(node)
-
-
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     """The ppoflow modules `name` imports when it runs, at any depth of its code (a lazy import is a
-    dependency; an import for type annotations only is not)."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in runtime_nodes(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        else:
-            continue
-        found.update(t for t in targets if t in modules and t != name)
-    return found
+    dependency; an import for type annotations only is not), read as the cache keys read them."""
+    return {target for target in runtime_imports(path, name) if target in modules and target != name}
 
 
 def test_no_import_cycles():

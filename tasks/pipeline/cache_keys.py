@@ -55,9 +55,7 @@ class StageCode:
 
     def locate(self, module: str) -> Path | None:
         """The file of a ppoflow module (None for anything else, or a name inside a module)."""
-        package = max(
-            (p for p in self.roots if module == p or module.startswith(p + ".")), key=len, default=None
-        )
+        package = max((p for p in self.roots if _under(module, (p,))), key=len, default=None)
         if package is None:
             return None
         folder = self.roots[package].joinpath(*module[len(package) :].split(".")[1:])

@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
-from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
@@ -34,7 +33,6 @@ from ppoflow.tasks.pipeline.settings import (
     RolloutSettings,
     RunPlan,
     RunSettings,
-    Schedule,
     StartPlan,
     TrackingSettings,
     UpdateSettings,
@@ -44,7 +42,7 @@ from ppoflow.tasks.pipeline.update_settings import (
     actor_update_settings,
     critic_update_settings,
     optim_settings,
-    schedule_horizon,
+    schedule,
     shares_prompts,
 )
 from ppoflow.tasks.storage.checkpoints import directory_digest
@@ -333,11 +331,6 @@ def run_plan(cfg: PPOFlowConfig) -> RunPlan:
             config=cfg.model_dump(mode="json"),
         ),
     )
-
-
-def schedule(optim: OptimConfig) -> Schedule:
-    """How an `*.optim` section's LR schedule depends on the run's length (`schedule_horizon`)."""
-    return Schedule(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, schedule_horizon(optim, 1) == 1)
 
 
 def ingest_settings(cfg: PPOFlowConfig, split: str) -> IngestSettings:

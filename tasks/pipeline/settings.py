@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
+from ppoflow.engine.optim import resolve_warmup_steps
+
 if TYPE_CHECKING:  # types only: a stage's cache key hashes the code it runs (cache_keys.py)
     from ppoflow.engine.lora import LoraSpec
     from ppoflow.engine.names import (
@@ -268,7 +270,18 @@ class Schedule:
     lr_warmup_steps_ratio: float
     depends_on_length: bool
     """Cosine decay or a warmup given as a ratio: the horizon is the run's length; else 0, so that
-    training longer does not invalidate the cached updates of a constant schedule."""
+    training longer does not invalidate the cached updates of a constant schedule (resuming at an
+    epoch boundary with more epochs reuses every finished step)."""
+
+    def horizon(self, total_steps: int) -> int:
+        """OptimSettings.total_steps for a run of `total_steps` training steps."""
+        return total_steps if self.depends_on_length else 0
+
+    def warmup_steps(self, total_steps: int) -> int:
+        """OptimSettings.warmup_steps for a run of `total_steps` training steps (verl's rule)."""
+        return resolve_warmup_steps(
+            self.lr_warmup_steps, self.lr_warmup_steps_ratio, self.horizon(total_steps)
+        )
 
 
 @dataclass(frozen=True)
@@ -341,15 +354,15 @@ class RunPlan:
     def with_total_steps(self, total: int) -> RunPlan:
         """The plan for a run of `total` training steps: its length, and the LR horizon of each role
         whose schedule depends on it (verl sets optim.total_training_steps to the run's length)."""
-        from ppoflow.engine.optim import resolve_warmup_steps
 
         def updated(role: str, update: UpdateSettings | None) -> UpdateSettings | None:
             if update is None:
                 return None
             rule = self.schedules[role]
-            horizon = total if rule.depends_on_length else 0
-            warmup = resolve_warmup_steps(rule.lr_warmup_steps, rule.lr_warmup_steps_ratio, horizon)
-            return replace(update, optim=replace(update.optim, total_steps=horizon, warmup_steps=warmup))
+            optim = replace(
+                update.optim, total_steps=rule.horizon(total), warmup_steps=rule.warmup_steps(total)
+            )
+            return replace(update, optim=optim)
 
         settings = replace(
             self.settings,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.schema_common import OptimConfig
-from ppoflow.engine.optim import OptimSettings, resolve_warmup_steps
+from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.pipeline.settings import Schedule
 
 
 def shares_prompts(cfg: PPOFlowConfig) -> bool:
@@ -57,24 +58,27 @@ def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
 
 def optim_settings(optim: OptimConfig, total_steps: int) -> OptimSettings:
     """A `*.optim` section as OptimSettings, for a run of `total_steps` training steps."""
-    horizon = schedule_horizon(optim, total_steps)
+    rule = schedule(optim)
     return OptimSettings(
         lr=optim.lr,
         weight_decay=optim.weight_decay,
         betas=tuple(optim.betas),
-        warmup_steps=resolve_warmup_steps(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, horizon),
-        total_steps=horizon,
+        warmup_steps=rule.warmup_steps(total_steps),
+        total_steps=rule.horizon(total_steps),
         warmup_style=optim.warmup_style,
         min_lr_ratio=optim.min_lr_ratio,
     )
 
 
-def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:
-    """The training length the LR schedule depends on: total_steps for cosine decay or a warmup given
-    as a ratio (optim.total_training_steps is set to it, as verl does), else 0, so that training
-    longer does not invalidate the cached updates of a constant schedule (resuming at an epoch
-    boundary with more epochs reuses every finished step)."""
+def schedule(optim: OptimConfig) -> Schedule:
+    """How an `*.optim` section's LR schedule depends on the run's length: through cosine decay or a
+    warmup given as a ratio (optim.total_training_steps is set to the length, as verl does)."""
     depends = optim.warmup_style == "cosine" or (
         optim.lr_warmup_steps <= 0 and optim.lr_warmup_steps_ratio > 0
     )
-    return total_steps if depends else 0
+    return Schedule(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, depends)
+
+
+def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:
+    """The training length the LR schedule depends on (`Schedule.horizon`)."""
+    return schedule(optim).horizon(total_steps)
