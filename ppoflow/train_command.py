@@ -88,7 +88,7 @@ def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) ->
     except BrokenPipeError:
         raise
     except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
-        if interrupt.by:  # the interrupt surfaced as another error: Prefect reports a crashed run
+        if interrupt.arrived():  # the interrupt surfaced as another error: Prefect reports a crashed run
             raise KeyboardInterrupt from error
         logging.getLogger("ppoflow").exception("training stopped")
         _say(f"ppoflow: training stopped: {describe(error)}")
@@ -101,7 +101,9 @@ class _Interrupt:
     """Ctrl-C (SIGINT) and SIGTERM (`kill`, a service manager, a container stopping) both stop training
     as Ctrl-C does in Python, by raising KeyboardInterrupt; which one came is recorded, so an interrupt
     that surfaces as another error is still reported as one, and the exit code is the shell's 128 + the
-    signal's number."""
+    signal's number. Inside a flow run Prefect's own SIGTERM handler runs instead, raising its
+    TerminationSignal, which a library can swallow (DuckDB turns it into "Query interrupted"): the
+    signals that arrived are therefore also read from the interpreter's wakeup pipe (`arrived`)."""
 
     SAID = {signal.SIGINT: "interrupted", signal.SIGTERM: "stopped by SIGTERM"}
     LOGGED = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGTERM: "stopped by SIGTERM"}
@@ -111,11 +113,29 @@ class _Interrupt:
 
     def __enter__(self) -> _Interrupt:
         self.previous = {signum: signal.signal(signum, self._on_signal) for signum in self.SAID}
+        self._pipe = os.pipe()
+        for descriptor in self._pipe:
+            os.set_blocking(descriptor, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._pipe[1], warn_on_full_buffer=False)
         return self
 
     def __exit__(self, *exc) -> None:
+        signal.set_wakeup_fd(self._previous_wakeup)
+        for descriptor in self._pipe:
+            os.close(descriptor)
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+    def arrived(self) -> signal.Signals | None:
+        """The stop signal that came (`by`), also when another handler than ours ran for it."""
+        try:
+            numbers = os.read(self._pipe[0], 4096)
+        except (BlockingIOError, OSError):
+            numbers = b""
+        for number in numbers:
+            if self.by is None and number in self.SAID:
+                self.by = signal.Signals(number)
+        return self.by
 
     def _on_signal(self, signum, frame) -> None:
         self.by = signal.Signals(signum)

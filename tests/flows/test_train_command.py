@@ -452,3 +452,24 @@ def test_a_refused_program_leaves_the_running_trainers_log_alone_on_its_way_out(
     assert refused.returncode == 3
     assert refused.stderr.splitlines()[1:] == ["a late word from a library"]
     assert (tmp_path / "logs/train.log").read_text() == "the trainer's own words\n"
+
+
+def test_a_sigterm_another_handler_swallowed_is_still_known_as_the_stop():
+    """Inside a flow run Prefect's SIGTERM handler raises its TerminationSignal, which DuckDB turns
+    into "Query interrupted": the stop is read from the wakeup pipe, not only from our handler."""
+    from ppoflow.train_command import _Interrupt
+
+    def swallowing(signum, frame):  # as Prefect's handler inside a DuckDB query ends up
+        raise RuntimeError("Query interrupted")
+
+    with _Interrupt() as interrupt:
+        ours = signal.signal(signal.SIGTERM, swallowing)
+        try:
+            with pytest.raises(RuntimeError, match="Query interrupted"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)  # the handler runs at the next bytecode
+        finally:
+            signal.signal(signal.SIGTERM, ours)
+        assert interrupt.by is None  # our handler never ran
+        assert interrupt.arrived() == signal.SIGTERM
+        assert interrupt.exit_code() == 143 and interrupt.said() == "stopped by SIGTERM"
