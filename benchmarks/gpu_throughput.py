@@ -150,22 +150,18 @@ def run(args) -> dict:
         phases,
         "old_log_prob",
         device,
-        lambda: compute_log_probs(
-            actor, batch, temperature=temperature, micro_batch_size=rollout.log_prob_micro_batch_size
-        ),
+        lambda: compute_log_probs(actor, batch, temperature=temperature, batching=rollout.log_prob_batching),
     )
     timed(
         phases,
         "ref",
         device,
         lambda: compute_log_probs(
-            reference, batch, temperature=temperature, micro_batch_size=rollout.ref_log_prob_micro_batch_size
+            reference, batch, temperature=temperature, batching=rollout.ref_log_prob_batching
         ),
     )
-    values_micro = settings.advantages.values_micro_batch_size
-    values = timed(
-        phases, "values", device, lambda: compute_values(critic, batch, micro_batch_size=values_micro)
-    )
+    values_micro = settings.advantages.values_batching
+    values = timed(phases, "values", device, lambda: compute_values(critic, batch, batching=values_micro))
     returns = torch.randn_like(values) * batch.response_mask
     advantages = torch.randn_like(values) * batch.response_mask
     critic_optim, _ = build_optimizer(critic, settings.critic.optim)

@@ -100,7 +100,7 @@ def measure(variant: str, rank: int, alpha: int) -> dict:
     ]
     answers = torch.randint(0, model.config.vocab_size, (len(prompts), RESPONSE_TOKENS)).tolist()
     batch = build_sequence_batch(prompts, answers, pad_token_id=tokenizer.pad_token_id)
-    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=4)
+    old = compute_log_probs(model, batch, temperature=1.0, batching=4)
     advantages = torch.randn(len(prompts), 1).expand_as(old) * batch.response_mask  # GRPO: per response
     Path("/proc/self/clear_refs").write_text("5")  # peak resident memory := current
     before = _rss_mb()

@@ -80,14 +80,12 @@ def measure(stage: str, variant: str, responses: int, response_tokens: int) -> d
     answers = torch.randint(0, vocab, (len(prompts), response_tokens)).tolist()
     batch = build_sequence_batch(prompts, answers, pad_token_id=tokenizer.pad_token_id)
     tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
-    forward.compute_log_probs(
-        model, batch.select(slice(0, 1)), temperature=1.0, micro_batch_size=1
-    )  # warm-up
+    forward.compute_log_probs(model, batch.select(slice(0, 1)), temperature=1.0, batching=1)  # warm-up
     Path("/proc/self/clear_refs").write_text("5")  # peak resident memory := current
     before = _rss_mb()
     started = time.perf_counter()
     if stage == "old_log_prob":
-        forward.compute_log_probs(model, batch, temperature=1.0, micro_batch_size=4)
+        forward.compute_log_probs(model, batch, temperature=1.0, batching=4)
     else:
         for i in range(0, len(batch), 2):
             log_probs, entropy = forward.policy_forward(

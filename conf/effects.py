@@ -34,11 +34,17 @@ DYNAMIC_BATCHING = (
     ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_micro_batch_size_per_gpu"),
     ("reward_model", "use_dynamic_bsz", "micro_batch_size_per_gpu"),
 )
-"""(section, dynamic-batch switch, the fixed micro-batch size ppoflow uses instead). The actor's and
-the critic's updates honour the switch (`DYNAMIC_UPDATES`); their micro-batch size is still needed
-for the batch-shape checks."""
+"""(section, dynamic-batch switch, the micro-batch size it replaces). Every pass but the reward
+model's honours the switch: the updates (`DYNAMIC_UPDATES`, whose micro-batch size the batch-shape
+checks still need) and the forward passes (`DYNAMIC_FORWARDS`, which need no size with it)."""
 DYNAMIC_UPDATES = ("actor_rollout_ref.actor", "critic")
 """Sections whose use_dynamic_bsz forms the update's micro-batches by ppo_max_token_len_per_gpu."""
+DYNAMIC_FORWARDS = (
+    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+    ("critic", "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+)
+"""(section, switch, token budget) of the forward-only passes: old and reference log-probs, values."""
 
 
 @dataclass(frozen=True)
@@ -196,23 +202,25 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda cfg: cfg.world_size > 1,
     ),
     NoEffect(
-        ("*.use_remove_padding",),
-        "every micro-batch is always run without the columns that are padding in all of its rows "
-        "(the same results, up to float rounding)",
+        ("reward_model.model.use_remove_padding",),
+        "the reward model's micro-batches run padded (without the columns that are padding in all "
+        "of their rows)",
     ),
     NoEffect(
         ("actor_rollout_ref.actor.use_torch_compile",),
         "a speed or memory setting of verl's training backend; results are the same without it",
     ),
     NoEffect(
-        ("*.use_dynamic_bsz", "*.log_prob_use_dynamic_bsz", "*max_token_len_per_gpu"),
-        "forward passes outside the updates have a fixed number of responses "
-        "(*_micro_batch_size_per_gpu); the results are the same up to float rounding",
-        except_keys=tuple(
-            f"{section}.{key}"
-            for section in DYNAMIC_UPDATES
-            for key in ("use_dynamic_bsz", "ppo_max_token_len_per_gpu")
-        ),
+        ("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu"),
+        "the reward model's forward passes have reward_model.micro_batch_size_per_gpu responses",
+    ),
+    *(
+        NoEffect(
+            (f"{section}.{budget}",),
+            f"{section}.{switch} is off: its passes have a fixed number of responses",
+            lambda cfg, key=f"{section}.{switch}": not get_key(cfg, key),
+        )
+        for section, switch, budget in DYNAMIC_FORWARDS
     ),
     *(
         NoEffect(

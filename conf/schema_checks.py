@@ -185,19 +185,33 @@ def _check_prompt_budget(cfg: "PPOFlowConfig") -> None:
         )
 
 
+TOKEN_BUDGETS = (
+    ("actor_rollout_ref.actor", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+    ("critic", "use_dynamic_bsz", "ppo_max_token_len_per_gpu"),
+    ("critic", "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
+    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
+)
+"""(section, switch, the token budget of its passes) of every pass that can batch by tokens."""
+
+
 def _check_token_budgets(cfg: "PPOFlowConfig") -> None:
-    """With use_dynamic_bsz, the longest sequence the rollout can make must fit one micro-batch."""
+    """With a dynamic-batch switch on, the longest sequence the rollout can make must fit one
+    micro-batch of that pass (sections the run does not use are left alone)."""
     rollout = cfg.actor_rollout_ref.rollout
     longest = rollout.prompt_length + rollout.response_length
-    sections = ("actor_rollout_ref.actor", "critic") if cfg.use_critic else ("actor_rollout_ref.actor",)
-    for section in sections:
-        budget = get_key(cfg, f"{section}.ppo_max_token_len_per_gpu")
-        if get_key(cfg, f"{section}.use_dynamic_bsz") and budget < longest:
+    for section, switch, budget_key in TOKEN_BUDGETS:
+        if (section == "critic" and not cfg.use_critic) or (
+            section.endswith(".ref") and not cfg.use_reference_policy
+        ):
+            continue
+        budget = get_key(cfg, f"{section}.{budget_key}")
+        if get_key(cfg, f"{section}.{switch}") and budget < longest:
             raise ConfigError(
-                f"{section}.ppo_max_token_len_per_gpu={budget} is below the longest sequence a rollout "
-                f"can make, rollout.prompt_length + rollout.response_length = {longest} tokens: a "
-                "micro-batch must hold at least one; raise it",
-                keys=(f"{section}.ppo_max_token_len_per_gpu",),
+                f"{section}.{budget_key}={budget} is below the longest sequence a rollout can make, "
+                f"rollout.prompt_length + rollout.response_length = {longest} tokens: a micro-batch "
+                "must hold at least one; raise it",
+                keys=(f"{section}.{budget_key}",),
             )
 
 

@@ -48,18 +48,21 @@ Batching of an update
                     ppo_epochs passes over the step's N rows.
     micro-batch     the rows of one forward/backward pass (actor.ppo_micro_batch_size_per_gpu,
                     critic.ppo_micro_batch_size_per_gpu; with use_dynamic_bsz, consecutive rows
-                    within ppo_max_token_len_per_gpu tokens: update.micro_batches); gradients
+                    within ppo_max_token_len_per_gpu tokens: batching.micro_batches); gradients
                     accumulate over a mini-batch's micro-batches, all divided by the mini-batch's
-                    denominator. Forward-only passes
+                    denominator. Forward-only passes (batching.ForwardBatching)
                     use rollout.log_prob_micro_batch_size_per_gpu (old log-probs),
-                    ref.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu.
+                    ref.log_prob_micro_batch_size_per_gpu and critic.forward_micro_batch_size_per_gpu,
+                    or their token budgets. With use_remove_padding a micro-batch runs packed: its
+                    rows' valid tokens as one sequence (packing.py).
 
 Modules
     names: the closed vocabularies (estimators, loss_agg_mode, KL kinds, …); masking: masked
     sum/mean/var/whiten and loss aggregation; advantages: the estimators; kl: KL estimators and the
     β controllers; losses: policy and value losses, explained variance; logits: log-probs and entropy
-    from logits; forward: forward passes over (prompt, response) batches; update: the actor and critic
-    update loops; optim: AdamW and the LR schedule; pf_ppo: PF-PPO resampling; rollout: sampling
+    from logits; forward: forward passes over (prompt, response) batches; batching: their
+    micro-batches (rows or a token budget); packing: padding-free packed passes; update: the actor
+    and critic update loops; optim: AdamW and the LR schedule; pf_ppo: PF-PPO resampling; rollout: sampling
     engines; ppo: the stages as engine calls; metrics: verl's metrics; validation_metrics: verl's
     validation metrics (mean@n, best@k, worst@k, maj@k); rewards, gsm8k: rule rewards;
     data: which prompts each step uses, prompt truncation; models: loading actor, reference, critic;

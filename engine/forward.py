@@ -17,7 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .batching import ForwardBatching, micro_batches
 from .logits import entropy_from_logits, logprobs_from_logits
+from .packing import PackedBatch, pack, use_packed_attention
 
 
 @dataclass
@@ -67,6 +69,10 @@ class SequenceBatch:
                 for t in (self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
             )
         )
+
+    def packed(self) -> PackedBatch:
+        """The rows' valid tokens as one packed sequence (engine/packing.py)."""
+        return pack(self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """input_ids, attention_mask and position_ids of the concatenated sequences."""
@@ -131,14 +137,27 @@ def policy_forward(
     with_entropy: bool,
     entropy_grad: bool = True,
     share_prompts: bool = False,
+    remove_padding: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log_probs (N, T) of the response tokens and, if asked, entropy (N, T). Keeps the graph of
     the log-probs, and of the entropy unless `entropy_grad` is False (a metric only: with
     entropy_coeff = 0 its backward through the (N, T, V) softmax would add zeros).
 
     `share_prompts` (actor.use_prefix_grouper): rows with the same prompt share one forward pass of
-    it (`shared_prompt_logits`); otherwise, or where that does not apply, each row runs whole."""
+    it (`shared_prompt_logits`); otherwise, or where that does not apply, each row runs whole:
+    packed with `remove_padding` (`packed_response_logits`; 0 at padding), else padded."""
     logits = shared_prompt_logits(model, batch, temperature) if share_prompts else None
+    if logits is None and remove_padding:
+        packed, logits = packed_response_logits(model, batch, temperature)
+        labels = batch.response_ids[packed.rows, packed.columns].to(logits.device)
+        # (K, 1, V): the log-prob and entropy temporaries then go in chunks of rows (engine/logits.py)
+        per_token = logits[:, None]
+        log_probs = packed.unpack(logprobs_from_logits(per_token, labels[:, None])[:, 0])
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                entropy = packed.unpack(entropy_from_logits(per_token)[:, 0])
+        return log_probs, entropy
     if logits is None:
         logits = response_logits(model, batch, temperature)
     log_probs = logprobs_from_logits(logits, batch.response_ids.to(logits.device))
@@ -147,6 +166,24 @@ def policy_forward(
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits)
     return log_probs, entropy
+
+
+def packed_response_logits(
+    model: torch.nn.Module, batch: SequenceBatch, temperature: float
+) -> tuple[PackedBatch, torch.Tensor]:
+    """(the packed batch, (K, V) logits / temperature at the positions that predict its K response
+    tokens): `batch`'s rows packed into one sequence without padding (verl's use_remove_padding;
+    engine/packing.py). The output head runs on those K positions only."""
+    packed = batch.packed()
+    device = model_device(model)
+    use_packed_attention(model, inner_model(model))
+    inputs = packed.model_inputs(device)
+    targets = packed.targets.to(device)
+    if keeps_logits(model):
+        logits = model(**inputs, use_cache=False, logits_to_keep=targets).logits[0]
+    else:
+        logits = model(**inputs, use_cache=False).logits[0, targets]
+    return packed, _scaled(logits, temperature)
 
 
 def shared_prompt_logits(
@@ -269,8 +306,17 @@ def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
 
 
-def value_forward(critic: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
-    """values (N, T): V(s_t) for every response position. Keeps the graph."""
+def value_forward(
+    critic: torch.nn.Module, batch: SequenceBatch, *, remove_padding: bool = False
+) -> torch.Tensor:
+    """values (N, T): V(s_t) for every response position. Keeps the graph. `remove_padding`: the
+    rows run packed into one sequence (engine/packing.py), 0 at padding."""
+    if remove_padding:
+        packed = batch.packed()
+        device = model_device(critic)
+        use_packed_attention(critic, inner_model(critic))
+        out = critic(**packed.model_inputs(device), use_cache=False).logits[0, packed.targets.to(device), 0]
+        return packed.unpack(out.float())
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     out = critic(**batch.to(model_device(critic)).model_inputs(), use_cache=False).logits[..., 0]
     return out[:, prompt_len - 1 : prompt_len - 1 + response_len].float()
@@ -282,17 +328,23 @@ def compute_log_probs(
     batch: SequenceBatch,
     *,
     temperature: float,
-    micro_batch_size: int,
+    batching: ForwardBatching | int,
     share_prompts: bool = False,
 ) -> torch.Tensor:
-    """log_probs (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions.
-    `share_prompts`: as `policy_forward`'s."""
+    """log_probs (N, T) without gradient, in the micro-batches of `batching` (an int: that many
+    rows each), on the CPU; 0 at masked positions. `share_prompts`: as `policy_forward`'s."""
+    batching = ForwardBatching.of(batching)
     parts = _in_eval_micro_batches(
         model,
         batch,
-        micro_batch_size,
+        batching,
         lambda part: policy_forward(
-            model, part, temperature=temperature, with_entropy=False, share_prompts=share_prompts
+            model,
+            part,
+            temperature=temperature,
+            with_entropy=False,
+            share_prompts=share_prompts,
+            remove_padding=batching.remove_padding,
         )[0],
     )
     return torch.cat(parts).cpu() * batch.response_mask
@@ -301,27 +353,44 @@ def compute_log_probs(
 def _in_eval_micro_batches(
     model: torch.nn.Module,
     batch: SequenceBatch,
-    micro_batch_size: int,
+    batching: ForwardBatching,
     forward: Callable[[SequenceBatch], torch.Tensor],
 ) -> list[torch.Tensor]:
-    """`forward` of each micro-batch of `batch`, without its padding columns (`without_padding`),
-    with `model` in eval mode (its mode restored after). Per-token outputs narrower than the batch's
-    responses are padded back to its width with zeros."""
+    """`forward` of each micro-batch of `batch` (`batching.micro_batches`: consecutive rows), without
+    its padding columns (`without_padding`), with `model` in eval mode (its mode restored after).
+    Per-token outputs narrower than the batch's responses are padded back to its width with zeros."""
     was_training = model.training
     model.eval()
     width = batch.response_ids.shape[1]
     try:
-        starts = range(0, len(batch), micro_batch_size)
-        outputs = [forward(batch.select(slice(i, i + micro_batch_size)).without_padding()) for i in starts]
+        micros = micro_batches(
+            torch.arange(len(batch)),
+            batch.prompt_mask,
+            batch.response_mask,
+            size=batching.micro_batch_size,
+            max_tokens=batching.max_token_len,
+            packed=batching.remove_padding,
+        )
+        spans = [slice(int(m[0]), int(m[-1]) + 1) for m in micros if len(m)]
+        outputs = [forward(batch.select(span).without_padding()) for span in spans]
     finally:
         model.train(was_training)
     return [out if out.dim() < 2 else F.pad(out, (0, width - out.shape[1])) for out in outputs]
 
 
 @torch.no_grad()
-def compute_values(critic: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
-    """values (N, T) without gradient, in micro-batches, on the CPU; 0 at masked positions."""
-    parts = _in_eval_micro_batches(critic, batch, micro_batch_size, lambda part: value_forward(critic, part))
+def compute_values(
+    critic: torch.nn.Module, batch: SequenceBatch, *, batching: ForwardBatching | int
+) -> torch.Tensor:
+    """values (N, T) without gradient, in the micro-batches of `batching` (an int: that many rows
+    each), on the CPU; 0 at masked positions."""
+    batching = ForwardBatching.of(batching)
+    parts = _in_eval_micro_batches(
+        critic,
+        batch,
+        batching,
+        lambda part: value_forward(critic, part, remove_padding=batching.remove_padding),
+    )
     return torch.cat(parts).cpu() * batch.response_mask
 
 
@@ -346,5 +415,6 @@ def score_forward(model: torch.nn.Module, batch: SequenceBatch) -> torch.Tensor:
 def compute_scores(model: torch.nn.Module, batch: SequenceBatch, *, micro_batch_size: int) -> torch.Tensor:
     """scores (N,) without gradient, in micro-batches (reward_model.micro_batch_size_per_gpu), on
     the CPU."""
-    parts = _in_eval_micro_batches(model, batch, micro_batch_size, lambda part: score_forward(model, part))
+    batching = ForwardBatching(micro_batch_size)
+    parts = _in_eval_micro_batches(model, batch, batching, lambda part: score_forward(model, part))
     return torch.cat(parts).cpu() if parts else torch.zeros(0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .advantages import AdvEstimator, compute_advantages
+from .batching import ForwardBatching
 from .forward import SequenceBatch, compute_log_probs
 from .kl import KLPenalty, apply_kl_penalty
 from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad, row_prefixes, sample_seed
@@ -67,8 +68,8 @@ def generate_rollouts(
     params: SamplingParams,
     seed: int,
     pad_token_id: int,
-    micro_batch_size: int,
-    ref_micro_batch_size: int | None = None,
+    batching: ForwardBatching | int,
+    ref_batching: ForwardBatching | int | None = None,
     recompute_old_log_probs: bool = True,
     share_prompts: bool = False,
     first_prompt: int = 0,
@@ -76,8 +77,8 @@ def generate_rollouts(
     on_tokens: Callable[[int], None] | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
-    trainer's forward pass at the sampling temperature, `micro_batch_size` (and
-    `ref_micro_batch_size`, default the same) sequences at a time. Without
+    trainer's forward pass at the sampling temperature, in the micro-batches of `batching` (and
+    `ref_batching`, default the same). Without
     `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
     engine's own, and there is no actor pass (no old_log_prob timer). `share_prompts`
     (actor.use_prefix_grouper): a prompt's n responses share its forward pass in both passes
@@ -98,7 +99,7 @@ def generate_rollouts(
             actor,
             batch,
             temperature=temperature,
-            micro_batch_size=micro_batch_size,
+            batching=batching,
             share_prompts=share_prompts,
         )
         old_log_probs = unpad(old, batch.response_mask)
@@ -113,7 +114,7 @@ def generate_rollouts(
                 reference,
                 batch,
                 temperature=temperature,
-                micro_batch_size=ref_micro_batch_size or micro_batch_size,
+                batching=ref_batching or batching,
                 share_prompts=share_prompts,
             ),
             batch.response_mask,

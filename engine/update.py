@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .batching import micro_batches
 from .forward import SequenceBatch, inner_model, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
@@ -58,8 +59,11 @@ class ActorUpdateSettings:
     forward pass of it (`forward.shared_prompt_logits`; the same numbers up to float rounding, so
     no part of the cache key)."""
     max_token_len: int | None = None
-    """use_dynamic_bsz: micro-batches by token budget, ppo_max_token_len_per_gpu (`micro_batches`);
-    None: micro_batch_size rows each."""
+    """use_dynamic_bsz: micro-batches by token budget, ppo_max_token_len_per_gpu
+    (`batching.micro_batches`); None: micro_batch_size rows each."""
+    remove_padding: bool = False
+    """model.use_remove_padding: each micro-batch runs packed into one sequence (engine/packing.py;
+    the same numbers up to float rounding, but other kernels: part of the cache key)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class CriticUpdateSettings:
     """critic.model.enable_gradient_checkpointing (see ActorUpdateSettings)."""
     max_token_len: int | None = None
     """critic.use_dynamic_bsz: micro-batches by token budget, critic.ppo_max_token_len_per_gpu."""
+    remove_padding: bool = False
+    """critic.model.use_remove_padding (see ActorUpdateSettings)."""
 
 
 @dataclass
@@ -104,34 +110,6 @@ def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: in
         order = torch.randperm(n_rows, generator=generator) if shuffle else torch.arange(n_rows)
         for index, rows in enumerate(order.split(size)):
             yield epoch, index, rows
-
-
-def micro_batches(
-    rows: torch.Tensor, batch: SequenceBatch, *, size: int, max_tokens: int | None
-) -> list[torch.Tensor]:
-    """`rows` (in order) as micro-batches: `size` rows each, or with a token budget (verl's
-    use_dynamic_bsz) as many consecutive rows as keep the micro-batch's padded tensor within
-    `max_tokens`: rows × (its longest prompt + its longest response), the shape it runs at
-    (`SequenceBatch.without_padding`). verl counts the tokens of packed sequences instead; padded, the
-    budget bounds what a forward pass holds. A row longer than the budget alone is an error."""
-    if max_tokens is None:
-        return list(rows.split(size))
-    prompts = batch.prompt_mask[rows].sum(dim=1).tolist()
-    responses = (batch.response_mask[rows] != 0).sum(dim=1).tolist()
-    cuts, start, longest_prompt, longest_response = [], 0, 0, 0
-    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
-        if prompt + response > max_tokens:
-            raise ValueError(
-                f"a sequence of {prompt + response} tokens (prompt and response) does not fit the "
-                f"micro-batch token budget of {max_tokens} (ppo_max_token_len_per_gpu): raise it"
-            )
-        wider = max(longest_prompt, prompt) + max(longest_response, response)
-        if i > start and (i - start + 1) * wider > max_tokens:
-            cuts.append(i)
-            start, longest_prompt, longest_response = i, prompt, response
-        else:
-            longest_prompt, longest_response = max(longest_prompt, prompt), max(longest_response, response)
-    return list(rows.tensor_split(cuts)) if cuts else [rows]
 
 
 Cells = tuple[torch.Tensor, slice]
@@ -191,7 +169,14 @@ def _optimize(
             denominator = agg_denominator(mask, s.loss_agg_mode)
             step: dict[str, float] = defaultdict(float)
             own = rows.chunk(stepper.world)[stepper.rank]
-            micros = micro_batches(own, batch, size=s.micro_batch_size, max_tokens=s.max_token_len)
+            micros = micro_batches(
+                own,
+                batch.prompt_mask,
+                batch.response_mask,
+                size=s.micro_batch_size,
+                max_tokens=s.max_token_len,
+                packed=s.remove_padding,
+            )
             for position, micro in enumerate(micros):
                 part = batch.select(micro).without_padding().to(device)
                 cells = (micro, slice(0, part.response_ids.shape[1]))
@@ -242,6 +227,7 @@ def update_actor(
             with_entropy=True,
             entropy_grad=s.entropy_coeff != 0,
             share_prompts=s.share_prompts,
+            remove_padding=s.remove_padding,
         )
         pg_loss, pg_metrics = compute_policy_loss(
             old_log_probs[cells],
@@ -291,7 +277,7 @@ def update_critic(
     values, returns = values.to(device), returns.to(device)
 
     def micro_loss(cells, part, denominator):
-        vpreds = value_forward(critic, part)
+        vpreds = value_forward(critic, part, remove_padding=s.remove_padding)
         vf_loss, vf_metrics = compute_value_loss(
             vpreds,
             values[cells],

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.forward import SequenceBatch, compute_scores, compute_values
 from ppoflow.engine.lora import AdaptersOff, LoraSpec, add_adapters, load_adapters
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_reward_model, load_tokenizer
@@ -131,9 +132,9 @@ class ModelHost:
             version=actor.lineage,
         )
 
-    def values(self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int):
+    def values(self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, batching: ForwardBatching):
         """V(s_t) of every response token of `batch` (N, T)."""
-        return compute_values(self.model(run, critic), batch, micro_batch_size=micro_batch_size)
+        return compute_values(self.model(run, critic), batch, batching=batching)
 
     def reward_scores(self, path: str, digest: str, batch: SequenceBatch, *, micro_batch_size: int):
         """The reward model's score of every (prompt, response) row of `batch` (N,)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.forward import SequenceBatch, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_reference
 from ppoflow.engine.names import RolloutEngineName
@@ -247,9 +248,9 @@ class ModelWorker:
             return RolloutOutput()
         return generator.generate(prompt_ids, sampling, seeds=seeds)
 
-    def values(self, batch: SequenceBatch, micro_batch_size: int) -> torch.Tensor:
+    def values(self, batch: SequenceBatch, batching: ForwardBatching) -> torch.Tensor:
         """V(s_t) of this rank's rows (every rank has as many, so the sharded forward passes pair up)."""
-        return compute_values(self._trained["critic"].model, batch, micro_batch_size=micro_batch_size)
+        return compute_values(self._trained["critic"].model, batch, batching=batching)
 
     def train(self, run_dir: str, role: str, inputs: UpdateInputs, tokenizer_dir: str) -> UpdateResult | None:
         """One update of `role` on this rank's share of each mini-batch; rank 0 returns the

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.forward import SequenceBatch
 from ppoflow.engine.names import RolloutEngineName
 from ppoflow.engine.optim import OptimSettings
@@ -308,7 +309,7 @@ class WorkerGroupHost:
         return out
 
     def values(
-        self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int
+        self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, batching: ForwardBatching
     ) -> torch.Tensor:
         """Values in equal shares (the last rows repeated to fill the last share), since every rank
         must take part in each sharded forward pass."""
@@ -316,7 +317,7 @@ class WorkerGroupHost:
         world, n = self.plan.world_size, len(batch)
         size = -(-n // world)
         rows = torch.arange(size * world).clamp(max=n - 1)
-        per_rank = [(batch.select(rows[r * size : (r + 1) * size]), micro_batch_size) for r in range(world)]
+        per_rank = [(batch.select(rows[r * size : (r + 1) * size]), batching) for r in range(world)]
         parts = self.group.call("values", what="advantages (critic values)", per_rank=per_rank)
         return torch.cat(parts)[:n]
 

@@ -20,6 +20,7 @@ from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInput
 if TYPE_CHECKING:
     import torch
 
+    from ppoflow.engine.batching import ForwardBatching
     from ppoflow.engine.forward import SequenceBatch
     from ppoflow.engine.lora import LoraSpec
     from ppoflow.engine.names import RolloutEngineName
@@ -43,8 +44,8 @@ class RolloutRequest:
     """The step's sampling seed; response j of prompt i samples from sample_seed(seed, i, j)."""
     generation_batch_size: int | None
     """rollout.micro_batch_size: responses generated together on one device (None with vLLM)."""
-    log_prob_micro_batch_size: int
-    ref_log_prob_micro_batch_size: int
+    log_prob_batching: ForwardBatching
+    ref_log_prob_batching: ForwardBatching
     recompute_old_log_probs: bool = True
     """False: the engine's log-probs are the old log-probs (rollout_correction.bypass_mode)."""
     share_prompts: bool = False
@@ -141,7 +142,7 @@ class ModelPlacement(Protocol):
         ...
 
     def values(
-        self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, micro_batch_size: int
+        self, run: RunFiles, critic: ModelState, batch: SequenceBatch, *, batching: ForwardBatching
     ) -> torch.Tensor:
         """V(s_t) of every response token of `batch` (N, T)."""
         ...

@@ -41,9 +41,11 @@ from ppoflow.tasks.pipeline.settings import (
 from ppoflow.tasks.pipeline.update_settings import (
     actor_update_settings,
     critic_update_settings,
+    log_prob_batching,
     optim_settings,
     schedule,
     shares_prompts,
+    values_batching,
 )
 from ppoflow.tasks.storage.checkpoints import directory_digest
 
@@ -68,8 +70,8 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         prompt_length=arr.rollout.prompt_length,
         truncation=cfg.data.truncation,
         sampling=sampling_params(arr.rollout, arr.rollout.response_length),
-        log_prob_micro_batch_size=arr.rollout.log_prob_micro_batch_size_per_gpu,
-        ref_log_prob_micro_batch_size=arr.ref.log_prob_micro_batch_size_per_gpu,
+        log_prob_batching=log_prob_batching(cfg, arr.rollout),
+        ref_log_prob_batching=log_prob_batching(cfg, arr.ref),
         seed=cfg.trainer.seed if arr.rollout.seed is None else arr.rollout.seed,
         generation_batch_size=_generation_batch_size(cfg),
         greedy_baseline=algorithm.adv_estimator == "remax",
@@ -107,7 +109,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
                 use_kl_in_reward=algorithm.use_kl_in_reward,
                 kl_penalty=algorithm.kl_penalty,
             ),
-            values_micro_batch_size=cfg.critic.forward_micro_batch_size_per_gpu,
+            values_batching=values_batching(cfg),
             pf_ppo=PFPPOSettings(pf.reweight_method, pf.weight_pow) if algorithm.use_pf_ppo else None,
             seed=cfg.trainer.seed,
         ),

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Literal
 from ppoflow.engine.optim import resolve_warmup_steps
 
 if TYPE_CHECKING:  # types only: a stage's cache key hashes the code it runs (cache_keys.py)
+    from ppoflow.engine.batching import ForwardBatching
     from ppoflow.engine.lora import LoraSpec
     from ppoflow.engine.names import (
         Gsm8kMethod,
@@ -123,10 +124,12 @@ class RolloutSettings:
     """data.truncation."""
     sampling: SamplingParams
     """temperature, top_p, top_k, do_sample; max_new_tokens = rollout.response_length."""
-    log_prob_micro_batch_size: int
-    """rollout.log_prob_micro_batch_size_per_gpu: rows per old-log-prob forward pass."""
-    ref_log_prob_micro_batch_size: int
-    """ref.log_prob_micro_batch_size_per_gpu."""
+    log_prob_batching: ForwardBatching
+    """The old-log-prob pass's micro-batches: rollout.log_prob_micro_batch_size_per_gpu rows, or
+    with rollout.log_prob_use_dynamic_bsz its log_prob_max_token_len_per_gpu; packed with
+    model.use_remove_padding."""
+    ref_log_prob_batching: ForwardBatching
+    """The reference pass's: ref.log_prob_* keys, model.use_remove_padding."""
     seed: int
     """rollout.seed, else trainer.seed."""
     generation_batch_size: int | None
@@ -179,8 +182,9 @@ class AdvantageStageSettings:
     """Values, token-level rewards and advantages (algorithm.*)."""
 
     estimator: AdvantageSettings
-    values_micro_batch_size: int
-    """critic.forward_micro_batch_size_per_gpu."""
+    values_batching: ForwardBatching
+    """critic.forward_micro_batch_size_per_gpu rows, or with critic.use_dynamic_bsz its
+    forward_max_token_len_per_gpu; packed with critic.model.use_remove_padding."""
     pf_ppo: PFPPOSettings | None
     seed: int
     """trainer.seed (PF-PPO's resampling)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.schema_common import OptimConfig
+from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.pipeline.settings import Schedule
@@ -38,6 +39,7 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
         share_prompts=shares_prompts(cfg),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
+        remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
     )
 
 
@@ -53,6 +55,31 @@ def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
         shuffle=critic.shuffle,
         gradient_checkpointing=critic.model.enable_gradient_checkpointing,
         max_token_len=critic.ppo_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
+        remove_padding=critic.model.use_remove_padding,
+    )
+
+
+def log_prob_batching(cfg: PPOFlowConfig, section) -> ForwardBatching:
+    """The old (`section` = actor_rollout_ref.rollout) or reference (actor_rollout_ref.ref)
+    log-prob pass's micro-batches: its log_prob_micro_batch_size_per_gpu rows, or with
+    log_prob_use_dynamic_bsz its log_prob_max_token_len_per_gpu; packed with
+    actor_rollout_ref.model.use_remove_padding (verl's one switch for actor, rollout and ref)."""
+    return ForwardBatching(
+        micro_batch_size=section.log_prob_micro_batch_size_per_gpu,
+        max_token_len=section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None,
+        remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+    )
+
+
+def values_batching(cfg: PPOFlowConfig) -> ForwardBatching:
+    """The critic's value pass: critic.forward_micro_batch_size_per_gpu rows, or with
+    critic.use_dynamic_bsz its forward_max_token_len_per_gpu; packed with
+    critic.model.use_remove_padding."""
+    critic = cfg.critic
+    return ForwardBatching(
+        micro_batch_size=critic.forward_micro_batch_size_per_gpu,
+        max_token_len=critic.forward_max_token_len_per_gpu if critic.use_dynamic_bsz else None,
+        remove_padding=critic.model.use_remove_padding,
     )
 
 

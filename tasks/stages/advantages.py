@@ -47,7 +47,7 @@ def advantages(
     values, phases = None, {}
     if critic is not None:
         started = time.perf_counter()
-        values = run.models.values(run, critic, batch, micro_batch_size=settings.values_micro_batch_size)
+        values = run.models.values(run, critic, batch, batching=settings.values_batching)
         phases["values"] = time.perf_counter() - started
     estimator = settings.estimator
     result = compute_advantage_stage(

@@ -69,7 +69,6 @@ VERL_QUICKSTART_NO_EFFECT = [
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     "actor_rollout_ref.actor.fsdp_config.param_offload=true",
-    "actor_rollout_ref.model.use_remove_padding=true",
     "actor_rollout_ref.model.override_config.attention_dropout=0.0",
     "trainer.rollout_data_dir=/tmp/rollouts",
 ]
@@ -141,6 +140,8 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
             "the batch-shape checks need it",
         ),
         (
+            "reward_model.use_dynamic_bsz=true reward_model.enable=true reward_model.model.path=/tmp "
+            "reward_model.micro_batch_size_per_gpu=null "
             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true "
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
             "dynamic batching by token count is not implemented here",
@@ -148,6 +149,10 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
         (
             "critic.use_dynamic_bsz=true trainer.n_gpus_per_node=2",
             "micro-batches by token budget run in one process",
+        ),
+        (
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true trainer.n_gpus_per_node=2",
+            "set log_prob_use_dynamic_bsz=false",
         ),
     ],
 )
@@ -183,22 +188,32 @@ def test_settings_ppoflow_honours_load_and_say_nothing(tmp_path):
     assert cfg.settings_without_effect() == []  # use_dynamic_bsz forms the actor's micro-batches
 
 
-def test_a_token_budget_without_dynamic_batching_or_outside_the_updates_has_no_effect():
+def test_a_token_budget_has_effect_exactly_where_its_switch_is_on():
     cfg = load_config(
         None,
         [
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
             "critic.use_dynamic_bsz=true",
             "critic.ppo_max_token_len_per_gpu=4096",
+            "critic.forward_max_token_len_per_gpu=8192",
             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=2048",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",  # not needed with a budget
         ],
         check_paths=False,
     )
-    keys = [key for key, _ in cfg.settings_without_effect()]
-    assert keys == [
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+    assert [key for key, _ in cfg.settings_without_effect()] == [
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
     ]
+    off = load_config(
+        None, ["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=2048"], check_paths=False
+    )
+    assert dict(off.settings_without_effect())[
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+    ] == (
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz is off: "
+        "its passes have a fixed number of responses"
+    )
 
 
 @pytest.mark.parametrize(
@@ -395,3 +410,57 @@ def test_a_token_budget_below_the_longest_sequence_is_refused():
     cfg = load_config(None, [*overrides[:1], "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096"])
     assert run_settings(cfg, 1).actor.update.max_token_len == 4096
     assert run_settings(load_config(None, []), 1).actor.update.max_token_len is None
+
+
+@pytest.mark.parametrize(
+    ("switch", "budget", "unused"),
+    [
+        ("critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu", ["algorithm.adv_estimator=grpo"]),
+        (
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu",
+            ["actor_rollout_ref.actor.use_kl_loss=false"],
+        ),
+        (
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+            None,
+        ),
+    ],
+)
+def test_a_forward_pass_budget_below_the_longest_sequence_is_refused_where_the_pass_runs(
+    switch, budget, unused
+):
+    kl = ["actor_rollout_ref.actor.use_kl_loss=true"]  # a reference policy, so its pass runs
+    with pytest.raises(ConfigError, match=rf"{budget}=9 is below the longest sequence"):
+        load_config(None, [*kl, f"{switch}=true", f"{budget}=9"], check_paths=False)
+    if unused is not None:  # no critic (grpo), no reference (no KL): that pass never runs
+        load_config(None, [f"{switch}=true", f"{budget}=9", *unused], check_paths=False)
+
+
+def test_padding_free_and_token_budget_settings_reach_every_pass():
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.use_kl_loss=true",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=3000",
+            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+            "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=2000",
+            "critic.use_dynamic_bsz=true",
+            "critic.forward_max_token_len_per_gpu=1000",
+        ],
+        check_paths=False,
+    )
+    settings = run_settings(cfg, 1)
+    assert settings.rollout.log_prob_batching.max_token_len == 3000
+    assert settings.rollout.ref_log_prob_batching.max_token_len == 2000
+    assert settings.rollout.log_prob_batching.remove_padding and settings.actor.update.remove_padding
+    assert settings.advantages.values_batching.max_token_len == 1000
+    assert (
+        not settings.advantages.values_batching.remove_padding and not settings.critic.update.remove_padding
+    )
+    default = run_settings(load_config(None, []), 1)
+    assert default.rollout.log_prob_batching.max_token_len is None
+    assert not default.rollout.log_prob_batching.remove_padding

@@ -81,7 +81,7 @@ def run_ppo(
             params=params,
             seed=seed * 1000 + it,
             pad_token_id=pad,
-            micro_batch_size=64,
+            batching=64,
         )
         repeated = [prompt_ids[i] for i in ro.prompt_index]
         batch = build_sequence_batch(repeated, ro.response_ids, pad_token_id=pad)
@@ -93,7 +93,7 @@ def run_ppo(
                 for t, i in zip(texts, ro.prompt_index, strict=True)
             ]
         )
-        values = compute_values(critic, batch, micro_batch_size=64) if use_critic else None
+        values = compute_values(critic, batch, batching=64) if use_critic else None
         adv = compute_advantage_stage(
             scores,
             batch.response_mask,

@@ -43,7 +43,7 @@ def batch():
 
 
 def _log_probs(model, batch, micro_batch_size=4):
-    return compute_log_probs(model, batch, temperature=1.0, micro_batch_size=micro_batch_size)
+    return compute_log_probs(model, batch, temperature=1.0, batching=micro_batch_size)
 
 
 def _trained(model):
@@ -87,7 +87,7 @@ def test_the_critics_value_head_trains_whole_beside_its_adapters(tiny_model_dir,
         "base_model.model.score.modules_to_save.default.weight",
     ]
     assert trainable_parameters(critic) == ADAPTER_PARAMETERS + 128 + 1  # the head: 128 weights, 1 bias
-    assert torch.equal(compute_values(critic, batch, micro_batch_size=4), torch.zeros(4, 4))  # zero head
+    assert torch.equal(compute_values(critic, batch, batching=4), torch.zeros(4, 4))  # zero head
 
 
 def test_adapters_off_is_the_base_model_on_the_same_weights(tiny_model_dir, batch):

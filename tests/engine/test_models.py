@@ -27,16 +27,16 @@ def test_critic_values_are_deterministic_in_train_mode_and_restored_after_save(t
         [tokenizer("1 + 2 = ")["input_ids"]] * 3, [[5, 1], [6, 1], [5]], pad_token_id=tokenizer.pad_token_id
     )
     critic.train()
-    first = compute_values(critic, batch, micro_batch_size=2)
+    first = compute_values(critic, batch, batching=2)
     # Dropout is off: the same call in train mode gives the same bits (same shapes, same machine).
-    assert torch.equal(first, compute_values(critic, batch, micro_batch_size=2))
+    assert torch.equal(first, compute_values(critic, batch, batching=2))
     # Another micro-batch size runs CPU kernels of another shape, which may round differently
     # (Intel vs AMD): the math is the contract there, to float32 precision.
-    torch.testing.assert_close(compute_values(critic, batch, micro_batch_size=3), first, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(compute_values(critic, batch, batching=3), first, rtol=1e-5, atol=1e-6)
     critic.save_pretrained(tmp_path)
     reloaded = load_critic(tmp_path)
     assert torch.equal(reloaded.score.weight, critic.score.weight)
-    assert torch.allclose(compute_values(reloaded, batch, micro_batch_size=3), first)
+    assert torch.allclose(compute_values(reloaded, batch, batching=3), first)
 
 
 def test_reference_is_frozen(tiny_model_dir):

@@ -60,22 +60,20 @@ def test_without_padding_keeps_the_columns_some_row_uses():
 def test_each_micro_batch_runs_at_its_own_width_with_the_same_log_probs_and_values(tiny_model_dir):
     batch = build_sequence_batch(PROMPTS, RESPONSES, pad_token_id=0)
     actor, critic = load_actor(tiny_model_dir), load_critic(tiny_model_dir)
-    whole = compute_log_probs(actor, batch, temperature=1.0, micro_batch_size=4)
+    whole = compute_log_probs(actor, batch, temperature=1.0, batching=4)
     widths = _widths(actor)
-    split = compute_log_probs(actor, batch, temperature=1.0, micro_batch_size=2)
+    split = compute_log_probs(actor, batch, temperature=1.0, batching=2)
     assert widths == [3 + 2, 7 + 5]  # rows 0-1: prompt 3, response 2; rows 2-3: the whole width
     assert split.shape == whole.shape
     torch.testing.assert_close(split, whole, rtol=0, atol=1e-6)
     assert torch.all(split[batch.response_mask == 0] == 0)
     wide = _padded(batch, left=5, right=3)
     torch.testing.assert_close(
-        compute_log_probs(actor, wide, temperature=1.0, micro_batch_size=4)[:, :5], whole, rtol=0, atol=1e-6
+        compute_log_probs(actor, wide, temperature=1.0, batching=4)[:, :5], whole, rtol=0, atol=1e-6
     )
-    values = compute_values(critic, batch, micro_batch_size=4)
-    torch.testing.assert_close(compute_values(critic, batch, micro_batch_size=2), values, rtol=0, atol=1e-6)
-    torch.testing.assert_close(
-        compute_values(critic, wide, micro_batch_size=1)[:, :5], values, rtol=0, atol=1e-6
-    )
+    values = compute_values(critic, batch, batching=4)
+    torch.testing.assert_close(compute_values(critic, batch, batching=2), values, rtol=0, atol=1e-6)
+    torch.testing.assert_close(compute_values(critic, wide, batching=1)[:, :5], values, rtol=0, atol=1e-6)
 
 
 def test_updates_without_padding_columns_equal_updates_with_them(tiny_model_dir, monkeypatch):
@@ -90,8 +88,8 @@ def test_updates_without_padding_columns_equal_updates_with_them(tiny_model_dir,
     advantages = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
     returns = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
     actor_base, critic_base = load_actor(tiny_model_dir), load_critic(tiny_model_dir)
-    old = compute_log_probs(actor_base, batch, temperature=1.0, micro_batch_size=4)
-    values = compute_values(critic_base, batch, micro_batch_size=4)
+    old = compute_log_probs(actor_base, batch, temperature=1.0, batching=4)
+    values = compute_values(critic_base, batch, batching=4)
     actors, critics, metrics, widths = [], [], [], []
     for trimmed in (True, False):
         if not trimmed:

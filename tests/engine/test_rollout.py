@@ -52,7 +52,7 @@ def test_rollout_log_probs_match_the_trainer_forward(setup):
     params = SamplingParams(max_new_tokens=4, temperature=1.3)
     out = engine.generate(prompts, params, seeds=_seeds(prompts, 3))
     batch = build_sequence_batch(prompts, out.response_ids, pad_token_id=tokenizer.pad_token_id)
-    old = compute_log_probs(model, batch, temperature=1.3, micro_batch_size=7)
+    old = compute_log_probs(model, batch, temperature=1.3, batching=7)
     rollout = pad_rows(out.rollout_log_probs, batch.response_ids.shape[1])
     assert torch.allclose(old, rollout, atol=1e-4)
     assert (old * batch.response_mask).abs().sum() > 0

@@ -80,7 +80,7 @@ def test_an_update_with_shared_prompts_equals_one_without(tiny_model_dir):
     generator = torch.Generator().manual_seed(1)
     advantages = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
     base = load_actor(tiny_model_dir)
-    old = forward.compute_log_probs(base, batch, temperature=1.0, micro_batch_size=6)
+    old = forward.compute_log_probs(base, batch, temperature=1.0, batching=6)
     actors, metrics, calls = [], [], []
     for share in (True, False):
         actor = copy.deepcopy(base)
@@ -114,9 +114,9 @@ def test_log_prob_passes_share_prompts_too(tiny_model_dir):
     prompt's responses, run as its prompt once and its rows on the cache."""
     model, batch = load_actor(tiny_model_dir), _batch()
     calls = _calls(model)
-    shared = forward.compute_log_probs(model, batch, temperature=0.7, micro_batch_size=3, share_prompts=True)
+    shared = forward.compute_log_probs(model, batch, temperature=0.7, batching=3, share_prompts=True)
     assert calls == [(1, 4), (3, 4), (1, 2), (3, 4)]
-    whole = forward.compute_log_probs(model, batch, temperature=0.7, micro_batch_size=3)
+    whole = forward.compute_log_probs(model, batch, temperature=0.7, batching=3)
     torch.testing.assert_close(shared, whole, rtol=0, atol=1e-5)
     assert bool((shared[batch.response_mask == 0] == 0).all())
 
@@ -159,7 +159,7 @@ def test_the_update_runs_whole_rows_under_gradient_checkpointing_and_log_prob_pa
         )
         assert log_probs.shape == (6, 4)
         assert calls == [(6, 9)]
-        forward.compute_log_probs(model, _batch(), temperature=1.0, micro_batch_size=6, share_prompts=True)
+        forward.compute_log_probs(model, _batch(), temperature=1.0, batching=6, share_prompts=True)
     assert calls[1:] == [(2, 4), (6, 4)]
 
 

@@ -9,7 +9,7 @@ import torch
 from ppoflow.engine.forward import compute_log_probs, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
 from ppoflow.engine.ppo import build_sequence_batch
-from ppoflow.engine.update import micro_batches, update_actor, update_critic
+from ppoflow.engine.update import update_actor, update_critic
 
 from .settings import actor_settings, critic_settings
 
@@ -25,7 +25,7 @@ def batch(tiny_model_dir):
 
 
 def _sgd_actor_step(model, batch, micro, mode, advantages, entropy_coeff=0.01, **changes):
-    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    old = compute_log_probs(model, batch, temperature=1.0, batching=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     settings = actor_settings(
         ppo_epochs=1,
@@ -66,7 +66,7 @@ def test_actor_update_1x8_equals_4x2_micro_batches(tiny_model_dir, batch, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_critic_update_1x8_equals_4x2_micro_batches(tiny_model_dir, batch, mode):
     base = load_critic(tiny_model_dir)
-    values = compute_values(base, batch, micro_batch_size=8)
+    values = compute_values(base, batch, batching=8)
     returns = torch.randn(values.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
     results = []
     for micro in (8, 2):
@@ -106,7 +106,7 @@ def test_first_mini_batch_has_unit_ratio_and_metric_names(tiny_model_dir, batch)
 def test_several_mini_batches_and_epochs_each_take_one_step(tiny_model_dir, batch):
     model = load_actor(tiny_model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    old = compute_log_probs(model, batch, temperature=1.0, batching=8)
     settings = actor_settings(ppo_epochs=2, mini_batch_size=4, micro_batch_size=2, use_kl_loss=True)
     metrics = update_actor(
         model,
@@ -127,7 +127,7 @@ def test_several_mini_batches_and_epochs_each_take_one_step(tiny_model_dir, batc
 def test_non_finite_gradient_skips_the_step(tiny_model_dir, batch):
     model = load_actor(tiny_model_dir)
     before = copy.deepcopy(model.state_dict())
-    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    old = compute_log_probs(model, batch, temperature=1.0, batching=8)
     advantages = torch.full_like(old, float("nan"))
     metrics = update_actor(
         model,
@@ -160,7 +160,7 @@ def test_gradient_checkpointing_changes_no_number_and_is_switched_off_after(tiny
     for checkpointing in (False, True):
         model = copy.deepcopy(base)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+        old = compute_log_probs(model, batch, temperature=1.0, batching=8)
         settings = actor_settings(micro_batch_size=4, gradient_checkpointing=checkpointing)
         saved = []
         count = functools.partial(_count_saved, saved)
@@ -197,7 +197,7 @@ def test_without_an_entropy_bonus_the_entropy_is_a_metric_outside_the_graph_and_
 
     model = load_actor(tiny_model_dir)
     mask = batch.response_mask
-    old = compute_log_probs(model, batch, temperature=1.0, micro_batch_size=8)
+    old = compute_log_probs(model, batch, temperature=1.0, batching=8)
     advantages = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
     grads, entropies = [], []
     for entropy_grad in (True, False):
@@ -230,27 +230,6 @@ def test_an_entropy_bonus_still_reaches_the_gradient(tiny_model_dir, batch):
     assert not torch.equal(*trained)
 
 
-def test_a_token_budget_cuts_consecutive_rows_by_their_padded_size(batch):
-    """The micro-batch runs at rows × (longest prompt + longest response) of its rows."""
-    prompts = batch.prompt_mask.sum(dim=1).tolist()
-    responses = batch.response_mask.sum(dim=1).int().tolist()
-    rows = torch.arange(len(batch))
-    widest = max(p for p in prompts) + max(responses)
-    assert [len(m) for m in micro_batches(rows, batch, size=3, max_tokens=None)] == [3, 3, 2]
-    assert [m.tolist() for m in micro_batches(rows, batch, size=1, max_tokens=8 * widest)] == [list(range(8))]
-    for budget in (max(p + r for p, r in zip(prompts, responses, strict=True)), 2 * widest, 3 * widest + 1):
-        micros = micro_batches(rows, batch, size=1, max_tokens=budget)
-        assert torch.cat(micros).tolist() == list(range(8))  # every row once, in order
-        for micro in micros:
-            shape = len(micro) * (max(prompts[i] for i in micro) + max(responses[i] for i in micro))
-            assert shape <= budget
-        for left, right in zip(micros, micros[1:], strict=False):  # each cut was needed
-            both = torch.cat([left, right[:1]])
-            assert len(both) * (max(prompts[i] for i in both) + max(responses[i] for i in both)) > budget
-    with pytest.raises(ValueError, match="does not fit the micro-batch token budget of 3"):
-        micro_batches(rows, batch, size=1, max_tokens=3)
-
-
 @pytest.mark.parametrize("mode", MODES[:2])
 def test_micro_batches_by_token_budget_give_the_update_of_fixed_ones(tiny_model_dir, batch, mode):
     """verl's use_dynamic_bsz: the loss is aggregated over the mini-batch, so only the grouping of the
@@ -267,7 +246,7 @@ def test_micro_batches_by_token_budget_give_the_update_of_fixed_ones(tiny_model_
     for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac", "actor/grad_norm"):
         assert m_fixed[key] == pytest.approx(m_budget[key], abs=1e-5), key
     critic = load_critic(tiny_model_dir)
-    values = compute_values(critic, batch, micro_batch_size=8)
+    values = compute_values(critic, batch, batching=8)
     returns = torch.randn(values.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
     trained = []
     for extra in ({}, budget):

@@ -61,7 +61,7 @@ def _rollouts_of_step_3(run_dir):
 
 
 def _log_probs(model, batch):
-    return compute_log_probs(model, batch, temperature=1.0, micro_batch_size=len(batch))
+    return compute_log_probs(model, batch, temperature=1.0, batching=len(batch))
 
 
 def test_checkpoints_hold_the_adapters_only_and_peft_loads_them_as_the_trained_policy(lora_run):

@@ -71,10 +71,10 @@ def test_log_probs_and_values_on_cuda_match_the_cpu(tiny_model_dir, prompts):
     actor, critic = load_actor(tiny_model_dir), load_critic(tiny_model_dir)
     torch.manual_seed(0)
     torch.nn.init.normal_(critic.score.weight, std=0.1)  # a head of zeros would make values trivially equal
-    cpu_log_probs = compute_log_probs(actor, batch, temperature=0.7, micro_batch_size=16)
-    cpu_values = compute_values(critic, batch, micro_batch_size=16)
-    cuda_log_probs = compute_log_probs(actor.cuda(), batch, temperature=0.7, micro_batch_size=16)
-    cuda_values = compute_values(critic.cuda(), batch, micro_batch_size=16)
+    cpu_log_probs = compute_log_probs(actor, batch, temperature=0.7, batching=16)
+    cpu_values = compute_values(critic, batch, batching=16)
+    cuda_log_probs = compute_log_probs(actor.cuda(), batch, temperature=0.7, batching=16)
+    cuda_values = compute_values(critic.cuda(), batch, batching=16)
     assert cuda_log_probs.device.type == "cpu"  # the engine hands results back on the CPU
     assert (cpu_log_probs != 0).sum() > 100
     assert torch.allclose(cuda_log_probs, cpu_log_probs, atol=LOG_PROB_TOLERANCE)
@@ -90,8 +90,8 @@ def test_one_update_on_cuda_matches_the_cpu(tiny_model_dir, prompts):
     advantages = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
     returns = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
     actor_base, critic_base = load_actor(tiny_model_dir), load_critic(tiny_model_dir)
-    old = compute_log_probs(actor_base, batch, temperature=1.0, micro_batch_size=16)
-    values = compute_values(critic_base, batch, micro_batch_size=16)
+    old = compute_log_probs(actor_base, batch, temperature=1.0, batching=16)
+    values = compute_values(critic_base, batch, batching=16)
     trained = {}
     for device in ("cpu", "cuda"):
         actor, critic = copy.deepcopy(actor_base).to(device), copy.deepcopy(critic_base).to(device)

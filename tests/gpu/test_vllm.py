@@ -39,7 +39,7 @@ def _prompts(tokenizer, n):
 
 def _trainer_log_probs(actor, prompts, out, pad_id, temperature):
     batch = build_sequence_batch(prompts, out.response_ids, pad_token_id=pad_id)
-    log_probs = compute_log_probs(actor, batch, temperature=temperature, micro_batch_size=64)
+    log_probs = compute_log_probs(actor, batch, temperature=temperature, batching=64)
     return unpad(log_probs, batch.response_mask)
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 
+from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.rollout import HFRolloutEngine, SamplingParams
 from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
 from ppoflow.tasks.pipeline.placement import RolloutRequest
@@ -44,8 +45,8 @@ def test_a_rank_without_prompts_returns_empty_shares(tiny):
         SamplingParams(max_new_tokens=4),
         seed=1,
         generation_batch_size=8,
-        log_prob_micro_batch_size=8,
-        ref_log_prob_micro_batch_size=8,
+        log_prob_batching=ForwardBatching(8),
+        ref_log_prob_batching=ForwardBatching(8),
     )
     share = rollout_share(None, actor, actor, tokenizer, [], request, first_prompt=1)
     assert share.response_ids == [] and share.ref_log_probs == [] and share.old_log_probs == []
