@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ppoflow.engine.names import RM_SCORE
 
-from .effects import DYNAMIC_BATCHING, DYNAMIC_FORWARDS, DYNAMIC_UPDATES, INERT_MODEL_OVERRIDES, MODELS
+from .effects import DYNAMIC_BATCHING, DYNAMIC_UPDATES, INERT_MODEL_OVERRIDES, MODELS
 from .schema_checks import followed_source, get_key
 from .schema_common import ConfigError
 
@@ -193,18 +193,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for section, switch, size in DYNAMIC_BATCHING
         if size != "log_prob_micro_batch_size_per_gpu" and size != "forward_micro_batch_size_per_gpu"
-    ),
-    *(
-        Unsupported(
-            f"{section}.{switch}",
-            lambda value, cfg: value and cfg.world_size > 1,
-            "micro-batches by token budget run in one process: the ranks of a worker group must run "
-            f"as many micro-batches each; set {switch}=false (or one device)",
-        )
-        for section, switch in {
-            *((section, "use_dynamic_bsz") for section in DYNAMIC_UPDATES),
-            *((section, switch) for section, switch, _ in DYNAMIC_FORWARDS),
-        }
     ),
 )
 

@@ -66,3 +66,20 @@ def micro_batches(
             longest_prompt, longest_response = max(longest_prompt, prompt), max(longest_response, response)
             total += prompt + response
     return list(rows.tensor_split(cuts)) if cuts else [rows]
+
+
+def split_to(micros: list[torch.Tensor], count: int) -> list[torch.Tensor]:
+    """`micros` (consecutive rows) as exactly `count` micro-batches, the rows still in order: the
+    micro-batch with the most rows is halved until there are `count` (the first of equals). A part
+    never holds more tokens than the micro-batch it came from, so a token budget still holds. The
+    ranks of a worker group cut their shares by a budget each, then all run the largest count
+    (every rank must take part in each sharded forward and backward pass)."""
+    rows = sum(len(m) for m in micros)
+    if not len(micros) <= count <= rows:
+        raise ValueError(f"cannot split {len(micros)} micro-batches of {rows} rows into {count}")
+    micros = list(micros)
+    while len(micros) < count:
+        widest = max(range(len(micros)), key=lambda i: len(micros[i]))
+        half = micros[widest]
+        micros[widest : widest + 1] = list(half.tensor_split(2))
+    return micros

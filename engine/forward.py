@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .batching import ForwardBatching, micro_batches
+from .batching import ForwardBatching, micro_batches, split_to
 from .logits import entropy_from_logits, logprobs_from_logits
 from .packing import PackedBatch, pack, use_packed_attention
 
@@ -355,10 +355,13 @@ def _in_eval_micro_batches(
     batch: SequenceBatch,
     batching: ForwardBatching,
     forward: Callable[[SequenceBatch], torch.Tensor],
+    agree: Callable[[int], int] | None = None,
 ) -> list[torch.Tensor]:
     """`forward` of each micro-batch of `batch` (`batching.micro_batches`: consecutive rows), without
     its padding columns (`without_padding`), with `model` in eval mode (its mode restored after).
-    Per-token outputs narrower than the batch's responses are padded back to its width with zeros."""
+    Per-token outputs narrower than the batch's responses are padded back to its width with zeros.
+    `agree` (the ranks of a sharded model, each with as many rows): the count of micro-batches all
+    run, given this rank's (`batching.split_to`)."""
     was_training = model.training
     model.eval()
     width = batch.response_ids.shape[1]
@@ -371,6 +374,8 @@ def _in_eval_micro_batches(
             max_tokens=batching.max_token_len,
             packed=batching.remove_padding,
         )
+        if agree is not None and batching.max_token_len is not None and len(batch):
+            micros = split_to(micros, agree(len(micros)))
         spans = [slice(int(m[0]), int(m[-1]) + 1) for m in micros if len(m)]
         outputs = [forward(batch.select(span).without_padding()) for span in spans]
     finally:
@@ -380,16 +385,22 @@ def _in_eval_micro_batches(
 
 @torch.no_grad()
 def compute_values(
-    critic: torch.nn.Module, batch: SequenceBatch, *, batching: ForwardBatching | int
+    critic: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    batching: ForwardBatching | int,
+    agree: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
     """values (N, T) without gradient, in the micro-batches of `batching` (an int: that many rows
-    each), on the CPU; 0 at masked positions."""
+    each), on the CPU; 0 at masked positions. `agree`: see `_in_eval_micro_batches` (a sharded
+    critic's ranks)."""
     batching = ForwardBatching.of(batching)
     parts = _in_eval_micro_batches(
         critic,
         batch,
         batching,
         lambda part: value_forward(critic, part, remove_padding=batching.remove_padding),
+        agree,
     )
     return torch.cat(parts).cpu() * batch.response_mask
 

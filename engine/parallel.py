@@ -84,9 +84,23 @@ def all_sum(values: dict[str, float]) -> dict[str, float]:
     if not dist.is_initialized() or dist.get_world_size() == 1 or not values:
         return dict(values)
     names = sorted(values)
-    tensor = torch.tensor([float(values[n]) for n in names], dtype=torch.float64)
+    tensor = torch.tensor([float(values[n]) for n in names], dtype=torch.float64, device=_collective_device())
     dist.all_reduce(tensor)
     return dict(zip(names, tensor.tolist(), strict=True))
+
+
+def _collective_device() -> str:
+    """Where a collective's tensor must be: on the GPU for NCCL, on the CPU for gloo."""
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def all_max(count: int) -> int:
+    """The largest of every rank's `count` (a collective: every rank calls it)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=_collective_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -122,6 +136,10 @@ class LocalStepper:
     def reduce(self, values: dict[str, float]) -> dict[str, float]:
         return dict(values)
 
+    def agree(self, count: int) -> int:
+        """The largest of every rank's `count` (one process: `count`)."""
+        return count
+
 
 class FSDP2Stepper(LocalStepper):
     """FSDP2: parameters, gradients and optimizer state sharded over the ranks; a mini-batch's
@@ -154,6 +172,9 @@ class FSDP2Stepper(LocalStepper):
     def reduce(self, values: dict[str, float]) -> dict[str, float]:
         return all_sum(values)
 
+    def agree(self, count: int) -> int:
+        return all_max(count)
+
 
 class DeepSpeedStepper(LocalStepper):
     """DeepSpeed ZeRO: the engine accumulates micro-batches and steps (clipping included) at the
@@ -176,6 +197,9 @@ class DeepSpeedStepper(LocalStepper):
 
     def reduce(self, values: dict[str, float]) -> dict[str, float]:
         return all_sum(values)
+
+    def agree(self, count: int) -> int:
+        return all_max(count)
 
 
 def shard_fsdp2(model: torch.nn.Module, device: str) -> torch.nn.Module:

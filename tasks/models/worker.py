@@ -23,6 +23,7 @@ from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.parallel import (
     DeepSpeedStepper,
     FSDP2Stepper,
+    all_max,
     deepspeed_engine,
     full_state_dict,
     join_process_group,
@@ -250,7 +251,7 @@ class ModelWorker:
 
     def values(self, batch: SequenceBatch, batching: ForwardBatching) -> torch.Tensor:
         """V(s_t) of this rank's rows (every rank has as many, so the sharded forward passes pair up)."""
-        return compute_values(self._trained["critic"].model, batch, batching=batching)
+        return compute_values(self._trained["critic"].model, batch, batching=batching, agree=all_max)
 
     def train(self, run_dir: str, role: str, inputs: UpdateInputs, tokenizer_dir: str) -> UpdateResult | None:
         """One update of `role` on this rank's share of each mini-batch; rank 0 returns the

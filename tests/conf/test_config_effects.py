@@ -146,14 +146,6 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=null",
             "dynamic batching by token count is not implemented here",
         ),
-        (
-            "critic.use_dynamic_bsz=true trainer.n_gpus_per_node=2",
-            "micro-batches by token budget run in one process",
-        ),
-        (
-            "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true trainer.n_gpus_per_node=2",
-            "set log_prob_use_dynamic_bsz=false",
-        ),
     ],
 )
 def test_a_setting_that_would_change_the_run_in_a_way_ppoflow_cannot_is_refused(override, why):

@@ -4,7 +4,7 @@ pass runs them (padded: rows × the widest row; packed: the sum of the rows' len
 import pytest
 import torch
 
-from ppoflow.engine.batching import micro_batches
+from ppoflow.engine.batching import micro_batches, split_to
 
 # prompt and response lengths of 8 rows: (3, 2) (5, 1) (2, 4) (4, 4) (1, 1) (6, 2) (2, 2) (3, 3)
 PROMPTS = [3, 5, 2, 4, 1, 6, 2, 3]
@@ -63,3 +63,25 @@ def test_every_row_is_in_one_micro_batch_and_each_cut_was_needed(packed):
         assert sum(micros, []) == list(range(8))
         assert all(tokens(m) <= budget for m in micros)
         assert all(tokens(a + b[:1]) > budget for a, b in zip(micros, micros[1:], strict=False))
+
+
+def test_split_to_halves_the_largest_micro_batch_until_there_are_as_many_as_asked():
+    micros = [torch.arange(0, 5), torch.arange(5, 7), torch.arange(7, 8)]
+    assert [m.tolist() for m in split_to(micros, 3)] == [[0, 1, 2, 3, 4], [5, 6], [7]]
+    assert [m.tolist() for m in split_to(micros, 4)] == [[0, 1, 2], [3, 4], [5, 6], [7]]
+    assert [m.tolist() for m in split_to(micros, 5)] == [[0, 1], [2], [3, 4], [5, 6], [7]]
+    assert [m.tolist() for m in split_to(micros, 8)] == [[i] for i in range(8)]
+    with pytest.raises(ValueError, match="cannot split 3 micro-batches of 8 rows into 9"):
+        split_to(micros, 9)
+    with pytest.raises(ValueError, match="into 2"):
+        split_to(micros, 2)
+
+
+def test_split_to_keeps_a_token_budget():
+    prompt, response = _masks()
+    for budget in range(8, 40):
+        micros = micro_batches(torch.arange(8), prompt, response, size=None, max_tokens=budget, packed=False)
+        for count in range(len(micros), 9):
+            for part in split_to(micros, count):
+                rows = part.tolist()
+                assert len(rows) * (max(PROMPTS[i] for i in rows) + max(RESPONSES[i] for i in rows)) <= budget

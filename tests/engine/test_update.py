@@ -8,6 +8,7 @@ import torch
 
 from ppoflow.engine.forward import compute_log_probs, compute_values
 from ppoflow.engine.models import load_actor, load_critic, load_tokenizer
+from ppoflow.engine.parallel import LocalStepper
 from ppoflow.engine.ppo import build_sequence_batch
 from ppoflow.engine.update import update_actor, update_critic
 
@@ -266,3 +267,44 @@ def test_micro_batches_by_token_budget_give_the_update_of_fixed_ones(tiny_model_
         trained.append(model)
     for p1, p2 in zip(trained[0].parameters(), trained[1].parameters(), strict=True):
         assert torch.allclose(p1, p2, atol=1e-6)
+
+
+class _BusierPeer(LocalStepper):
+    """One process standing in for a rank whose peer needs more micro-batches: it agrees on two
+    more than its own token budget gives (what a worker group's ranks do: the largest count)."""
+
+    agreed: list[tuple[int, int]]
+
+    def agree(self, count: int) -> int:
+        self.agreed.append((count, count + 2))
+        return count + 2
+
+
+def test_a_rank_that_runs_more_micro_batches_than_its_budget_needs_gives_the_same_update(
+    tiny_model_dir, batch
+):
+    advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(3))
+    base = load_actor(tiny_model_dir)
+    old = compute_log_probs(base, batch, temperature=1.0, batching=8)
+    widest = int(batch.prompt_mask.sum(dim=1).max() + batch.response_mask.sum(dim=1).max())
+    settings = actor_settings(
+        ppo_epochs=1, mini_batch_size=8, micro_batch_size=8, grad_clip=1e9, max_token_len=4 * widest
+    )
+    models = []
+    for stepper_class in (LocalStepper, _BusierPeer):
+        model = copy.deepcopy(base)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        stepper = stepper_class(model, optimizer)
+        stepper.agreed = []
+        seen = []
+        hook = model.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
+        update_actor(
+            model, optimizer, batch, old_log_probs=old, advantages=advantages, ref_log_probs=None,
+            settings=settings, seed=0, stepper=stepper,
+        )  # fmt: skip
+        hook.remove()
+        models.append((model, len(seen), stepper.agreed))
+    (plain, plain_passes, _), (busier, busier_passes, agreed) = models
+    assert agreed and busier_passes == plain_passes + 2 == agreed[0][1]
+    for a, b in zip(plain.parameters(), busier.parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6)

@@ -146,6 +146,32 @@ def test_fsdp2_on_two_ranks_equals_one_process(one_process, fsdp2):
     assert len(parts) == 2 and parts[0] == parts[1] == _optimizer_parts(one_process, 2, "actor")[0]
 
 
+BUDGETS = [  # rows of up to 20 tokens: micro-batches of uneven sizes, more on one rank than the other
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=90",
+    "critic.use_dynamic_bsz=true",
+    "critic.ppo_max_token_len_per_gpu=70",
+    "critic.forward_max_token_len_per_gpu=110",
+]
+
+
+def test_token_budgets_on_two_ranks_equal_one_process(one_process, tmp_path):
+    """use_dynamic_bsz in a worker group: each rank cuts its share by the budget and all run the
+    largest count (a sharded pass needs every rank), here an actor under ZeRO-3 and a critic under
+    FSDP2, whose value pass also runs by budget; the run is the one-process run within tolerance."""
+    budgets = _train(
+        tmp_path / "budgets",
+        *BUDGETS,
+        *TWO,
+        "actor_rollout_ref.actor.strategy=deepspeed",
+        "actor_rollout_ref.actor.deepspeed_config.zero_stage=3",
+        "critic.strategy=fsdp2",
+    )
+    _assert_same_tables(budgets, one_process, 1)
+    for role in ("actor", "critic"):
+        assert _weights_gap(one_process, budgets, 1, role) <= WEIGHTS_TOLERANCE, role
+
+
 def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(prefect_server, tiny_model_dir, tmp_path):
     one = _train(tmp_path / "one", *GRPO)
     zero2 = _train(
