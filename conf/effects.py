@@ -202,6 +202,21 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         lambda cfg: cfg.world_size > 1,
     ),
     NoEffect(
+        ("actor_rollout_ref.model.use_remove_padding",),
+        "actor.use_prefix_grouper shares each prompt's forward pass in the actor's passes instead "
+        "(their rows run padded)",
+        lambda cfg: cfg.actor_rollout_ref.actor.use_prefix_grouper and cfg.world_size == 1,
+    ),
+    NoEffect(
+        (
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+        ),
+        "in bypass mode (algorithm.rollout_correction.bypass_mode) the rollout's log-probs are the "
+        "old ones: no old-log-prob pass runs",
+        lambda cfg: cfg.algorithm.rollout_correction.bypass_mode,
+    ),
+    NoEffect(
         ("reward_model.model.use_remove_padding",),
         "the reward model's micro-batches run padded (without the columns that are padding in all "
         "of their rows)",

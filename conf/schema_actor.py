@@ -29,8 +29,9 @@ class ModelSource(Section):
     trust_remote_code: bool = False
     """Allow model code shipped inside the model directory to run."""
     use_remove_padding: bool = False
-    """verl's packing of sequences without padding tokens. ppoflow always leaves out, in every
-    micro-batch, the columns that are padding in all of its rows; this setting changes nothing."""
+    """Run each micro-batch's sequences packed into one, without padding tokens (verl's key; the
+    actor's update and log-prob passes, or the critic's): less time and memory when lengths vary.
+    Without it, each micro-batch still leaves out the columns that are padding in all of its rows."""
     enable_gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of keeping them: less memory
     in training, more time, the same numbers (verl turns it on for the actor by default)."""

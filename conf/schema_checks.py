@@ -201,9 +201,12 @@ def _check_token_budgets(cfg: "PPOFlowConfig") -> None:
     rollout = cfg.actor_rollout_ref.rollout
     longest = rollout.prompt_length + rollout.response_length
     for section, switch, budget_key in TOKEN_BUDGETS:
-        if (section == "critic" and not cfg.use_critic) or (
-            section.endswith(".ref") and not cfg.use_reference_policy
-        ):
+        unused = (
+            (section == "critic" and not cfg.use_critic)
+            or (section.endswith(".ref") and not cfg.use_reference_policy)
+            or (section.endswith(".rollout") and cfg.algorithm.rollout_correction.bypass_mode)
+        )
+        if unused:
             continue
         budget = get_key(cfg, f"{section}.{budget_key}")
         if get_key(cfg, f"{section}.{switch}") and budget < longest:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .batching import ForwardBatching, micro_batches, split_to
 from .logits import entropy_from_logits, logprobs_from_logits
-from .packing import PackedBatch, pack, use_packed_attention
+from .packing import PackedBatch, pack, packed_pass, use_packed_attention
 
 
 @dataclass
@@ -179,10 +179,11 @@ def packed_response_logits(
     use_packed_attention(model, inner_model(model))
     inputs = packed.model_inputs(device)
     targets = packed.targets.to(device)
-    if keeps_logits(model):
-        logits = model(**inputs, use_cache=False, logits_to_keep=targets).logits[0]
-    else:
-        logits = model(**inputs, use_cache=False).logits[0, targets]
+    with packed_pass():
+        if keeps_logits(model):
+            logits = model(**inputs, use_cache=False, logits_to_keep=targets).logits[0]
+        else:
+            logits = model(**inputs, use_cache=False).logits[0, targets]
     return packed, _scaled(logits, temperature)
 
 
@@ -315,7 +316,10 @@ def value_forward(
         packed = batch.packed()
         device = model_device(critic)
         use_packed_attention(critic, inner_model(critic))
-        out = critic(**packed.model_inputs(device), use_cache=False).logits[0, packed.targets.to(device), 0]
+        with packed_pass():
+            out = critic(**packed.model_inputs(device), use_cache=False).logits[
+                0, packed.targets.to(device), 0
+            ]
         return packed.unpack(out.float())
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     out = critic(**batch.to(model_device(critic)).model_inputs(), use_cache=False).logits[..., 0]

@@ -3,13 +3,15 @@ one row, each with its own positions and causal attention.
 
 A padded micro-batch of N (prompt, response) rows costs N × (longest prompt + longest response)
 tokens in every linear layer; packed, it costs the sum of the rows' own lengths. verl packs with
-flash-attention's variable-length kernel on GPU. Here the same packed row runs through
-transformers' attention interface: `pack` gives the model input_ids and position_ids of one row
-(positions restart at 0 for each sequence) and flash-attention's `cu_seq_lens_*` boundaries. A
-model on flash_attention_2/3 uses them as verl does; a model on sdpa is switched to
-`VARLEN_SDPA` (`use_packed_attention`), which runs causal SDPA on each sequence of the row
-(transformers would otherwise build one mask over the whole packed row, whose attention then
-costs (Σ lengths)² instead of Σ lengths²). Unpacked calls (generation) go to sdpa unchanged.
+flash-attention's variable-length kernel on GPU. Here the packed row runs through transformers'
+attention interface: `pack` gives the model input_ids and position_ids of one row (positions
+restart at 0 for each sequence) and the sequence boundaries as flash-attention's `cu_seq_lens_*`
+keywords (kept on the CPU: they are only split by). `use_packed_attention` switches an sdpa model
+to `VARLEN_SDPA`, which runs SDPA on each sequence of the row alone, causal, and within a
+sliding-window layer's window (transformers would otherwise build one mask over the whole packed
+row, whose attention then costs (Σ lengths)² instead of Σ lengths², and whose (L, L) mask alone
+is a GiB at 32k tokens: no mask is built for a packed pass, `packed_pass`). Unpacked calls
+(generation) go to sdpa unchanged.
 
 Outputs are read at the positions that predict each response token (`PackedBatch.targets`) and
 put back into (N, T) tensors, zero elsewhere; they equal the padded pass's up to float rounding.
@@ -17,14 +19,17 @@ put back into (N, T) tensors, zero elsewhere; they equal the padded pass's up to
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
 
 VARLEN_SDPA = "ppoflow_varlen_sdpa"
 """The attention implementation name `use_packed_attention` gives an sdpa model."""
-NATIVE_VARLEN = ("flash_attention_2", "flash_attention_3")
-"""transformers' implementations that take packed sequences by `cu_seq_lens_*` themselves."""
+_PACKED_PASS: ContextVar[bool] = ContextVar("ppoflow_packed_pass", default=False)
+"""Set while a packed forward pass builds its masks (`packed_pass`)."""
 _PROBED: dict[tuple[type, type], str | None] = {}
 """Per (model class, class under its wrappers): None when packed outputs matched padded ones, else
 why they did not."""
@@ -50,8 +55,9 @@ class PackedBatch:
 
     def model_inputs(self, device: torch.device | str) -> dict[str, torch.Tensor | int]:
         """The keyword arguments of a packed forward (no attention mask: positions and
-        `cu_seq_lens_*` delimit the sequences, as for flash-attention's packed inputs)."""
-        cu = self.cu_seq_lens.to(device)
+        `cu_seq_lens_*` delimit the sequences, as for flash-attention's packed inputs; the
+        boundaries stay on the CPU, where `varlen_sdpa_attention` reads them without a sync)."""
+        cu = self.cu_seq_lens
         longest = int(self.cu_seq_lens.diff().max()) if len(self.cu_seq_lens) > 1 else 0
         return {
             "input_ids": self.input_ids.to(device),
@@ -102,22 +108,37 @@ def pack(prompt_ids, prompt_mask, response_ids, response_mask) -> PackedBatch:
     )
 
 
+@contextmanager
+def packed_pass() -> Iterator[None]:
+    """A packed forward pass: the masks transformers would build for it are not built
+    (`varlen_sdpa_attention` needs none)."""
+    token = _PACKED_PASS.set(True)
+    try:
+        yield
+    finally:
+        _PACKED_PASS.reset(token)
+
+
 def use_packed_attention(model: torch.nn.Module, inner: torch.nn.Module) -> None:
     """Make `inner` (the transformers model under `model`'s wrappers) attend within each packed
     sequence, and check once per model class that a packed pass equals a padded one.
 
-    flash_attention_2/3 already do; sdpa is switched to `VARLEN_SDPA` (the same sdpa for unpacked
-    calls). Any other implementation, or a model whose packed outputs differ (one that ignores
-    position_ids or the packed boundaries), is refused: use_remove_padding would mix sequences."""
+    An sdpa model is switched to `VARLEN_SDPA` (the same sdpa for unpacked calls). Any other
+    implementation, or a model whose packed outputs differ (one that ignores position_ids or the
+    packed boundaries), is refused: use_remove_padding would mix sequences."""
     implementation = inner.config._attn_implementation
-    if implementation == "sdpa" and inner._can_set_attn_implementation():
+    if implementation == "sdpa" and not inner._can_set_attn_implementation():
+        raise ValueError(
+            f"use_remove_padding: {type(inner).__name__} does not take transformers' attention "
+            "functions, so packed sequences cannot be kept apart; set use_remove_padding=false"
+        )
+    if implementation == "sdpa":
         _register()
         inner.set_attn_implementation(VARLEN_SDPA)
-    elif implementation not in (VARLEN_SDPA, *NATIVE_VARLEN):
+    elif implementation != VARLEN_SDPA:
         raise ValueError(
             f"use_remove_padding: {type(inner).__name__} runs attention as {implementation!r}, which "
-            "cannot keep packed sequences apart (sdpa and flash_attention_2/3 can); set "
-            "use_remove_padding=false"
+            "cannot keep packed sequences apart (sdpa can); set use_remove_padding=false"
         )
     classes = (type(model), type(inner))
     if classes not in _PROBED:
@@ -129,8 +150,9 @@ def use_packed_attention(model: torch.nn.Module, inner: torch.nn.Module) -> None
 
 @torch.no_grad()
 def _packed_mismatch(model: torch.nn.Module, inner: torch.nn.Module) -> str | None:
-    """Why two short sequences packed give other outputs than the same two padded, or None when
-    they agree to float rounding (relative 1e-3 of the largest output)."""
+    """Why two short sequences packed give other last hidden states than the same two padded, or
+    None when they agree to float rounding (relative 1e-3 of the largest). Hidden states, not
+    logits: a new critic's value head is 0, whatever its input."""
     was_training = model.training
     model.eval()
     try:
@@ -145,17 +167,20 @@ def _packed_mismatch(model: torch.nn.Module, inner: torch.nn.Module) -> str | No
             attention_mask=mask.to(device),
             position_ids=(mask.cumsum(-1) - 1).clamp(min=0).to(device),
             use_cache=False,
-        ).logits
+            output_hidden_states=True,
+        ).hidden_states[-1]
         cu = torch.tensor([0, 4, 9], dtype=torch.int32)
-        packed = model(
-            input_ids=ids[None].to(device),
-            position_ids=torch.cat([torch.arange(n) for n in lengths])[None].to(device),
-            cu_seq_lens_q=cu.to(device),
-            cu_seq_lens_k=cu.to(device),
-            max_length_q=5,
-            max_length_k=5,
-            use_cache=False,
-        ).logits
+        with packed_pass():
+            packed = model(
+                input_ids=ids[None].to(device),
+                position_ids=torch.cat([torch.arange(n) for n in lengths])[None].to(device),
+                cu_seq_lens_q=cu,
+                cu_seq_lens_k=cu,
+                max_length_q=5,
+                max_length_k=5,
+                use_cache=False,
+                output_hidden_states=True,
+            ).hidden_states[-1]
     finally:
         model.train(was_training)
     expected = torch.cat([padded[0, 1:], padded[1]]).float()
@@ -170,7 +195,9 @@ def _packed_mismatch(model: torch.nn.Module, inner: torch.nn.Module) -> str | No
 
 def varlen_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     """transformers' sdpa attention, run on each packed sequence alone when `cu_seq_lens_q` says
-    where they are (causal, no mask: a sequence is whole); otherwise sdpa itself."""
+    where they are: causal, and in a sliding-window layer (the `sliding_window` keyword, as
+    transformers passes it) each query sees only the window's last keys, as transformers' own mask
+    (key > query − window); otherwise sdpa itself."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward as attend
 
     boundaries = kwargs.pop("cu_seq_lens_q", None)
@@ -179,17 +206,32 @@ def varlen_sdpa_attention(module, query, key, value, attention_mask, **kwargs):
     if boundaries is None or query.shape[0] != 1:
         return attend(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
+    window = kwargs.get("sliding_window")
     lengths = boundaries.diff().tolist()
     pieces = zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)
-    outputs = [attend(module, q, k, v, None, is_causal=True, **kwargs)[0] for q, k, v in pieces]
+    outputs = []
+    for (q, k, v), length in zip(pieces, lengths, strict=True):
+        if window is not None and length > window:
+            positions = torch.arange(length, device=q.device)
+            offset = positions[:, None] - positions[None, :]  # query − key
+            mask = (offset >= 0) & (offset < window)
+            outputs.append(attend(module, q, k, v, mask[None, None], is_causal=False, **kwargs)[0])
+        else:
+            outputs.append(attend(module, q, k, v, None, is_causal=True, **kwargs)[0])
     return torch.cat(outputs, dim=1), None
 
 
+def _varlen_mask(*args, **kwargs):
+    """sdpa's masks for unpacked calls; none for a packed pass (`packed_pass`)."""
+    from transformers.masking_utils import sdpa_mask
+
+    return None if _PACKED_PASS.get() else sdpa_mask(*args, **kwargs)
+
+
 def _register() -> None:
-    """`VARLEN_SDPA` in transformers' attention and mask registries (its masks are sdpa's: unpacked
-    calls need them, and a packed call's block mask is what sdpa itself would use)."""
+    """`VARLEN_SDPA` in transformers' attention and mask registries."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
-    AttentionMaskInterface.register(VARLEN_SDPA, sdpa_mask)
+    AttentionMaskInterface.register(VARLEN_SDPA, _varlen_mask)

@@ -39,8 +39,14 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
         gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
         share_prompts=shares_prompts(cfg),
         max_token_len=actor.ppo_max_token_len_per_gpu if actor.use_dynamic_bsz else None,
-        remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        remove_padding=packs_actor_passes(cfg),
     )
+
+
+def packs_actor_passes(cfg: PPOFlowConfig) -> bool:
+    """actor_rollout_ref.model.use_remove_padding, unless the prefix grouper shares each prompt's
+    forward pass instead (its rows run padded: conf/effects.py names the key as without effect)."""
+    return cfg.actor_rollout_ref.model.use_remove_padding and not shares_prompts(cfg)
 
 
 def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
@@ -67,7 +73,7 @@ def log_prob_batching(cfg: PPOFlowConfig, section) -> ForwardBatching:
     return ForwardBatching(
         micro_batch_size=section.log_prob_micro_batch_size_per_gpu,
         max_token_len=section.log_prob_max_token_len_per_gpu if section.log_prob_use_dynamic_bsz else None,
-        remove_padding=cfg.actor_rollout_ref.model.use_remove_padding,
+        remove_padding=packs_actor_passes(cfg),
     )
 
 

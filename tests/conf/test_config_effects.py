@@ -456,3 +456,38 @@ def test_padding_free_and_token_budget_settings_reach_every_pass():
     default = run_settings(load_config(None, []), 1)
     assert default.rollout.log_prob_batching.max_token_len is None
     assert not default.rollout.log_prob_batching.remove_padding
+
+
+def test_packing_gives_way_to_the_prefix_grouper_and_says_so():
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "actor_rollout_ref.actor.use_prefix_grouper=true",
+            "critic.model.use_remove_padding=true",
+        ],
+        check_paths=False,
+    )
+    unused = dict(cfg.settings_without_effect())
+    assert list(unused) == ["actor_rollout_ref.model.use_remove_padding"]
+    assert (
+        "use_prefix_grouper shares each prompt's forward pass"
+        in unused["actor_rollout_ref.model.use_remove_padding"]
+    )
+    settings = run_settings(cfg, 1)
+    assert not settings.actor.update.remove_padding and not settings.rollout.log_prob_batching.remove_padding
+    assert settings.critic.update.remove_padding and settings.advantages.values_batching.remove_padding
+
+
+def test_the_old_log_prob_budget_of_a_bypass_run_is_named_as_without_effect_not_checked():
+    overrides = [
+        "algorithm.rollout_correction.bypass_mode=true",
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=9",  # below the longest sequence
+    ]
+    unused = dict(load_config(None, overrides, check_paths=False).settings_without_effect())
+    assert {
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu",
+    } <= set(unused)
+    assert "no old-log-prob pass runs" in unused["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"]

@@ -222,3 +222,65 @@ def test_packed_passes_of_a_lora_model_and_its_adapters_off_view_equal_padded_on
         compute_log_probs(model, batch, temperature=1.0, batching=6),
         compute_log_probs(AdaptersOff(model), batch, temperature=1.0, batching=6),
     )
+
+
+def test_a_sliding_window_layer_sees_only_its_window_in_a_packed_pass(tiny_model_dir):
+    """A sequence longer than the window (15 tokens, window 6): each query sees the window's last
+    keys, as transformers' own sliding-window mask makes the padded pass do."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(tiny_model_dir).to_dict()
+    config = {key: value for key, value in config.items() if key != "layer_types"}
+    config |= {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 0}
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config)).eval()
+    assert set(model.config.layer_types) == {"sliding_attention"}
+    batch = build_sequence_batch(
+        [[5, 6, 7, 8, 9, 10, 11, 12], [7, 8, 9]], [[11, 12, 13, 14, 15, 16, 1], [14, 1]], pad_token_id=0
+    )
+    with torch.no_grad():
+        padded, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False)
+        packed, _ = policy_forward(model, batch, temperature=1.0, with_entropy=False, remove_padding=True)
+        whole, _ = policy_forward(
+            transformers.Qwen2ForCausalLM(
+                transformers.Qwen2Config(**(config | {"use_sliding_window": False}))
+            )
+            .eval()
+            .requires_grad_(False),
+            batch,
+            temperature=1.0,
+            with_entropy=False,
+        )
+    torch.testing.assert_close(packed * batch.response_mask, padded * batch.response_mask, rtol=0, atol=1e-5)
+    assert not torch.allclose(padded, whole)  # (other weights; the window matters only with its mask)
+
+
+def test_a_packed_pass_builds_no_attention_mask(tiny_model_dir, batch):
+    """A packed pass needs no (L, L) mask (at a 32k-token budget, a GiB): none reaches the attention."""
+    from transformers import AttentionInterface
+
+    model = load_actor(tiny_model_dir)
+    compute_log_probs(model, batch, temperature=1.0, batching=ForwardBatching(6, remove_padding=True))
+    masks = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        masks.append((attention_mask, "cu_seq_lens_q" in kwargs))
+        return packing.varlen_sdpa_attention(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(packing.VARLEN_SDPA, spy)
+    try:
+        compute_log_probs(model, batch, temperature=1.0, batching=ForwardBatching(6, remove_padding=True))
+        compute_log_probs(model, batch, temperature=1.0, batching=6)  # unpacked: sdpa's mask
+    finally:
+        AttentionInterface.register(packing.VARLEN_SDPA, packing.varlen_sdpa_attention)
+    layers = model.config.num_hidden_layers
+    assert [(m is None, packed) for m, packed in masks] == [(True, True)] * layers + [(False, False)] * layers
+
+
+def test_a_critic_that_mixes_packed_sequences_is_refused_though_its_new_head_gives_zeros(
+    tiny_model_dir, batch
+):
+    critic = _DropsPositions(load_critic(tiny_model_dir))
+    assert not critic.module.score.weight.any()  # a new value head: every value is 0, packed or not
+    with pytest.raises(ValueError, match="mixes packed sequences"):
+        value_forward(critic, batch, remove_padding=True)
