@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
-from .schema_checks import get_key
+from .schema_checks import TOKEN_BUDGETS, get_key
 
 if TYPE_CHECKING:
     from .schema import PPOFlowConfig
@@ -39,11 +39,7 @@ model's honours the switch: the updates (`DYNAMIC_UPDATES`, whose micro-batch si
 checks still need) and the forward passes (`DYNAMIC_FORWARDS`, which need no size with it)."""
 DYNAMIC_UPDATES = ("actor_rollout_ref.actor", "critic")
 """Sections whose use_dynamic_bsz forms the update's micro-batches by ppo_max_token_len_per_gpu."""
-DYNAMIC_FORWARDS = (
-    ("actor_rollout_ref.rollout", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-    ("actor_rollout_ref.ref", "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu"),
-    ("critic", "use_dynamic_bsz", "forward_max_token_len_per_gpu"),
-)
+DYNAMIC_FORWARDS = tuple(budget for budget in TOKEN_BUDGETS if budget[2] != "ppo_max_token_len_per_gpu")
 """(section, switch, token budget) of the forward-only passes: old and reference log-probs, values."""
 
 

@@ -4,6 +4,7 @@ engine/packing.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -36,12 +37,15 @@ def micro_batches(
     size: int | None,
     max_tokens: int | None,
     packed: bool = False,
+    agree: Callable[[int], int] | None = None,
 ) -> list[torch.Tensor]:
     """`rows` (in order) as micro-batches: `size` rows each, or with a token budget (verl's
     use_dynamic_bsz) as many consecutive rows as keep the micro-batch within `max_tokens`. Packed
     (use_remove_padding), a micro-batch's tokens are the sum of its rows' lengths, as verl counts
     them; padded, they are rows × (its longest prompt + its longest response), the shape it runs at
-    (`SequenceBatch.without_padding`). A row longer than the budget alone is an error."""
+    (`SequenceBatch.without_padding`). A row longer than the budget alone is an error. `agree`
+    (the ranks of a worker group, each with as many rows): the count of budget micro-batches every
+    rank runs, given this rank's (a sharded pass needs every rank; `split_to`)."""
     if max_tokens is None:
         if size is None:
             raise ValueError("micro-batches need a number of rows or a token budget")
@@ -65,7 +69,8 @@ def micro_batches(
         else:
             longest_prompt, longest_response = max(longest_prompt, prompt), max(longest_response, response)
             total += prompt + response
-    return list(rows.tensor_split(cuts)) if cuts else [rows]
+    micros = list(rows.tensor_split(cuts)) if cuts else [rows]
+    return split_to(micros, agree(len(micros))) if agree is not None and len(rows) else micros
 
 
 def split_to(micros: list[torch.Tensor], count: int) -> list[torch.Tensor]:

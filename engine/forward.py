@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .batching import ForwardBatching, micro_batches, split_to
+from .batching import ForwardBatching, micro_batches
 from .logits import entropy_from_logits, logprobs_from_logits
 from .packing import PackedBatch, pack, packed_pass, use_packed_attention
 
@@ -174,17 +174,24 @@ def packed_response_logits(
     """(the packed batch, (K, V) logits / temperature at the positions that predict its K response
     tokens): `batch`'s rows packed into one sequence without padding (verl's use_remove_padding;
     engine/packing.py). The output head runs on those K positions only."""
+    head_at_targets = keeps_logits(model)
+    packed, targets, out = _packed_call(model, batch, head_at_targets=head_at_targets)
+    logits = out.logits[0] if head_at_targets else out.logits[0, targets]
+    return packed, _scaled(logits, temperature)
+
+
+def _packed_call(model: torch.nn.Module, batch: SequenceBatch, *, head_at_targets: bool = False):
+    """(the packed batch, its targets on the model's device, the model's output) of one packed
+    forward pass over `batch`; `head_at_targets`: the output head runs on the targets only
+    (`logits_to_keep`)."""
     packed = batch.packed()
     device = model_device(model)
     use_packed_attention(model, inner_model(model))
-    inputs = packed.model_inputs(device)
     targets = packed.targets.to(device)
+    keep = {"logits_to_keep": targets} if head_at_targets else {}
     with packed_pass():
-        if keeps_logits(model):
-            logits = model(**inputs, use_cache=False, logits_to_keep=targets).logits[0]
-        else:
-            logits = model(**inputs, use_cache=False).logits[0, targets]
-    return packed, _scaled(logits, temperature)
+        out = model(**packed.model_inputs(device), use_cache=False, **keep)
+    return packed, targets, out
 
 
 def shared_prompt_logits(
@@ -313,14 +320,8 @@ def value_forward(
     """values (N, T): V(s_t) for every response position. Keeps the graph. `remove_padding`: the
     rows run packed into one sequence (engine/packing.py), 0 at padding."""
     if remove_padding:
-        packed = batch.packed()
-        device = model_device(critic)
-        use_packed_attention(critic, inner_model(critic))
-        with packed_pass():
-            out = critic(**packed.model_inputs(device), use_cache=False).logits[
-                0, packed.targets.to(device), 0
-            ]
-        return packed.unpack(out.float())
+        packed, targets, out = _packed_call(critic, batch)
+        return packed.unpack(out.logits[0, targets, 0].float())
     prompt_len, response_len = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
     out = critic(**batch.to(model_device(critic)).model_inputs(), use_cache=False).logits[..., 0]
     return out[:, prompt_len - 1 : prompt_len - 1 + response_len].float()
@@ -364,8 +365,7 @@ def _in_eval_micro_batches(
     """`forward` of each micro-batch of `batch` (`batching.micro_batches`: consecutive rows), without
     its padding columns (`without_padding`), with `model` in eval mode (its mode restored after).
     Per-token outputs narrower than the batch's responses are padded back to its width with zeros.
-    `agree` (the ranks of a sharded model, each with as many rows): the count of micro-batches all
-    run, given this rank's (`batching.split_to`)."""
+    `agree`: as `batching.micro_batches`' (the ranks of a sharded model)."""
     was_training = model.training
     model.eval()
     width = batch.response_ids.shape[1]
@@ -377,9 +377,8 @@ def _in_eval_micro_batches(
             size=batching.micro_batch_size,
             max_tokens=batching.max_token_len,
             packed=batching.remove_padding,
+            agree=agree,
         )
-        if agree is not None and batching.max_token_len is not None and len(batch):
-            micros = split_to(micros, agree(len(micros)))
         spans = [slice(int(m[0]), int(m[-1]) + 1) for m in micros if len(m)]
         outputs = [forward(batch.select(span).without_padding()) for span in spans]
     finally:

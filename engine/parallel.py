@@ -141,13 +141,23 @@ class LocalStepper:
         return count
 
 
-class FSDP2Stepper(LocalStepper):
-    """FSDP2: parameters, gradients and optimizer state sharded over the ranks; a mini-batch's
-    gradients are reduce-scattered once, after its last micro-batch."""
+class _GroupStepper(LocalStepper):
+    """A rank of the process group: metrics are summed and micro-batch counts agreed over the ranks."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         super().__init__(model, optimizer)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+
+    def reduce(self, values: dict[str, float]) -> dict[str, float]:
+        return all_sum(values)
+
+    def agree(self, count: int) -> int:
+        return all_max(count)
+
+
+class FSDP2Stepper(_GroupStepper):
+    """FSDP2: parameters, gradients and optimizer state sharded over the ranks; a mini-batch's
+    gradients are reduce-scattered once, after its last micro-batch."""
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         self.model.set_requires_gradient_sync(last)
@@ -169,20 +179,13 @@ class FSDP2Stepper(LocalStepper):
         self.optimizer.zero_grad(set_to_none=True)
         return float(grad_norm)
 
-    def reduce(self, values: dict[str, float]) -> dict[str, float]:
-        return all_sum(values)
 
-    def agree(self, count: int) -> int:
-        return all_max(count)
-
-
-class DeepSpeedStepper(LocalStepper):
+class DeepSpeedStepper(_GroupStepper):
     """DeepSpeed ZeRO: the engine accumulates micro-batches and steps (clipping included) at the
     end of each mini-batch; `model` is the DeepSpeed engine."""
 
     def __init__(self, engine, optimizer: torch.optim.Optimizer):
         super().__init__(engine, optimizer)
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self._norm = 0.0
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
@@ -194,12 +197,6 @@ class DeepSpeedStepper(LocalStepper):
 
     def step(self, grad_clip: float) -> float:
         return self._norm
-
-    def reduce(self, values: dict[str, float]) -> dict[str, float]:
-        return all_sum(values)
-
-    def agree(self, count: int) -> int:
-        return all_max(count)
 
 
 def shard_fsdp2(model: torch.nn.Module, device: str) -> torch.nn.Module:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batching import micro_batches, split_to
+from .batching import micro_batches
 from .forward import SequenceBatch, inner_model, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
 from .losses import compute_policy_loss, compute_value_loss
@@ -176,9 +176,8 @@ def _optimize(
                 size=s.micro_batch_size,
                 max_tokens=s.max_token_len,
                 packed=s.remove_padding,
+                agree=stepper.agree,  # every rank runs as many as the one that needs most
             )
-            if s.max_token_len is not None:  # every rank runs as many as the one that needs most
-                micros = split_to(micros, stepper.agree(len(micros)))
             for position, micro in enumerate(micros):
                 part = batch.select(micro).without_padding().to(device)
                 cells = (micro, slice(0, part.response_ids.shape[1]))
