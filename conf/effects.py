@@ -251,6 +251,18 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "dropout is always off in ppoflow's models, and the KV cache is used where it helps",
     ),
     NoEffect(
+        ("actor_rollout_ref.rollout.multi_turn.*",),
+        "multi-turn rollouts are off (actor_rollout_ref.rollout.multi_turn.enable=false)",
+        lambda cfg: not cfg.actor_rollout_ref.rollout.multi_turn.enable,
+        except_keys=("actor_rollout_ref.rollout.multi_turn.enable",),
+    ),
+    NoEffect(
+        ("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode",),
+        "ppoflow keeps each turn's generated token ids and never re-tokenizes a conversation: there is "
+        "nothing to check",
+        lambda cfg: cfg.actor_rollout_ref.rollout.multi_turn.enable,
+    ),
+    NoEffect(
         ("trainer.resume_from_path",),
         "it is read only with trainer.resume_mode=resume_path, as in verl",
         lambda cfg: cfg.trainer.resume_mode != "resume_path",

@@ -89,6 +89,7 @@ PATH_KEYS = {
     ("data", "val_files"),
     ("custom_reward_function", "path"),
     ("trainer", "resume_from_path"),
+    ("actor_rollout_ref", "rollout", "multi_turn", "tool_config_path"),
 }
 """Keys naming files, which a config file names relative to its own folder (an override: to the
 working directory). They are stored absolute, so that the run's config.yaml reads back the same;

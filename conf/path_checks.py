@@ -12,6 +12,8 @@ from .schema import PPOFlowConfig
 from .schema_checks import get_key
 from .schema_common import ConfigError
 from .schema_trainer import GLOB_CHARACTERS, TrainerConfig
+from .tool_config import KEY as TOOL_CONFIG_KEY
+from .tool_config import read_tool_config
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 
@@ -37,6 +39,10 @@ def check_config_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> No
         origins,
         file=True,
     )
+    multi_turn = config.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.enable and multi_turn.tool_config_path is not None:
+        _require(multi_turn.tool_config_path, TOOL_CONFIG_KEY, "tool config file", origins, file=True)
+        read_tool_config(multi_turn.tool_config_path)
 
 
 def is_link_loop(path: Path | str) -> bool:

@@ -5,7 +5,14 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from ppoflow.engine.names import LossAggMode, PolicyLossMode, RolloutEngineName, Strategy
+from ppoflow.engine.names import (
+    LossAggMode,
+    PolicyLossMode,
+    RolloutEngineName,
+    Strategy,
+    ToolCallFormat,
+    ToolResponseTruncateSide,
+)
 
 from .schema_common import (
     CheckpointConfig,
@@ -212,6 +219,43 @@ class ValKwargs(Section):
     """Sample (true) or decode greedily (false)."""
 
 
+class MultiTurnConfig(Section):
+    """Multi-turn rollouts with tool calls (verl's rollout.multi_turn; docs/CONFIGURATION.md)."""
+
+    enable: bool = False
+    """Each response is a conversation: the model may call tools, whose results it reads before it
+    goes on (every turn is a row of the turns table)."""
+    max_assistant_turns: int | None = Field(None, gt=0)
+    """Most assistant turns per response; null: no limit but the response length."""
+    max_user_turns: int | None = Field(None, gt=0)
+    """Most tool turns per response; null: no limit but the response length."""
+    max_parallel_calls: int = Field(1, gt=0)
+    """Calls of one assistant turn that run; later ones are dropped (verl)."""
+    max_tool_response_length: int = Field(256, gt=0)
+    """Longest tool result, in characters, that the model reads (a longer one is cut)."""
+    tool_response_truncate_side: ToolResponseTruncateSide = "middle"
+    """Which part of a long result is kept: left (its start), right (its end), middle (both ends)."""
+    tool_config_path: str | None = None
+    """verl's tool config YAML: `tools:` a list of {class_name, config, tool_schema}; class_name is a
+    built-in (ppoflow:calculator, ppoflow:gsm8k_answer, verl.tools.gsm8k_tool.Gsm8kTool) or a
+    user's class as `file.py:Class` or `module:Class` (found beside the YAML)."""
+    format: ToolCallFormat = "hermes"
+    """How calls are written: hermes, `<tool_call>{"name": …, "arguments": {…}}</tool_call>`."""
+    tool_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """ppoflow: longest one call of a user's tool may take (its worker's own time); a slower call
+    gives an error result."""
+    interaction_config_path: str | None = None
+    """verl's simulated-user interactions: not implemented (must be null)."""
+    use_inference_chat_template: bool = False
+    """verl: re-render earlier turns with the inference template; ppoflow trains the token ids as
+    generated (false)."""
+    tokenization_sanity_check_mode: Literal["strict", "ignore_strippable", "disable"] = "strict"
+    """verl's check that turn-by-turn tokenization equals the whole conversation's; ppoflow never
+    re-tokenizes a conversation (it keeps the generated ids), so there is nothing to check."""
+    num_repeat_rollouts: int | None = None
+    """verl: repeat rollouts per interaction; not implemented (must be null)."""
+
+
 class RolloutConfig(Section):
     """Response generation. Keys marked vLLM are used only by name=vllm."""
 
@@ -269,6 +313,8 @@ class RolloutConfig(Section):
     trainer.seed (verl's default is 0)."""
     val_kwargs: ValKwargs = Field(default_factory=ValKwargs)
     """Sampling used for validation."""
+    multi_turn: MultiTurnConfig = Field(default_factory=MultiTurnConfig)
+    """Multi-turn rollouts with tool calls."""
 
 
 class ActorRolloutRefConfig(Section):

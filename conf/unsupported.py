@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ppoflow.engine.names import RM_SCORE
+from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
 
 from .effects import DYNAMIC_BATCHING, DYNAMIC_UPDATES, INERT_MODEL_OVERRIDES, MODELS
 from .schema_checks import followed_source, get_key
@@ -16,6 +16,9 @@ from .schema_common import ConfigError
 
 if TYPE_CHECKING:
     from .schema import PPOFlowConfig
+
+
+MULTI_TURN = "actor_rollout_ref.rollout.multi_turn"
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,57 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         lambda value, cfg: value not in ("naive", "batch", "prime"),
         "ppoflow scores each response with its reward function, as verl's naive, batch and prime "
         "managers do; other managers (dapo's overlong penalty) change the reward",
+    ),
+    *(
+        Unsupported(
+            f"{MULTI_TURN}.{key}",
+            lambda value, cfg, default=default: (
+                value != default and cfg.actor_rollout_ref.rollout.multi_turn.enable
+            ),
+            why,
+        )
+        for key, default, why in (
+            (
+                "interaction_config_path",
+                None,
+                "verl's simulated-user interactions are not implemented: set it "
+                "to null (tools are: multi_turn.tool_config_path)",
+            ),
+            (
+                "num_repeat_rollouts",
+                None,
+                "repeated rollouts per interaction are not implemented: set it to "
+                "null (rollout.n samples each prompt n times)",
+            ),
+            (
+                "use_inference_chat_template",
+                False,
+                "ppoflow trains the token ids as generated, never "
+                "re-rendered by a chat template: set it to false",
+            ),
+        )
+    ),
+    Unsupported(
+        f"{MULTI_TURN}.enable",
+        lambda value, cfg: value and cfg.actor_rollout_ref.rollout.name == "vllm",
+        "multi-turn rollouts run with the transformers engine: set actor_rollout_ref.rollout.name=hf",
+    ),
+    Unsupported(
+        f"{MULTI_TURN}.enable",
+        lambda value, cfg: value and cfg.algorithm.adv_estimator == "remax",
+        "ReMax's greedy baseline is one turn without tools: use another estimator (grpo, rloo, gae, …)",
+    ),
+    Unsupported(
+        f"{MULTI_TURN}.enable",
+        lambda value, cfg: value and cfg.actor_rollout_ref.actor.use_prefix_grouper,
+        "a multi-turn response holds tool turns that a shared prompt pass does not cover: set "
+        "actor_rollout_ref.actor.use_prefix_grouper=false",
+    ),
+    Unsupported(
+        "reward.weights",
+        lambda value, cfg: TOOL_REWARD in value and not cfg.actor_rollout_ref.rollout.multi_turn.enable,
+        f"{TOOL_REWARD} weighs the rewards of tool calls, and there are none without "
+        f"{MULTI_TURN}.enable=true: remove reward.weights.{TOOL_REWARD}",
     ),
     *(
         Unsupported(

@@ -27,21 +27,38 @@ class SequenceBatch:
     """Token tensors of N (prompt, response) pairs.
 
     prompt_ids (N, P) left-padded, prompt_mask (N, P); response_ids (N, T) right-padded,
-    response_mask (N, T) float, 1 on response tokens up to and including EOS.
+    response_mask (N, T) float, 1 on the response tokens the policy sampled, up to and including
+    EOS: the tokens log-probs, values and losses count. `response_attention` (N, T), when given, is 1
+    on every token of the response, the policy's and those a tool turn inserted (0 in
+    response_mask, engine/multi_turn.py): the tokens the model reads. None: the same as
+    response_mask (a single-turn response has no inserted tokens).
     """
 
     prompt_ids: torch.Tensor
     prompt_mask: torch.Tensor
     response_ids: torch.Tensor
     response_mask: torch.Tensor
+    response_attention: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
-    def select(self, rows: torch.Tensor | slice) -> SequenceBatch:
-        return SequenceBatch(
-            self.prompt_ids[rows], self.prompt_mask[rows], self.response_ids[rows], self.response_mask[rows]
+    @property
+    def attended(self) -> torch.Tensor:
+        """(N, T): 1 on every response token the model reads (response_attention, else response_mask)."""
+        return self.response_mask if self.response_attention is None else self.response_attention
+
+    def _tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return (
+            self.prompt_ids,
+            self.prompt_mask,
+            self.response_ids,
+            self.response_mask,
+            self.response_attention,
         )
+
+    def select(self, rows: torch.Tensor | slice) -> SequenceBatch:
+        return SequenceBatch(*(None if t is None else t[rows] for t in self._tensors()))
 
     def without_padding(self) -> SequenceBatch:
         """The same rows without the columns that are padding in all of them: leading prompt
@@ -50,34 +67,29 @@ class SequenceBatch:
         rounding (shorter shapes can change a kernel's blocking); a micro-batch of one prompt's
         responses then costs its own length, not that of the batch's longest prompt and response."""
         prompt_columns = (self.prompt_mask != 0).any(dim=0).nonzero()
-        response_columns = (self.response_mask != 0).any(dim=0).nonzero()
+        response_columns = (self.attended != 0).any(dim=0).nonzero()
         first = int(prompt_columns[0]) if len(prompt_columns) else 0
         width = int(response_columns[-1]) + 1 if len(response_columns) else self.response_ids.shape[1]
         if first == 0 and width == self.response_ids.shape[1]:
             return self
+        prompt_ids, prompt_mask, *responses = self._tensors()
         return SequenceBatch(
-            self.prompt_ids[:, first:],
-            self.prompt_mask[:, first:],
-            self.response_ids[:, :width],
-            self.response_mask[:, :width],
+            prompt_ids[:, first:],
+            prompt_mask[:, first:],
+            *(None if t is None else t[:, :width] for t in responses),
         )
 
     def to(self, device: torch.device | str) -> SequenceBatch:
-        return SequenceBatch(
-            *(
-                t.to(device)
-                for t in (self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
-            )
-        )
+        return SequenceBatch(*(None if t is None else t.to(device) for t in self._tensors()))
 
     def packed(self) -> PackedBatch:
         """The rows' valid tokens as one packed sequence (engine/packing.py)."""
-        return pack(self.prompt_ids, self.prompt_mask, self.response_ids, self.response_mask)
+        return pack(self.prompt_ids, self.prompt_mask, self.response_ids, self.attended)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """input_ids, attention_mask and position_ids of the concatenated sequences."""
         input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1)
-        attention_mask = torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+        attention_mask = torch.cat([self.prompt_mask.long(), self.attended.long()], dim=1)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
 
@@ -373,7 +385,7 @@ def _in_eval_micro_batches(
         micros = micro_batches(
             torch.arange(len(batch)),
             batch.prompt_mask,
-            batch.response_mask,
+            batch.attended,
             size=batching.micro_batch_size,
             max_tokens=batching.max_token_len,
             packed=batching.remove_padding,

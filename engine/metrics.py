@@ -67,6 +67,7 @@ def compute_data_metrics(
     max_prompt_length: int,
     max_response_length: int,
     values: Tensor | None = None,
+    response_lengths: Tensor | None = None,
 ) -> dict[str, float]:
     """verl's `compute_data_metrics`: what the batch looked like before the update.
 
@@ -78,13 +79,16 @@ def compute_data_metrics(
     Σ_t token_level_rewards (valid tokens), both over non-aborted rows only (verl: an aborted row has no
     response token); critic/advantages/*, critic/returns/* and, with values, critic/values/* over valid
     tokens and critic/vf_explained_var (`losses.explained_variance`); response_length/{mean,max,min,
-    clip_ratio} of valid tokens per row over all rows, response_length_non_aborted/* over non-aborted rows,
+    clip_ratio} of valid tokens per row over all rows (`response_lengths` when given: a
+    multi-turn response's length counts its tool tokens, which response_mask leaves out, as
+    verl's), response_length_non_aborted/* over non-aborted rows,
     response/aborted_ratio (share of rows without a valid token) and prompt_length/* likewise.
     """
     scores, token_level_rewards = scores.double(), token_level_rewards.double()
     advantages, returns = advantages.double(), returns.double()
-    response_lengths = (response_mask != 0).sum(dim=-1)
-    kept = response_lengths > 0
+    if response_lengths is None:
+        response_lengths = (response_mask != 0).sum(dim=-1)
+    kept = (response_mask != 0).any(dim=-1) if response_mask.numel() else response_lengths > 0
     metrics = _sequence_stats("critic/score", scores[kept])
     row_rewards = masked_sum(token_level_rewards, response_mask, dim=-1)
     metrics |= _sequence_stats("critic/rewards", row_rewards[kept])

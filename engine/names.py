@@ -24,6 +24,11 @@ PFReweightMethod = Literal["pow", "max_min", "max_random"]
 """algorithm.pf_ppo.reweight_method: PF-PPO's sample weighting (engine/pf_ppo.py)."""
 FinishReason = Literal["stop", "length"]
 """Why a response ended: an EOS token, or the length limit."""
+ToolCallFormat = Literal["hermes"]
+"""actor_rollout_ref.rollout.multi_turn.format: how tool calls are written (engine/tool_calls.py)."""
+ToolResponseTruncateSide = Literal["left", "middle", "right"]
+"""multi_turn.tool_response_truncate_side: which part of a long tool response is kept (verl's: left
+keeps the start, right the end, middle both ends)."""
 KLControlType = Literal["fixed", "adaptive"]
 """algorithm.kl_ctrl.type: β stays, or follows the measured KL toward target_kl (engine/kl.py)."""
 RolloutEngineName = Literal["hf", "vllm"]
@@ -43,6 +48,13 @@ Strategy = Literal["fsdp", "fsdp2", "deepspeed", "torch"]
 RM_SCORE = "rm_score"
 """The reward component that holds a reward model's score of a response (verl's `rm_scores`); its
 weight in the score is reward.weights.rm_score."""
+
+BUILTIN_TOOL_CLASSES = ("ppoflow:calculator", "ppoflow:gsm8k_answer", "verl.tools.gsm8k_tool.Gsm8kTool")
+"""Tool config class_names of ppoflow's built-in tools (engine/tools.py); verl's GSM8K tool is one."""
+
+TOOL_REWARD = "tool"
+"""The reward component that holds the sum of the rewards a multi-turn response's tool calls returned
+(verl's tool rewards); its weight in the score is reward.weights.tool (0 when unset)."""
 
 BUILTIN_REWARD_COMPONENTS = ("correctness", "format")
 """The components every built-in rule reward returns (addition, openai/gsm8k): what reward.weights

@@ -17,7 +17,16 @@ from .advantages import AdvEstimator, compute_advantages
 from .batching import ForwardBatching
 from .forward import SequenceBatch, compute_log_probs
 from .kl import KLPenalty, apply_kl_penalty
-from .rollout import RolloutEngine, SamplingParams, left_pad, right_pad, row_prefixes, sample_seed
+from .multi_turn import MultiTurnLimits, ToolRunner, Trajectory, TurnCodec, rollout_output, run_multi_turn
+from .rollout import (
+    RolloutEngine,
+    SamplingParams,
+    left_pad,
+    right_pad,
+    row_prefixes,
+    sample_seed,
+)
+from .tools import ToolContext
 
 
 def build_sequence_batch(
@@ -26,16 +35,24 @@ def build_sequence_batch(
     *,
     pad_token_id: int,
     response_width: int | None = None,
+    response_masks: Sequence[Sequence[int]] | None = None,
 ) -> SequenceBatch:
-    """Left-pad the prompts, right-pad the responses (to `response_width` if given)."""
+    """Left-pad the prompts, right-pad the responses (to `response_width` if given). With
+    `response_masks` (multi-turn: 0 on tool tokens), those are the loss mask and every response
+    token is attended (`SequenceBatch.response_attention`)."""
     prompts, prompt_mask = left_pad(prompt_ids, pad_token_id)
-    responses, response_mask = right_pad(response_ids, pad_token_id, width=response_width)
-    return SequenceBatch(prompts, prompt_mask, responses, response_mask)
+    responses, attention = right_pad(response_ids, pad_token_id, width=response_width)
+    if response_masks is None:
+        return SequenceBatch(prompts, prompt_mask, responses, attention)
+    loss_mask = right_pad(response_masks, 0.0, width=responses.shape[1], dtype=torch.float32)[0]
+    return SequenceBatch(prompts, prompt_mask, responses, loss_mask, attention)
 
 
-def unpad(values: torch.Tensor, response_mask: torch.Tensor) -> list[list[float]]:
-    """(N, T) → per-row lists of the valid positions (the parquet list-column form)."""
-    return row_prefixes(values, response_mask.sum(-1).long().tolist())
+def unpad(values: torch.Tensor, batch_or_mask: SequenceBatch | torch.Tensor) -> list[list[float]]:
+    """(N, T) → per-row lists of the response positions (the parquet list-column form): every token
+    of the response (`SequenceBatch.attended`, tool tokens included), or the 1s of a mask."""
+    mask = batch_or_mask.attended if isinstance(batch_or_mask, SequenceBatch) else batch_or_mask
+    return row_prefixes(values, mask.sum(-1).long().tolist())
 
 
 def pad_rows(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
@@ -56,6 +73,19 @@ class Rollouts:
     ref_log_probs: list[list[float]] | None
     seconds: dict[str, float]
     """Wall seconds of each phase, by verl's timer names: gen, old_log_prob, ref (with a reference)."""
+    trajectories: list[Trajectory] | None = None
+    """Multi-turn: each response's turns, response mask (0 on tool tokens) and tool rewards."""
+
+
+@dataclass(frozen=True)
+class MultiTurn:
+    """What a multi-turn rollout needs beside the engine: its limits, the tokenizer's side, the tools
+    and each prompt's context for them (`contexts[i]`: prompt i of the batch given)."""
+
+    limits: MultiTurnLimits
+    codec: TurnCodec
+    tools: ToolRunner
+    contexts: Sequence[ToolContext]
 
 
 def generate_rollouts(
@@ -75,6 +105,7 @@ def generate_rollouts(
     first_prompt: int = 0,
     on_batch: Callable[[int], None] | None = None,
     on_tokens: Callable[[int], None] | None = None,
+    multi_turn: MultiTurn | None = None,
 ) -> Rollouts:
     """Sample n responses per prompt, then recompute old (actor) and reference log-probs with the
     trainer's forward pass at the sampling temperature, in the micro-batches of `batching` (and
@@ -84,16 +115,38 @@ def generate_rollouts(
     (actor.use_prefix_grouper): a prompt's n responses share its forward pass in both passes
     (`forward.shared_prompt_logits`). Response j of prompt i samples from
     `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt` on of a
-    step's batch generates what one device given the whole batch would."""
+    step's batch generates what one device given the whole batch would. `multi_turn`: each response
+    is a multi-turn trajectory (engine/multi_turn.py); the passes read its tool tokens and give them
+    log-prob 0."""
     repeated = [list(p) for p in prompt_ids for _ in range(n)]
     seeds = [sample_seed(seed, first_prompt + i, j) for i in range(len(prompt_ids)) for j in range(n)]
     started = time.perf_counter()
-    out = engine.generate(repeated, params, seeds=seeds, on_batch=on_batch, on_tokens=on_tokens)
+    trajectories, masks = None, None
+    if multi_turn is None:
+        out = engine.generate(repeated, params, seeds=seeds, on_batch=on_batch, on_tokens=on_tokens)
+    else:
+        trajectories = run_multi_turn(
+            engine,
+            repeated,
+            params,
+            seeds=seeds,
+            contexts=[multi_turn.contexts[i] for i in range(len(prompt_ids)) for _ in range(n)],
+            codec=multi_turn.codec,
+            tools=multi_turn.tools,
+            limits=multi_turn.limits,
+            on_tokens=on_tokens,
+        )
+        out = rollout_output(trajectories)
+        masks = [t.response_mask for t in trajectories]
+        if on_batch is not None:
+            on_batch(len(repeated))
     temperature = params.logit_temperature
     generated = time.perf_counter()
     seconds = {"gen": generated - started}
     if recompute_old_log_probs or reference is not None:  # the padded batch the trainer's passes take
-        batch = build_sequence_batch(repeated, out.response_ids, pad_token_id=pad_token_id)
+        batch = build_sequence_batch(
+            repeated, out.response_ids, pad_token_id=pad_token_id, response_masks=masks
+        )
     if recompute_old_log_probs:
         old = compute_log_probs(
             actor,
@@ -102,7 +155,7 @@ def generate_rollouts(
             batching=batching,
             share_prompts=share_prompts,
         )
-        old_log_probs = unpad(old, batch.response_mask)
+        old_log_probs = unpad(old, batch)
         seconds["old_log_prob"] = time.perf_counter() - generated
     else:
         old_log_probs = [list(row) for row in out.rollout_log_probs]
@@ -117,7 +170,7 @@ def generate_rollouts(
                 batching=ref_batching or batching,
                 share_prompts=share_prompts,
             ),
-            batch.response_mask,
+            batch,
         )
         seconds["ref"] = time.perf_counter() - started
     return Rollouts(
@@ -129,14 +182,20 @@ def generate_rollouts(
         old_log_probs=old_log_probs,
         ref_log_probs=ref,
         seconds=seconds,
+        trajectories=trajectories,
     )
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """token_level_scores (N, T): each sequence's scalar score at its last valid token, 0 elsewhere."""
+    """token_level_scores (N, T): each sequence's scalar score at its last valid token (the last 1
+    of `response_mask`: in a multi-turn response, the model's last token, never a tool's), 0
+    elsewhere."""
     token_level = torch.zeros_like(response_mask, dtype=torch.float32)
-    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
     has_tokens = response_mask.sum(-1) > 0
+    if not bool(has_tokens.any()):
+        return token_level
+    positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
+    last = ((response_mask != 0).long() * positions).amax(dim=-1) - 1
     rows = torch.arange(len(scores))[has_tokens]
     token_level[rows, last[has_tokens]] = scores[has_tokens].float()
     return token_level

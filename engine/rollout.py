@@ -52,11 +52,16 @@ class RolloutOutput:
     response_ids: list[list[int]] = field(default_factory=list)
     rollout_log_probs: list[list[float]] = field(default_factory=list)
     finish_reasons: list[FinishReason] = field(default_factory=list)
+    trajectories: list | None = None
+    """Multi-turn (engine/multi_turn.py): each response's Trajectory (its turns, response mask and
+    tool rewards); None for single-turn responses."""
 
     def extend(self, other: RolloutOutput) -> None:
         self.response_ids += other.response_ids
         self.rollout_log_probs += other.rollout_log_probs
         self.finish_reasons += other.finish_reasons
+        if other.trajectories is not None:
+            self.trajectories = (self.trajectories or []) + other.trajectories
 
 
 class RolloutEngine(Protocol):

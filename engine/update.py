@@ -172,7 +172,7 @@ def _optimize(
             micros = micro_batches(
                 own,
                 batch.prompt_mask,
-                batch.response_mask,
+                batch.attended,
                 size=s.micro_batch_size,
                 max_tokens=s.max_token_len,
                 packed=s.remove_padding,

@@ -10,6 +10,7 @@ from ppoflow.conf import load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.placement import place_models
+from ppoflow.tasks.models.tool_runner import check_tools
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
 from ppoflow.tasks.pipeline.plan import run_plan, total_training_steps
@@ -91,6 +92,8 @@ def _train(run: Run, plan: RunPlan) -> dict:
     total = first - 1 if val_only else total_training_steps(plan.data, data.train.ref.rows)
     settings = plan.with_total_steps(total).settings
     check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
+    if settings.rollout.multi_turn is not None:
+        check_tools(settings.rollout.multi_turn.tools, settings.rollout.multi_turn.tool_timeout_s)
     require_builtin_rewards(run, settings.reward, data.prompt_tables())
     tracking = Tracking(plan.tracking, run.path, total)
     history = []

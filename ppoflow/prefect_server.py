@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ppoflow.tasks.stages.processes import exit_with_parent
+from ppoflow.tasks.models.processes import exit_with_parent
 from ppoflow.tasks.storage.regular_files import open_regular_file
 
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}

@@ -38,19 +38,38 @@ def pick(rows: list[dict], mode: str, count: int, seed: int) -> list[dict]:
             raise ValueError(f"unknown selection {mode!r}: expected best, worst or random")
 
 
+TURNS_SQL = """
+SELECT prompt_id, sample_idx, turn, call_index, role, text, turn_end, tool_name, arguments, result, error
+FROM turns WHERE iter = {iteration} ORDER BY prompt_id, sample_idx, turn, call_index
+"""
+
+
 def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
     """The rows of `iteration`, by default the newest with advantages (a step still running has
-    its rollouts before them)."""
+    its rollouts before them); a multi-turn run's rows with their `turns` and `response_mask`."""
     shown = query(run_dir, "SELECT min(iter), max(iter) FROM advantages")[1][0]
     if iteration is None:
         iteration = shown[1]
         if iteration is None:
             raise ValueError(f"{run_dir} has no scored rollouts yet")
-    columns, rows = query(run_dir, ROWS_SQL.format(iteration=int(iteration)))
+    multi_turn = "response_mask" in {c for (c, *_) in query(run_dir, "DESCRIBE rollouts")[1]}
+    sql = ROWS_SQL.format(iteration=int(iteration))
+    if multi_turn:
+        sql = sql.replace("SELECT r.prompt_id,", "SELECT r.response_mask, r.prompt_id,")
+    columns, rows = query(run_dir, sql)
     if not rows:
         have = f"iterations {shown[0]}–{shown[1]} have them" if shown[0] is not None else "none has yet"
         raise ValueError(f"{run_dir} has no rollouts for iteration {iteration} ({have})")
-    return iteration, [dict(zip(columns, row, strict=True)) for row in rows]
+    found = [dict(zip(columns, row, strict=True)) for row in rows]
+    if multi_turn and any(row["response_mask"] is not None for row in found):
+        names, turns = query(run_dir, TURNS_SQL.format(iteration=int(iteration)))
+        by_row: dict[tuple, list[dict]] = {}
+        for turn in turns:
+            record = dict(zip(names, turn, strict=True))
+            by_row.setdefault((record["prompt_id"], record["sample_idx"]), []).append(record)
+        for row in found:
+            row["turns"] = by_row.get((row["prompt_id"], row["sample_idx"]), [])
+    return iteration, found
 
 
 def run_tokenizer(run_dir: Path):
@@ -72,13 +91,15 @@ def run_tokenizer(run_dir: Path):
 
 
 def token_table(row: dict, tokens: list[str]) -> Table:
-    table = Table(
-        "t", "token", "old logp", "ref logp", "kl", "value", "adv", "return", box=None, pad_edge=False
-    )
+    mask = row.get("response_mask")
+    columns = ["t", "token", *(["from"] if mask is not None else []), "old logp", "ref logp", "kl", "value"]
+    table = Table(*columns, "adv", "return", box=None, pad_edge=False)
     for t, token in enumerate(tokens):
+        source = [] if mask is None else [Text("model") if mask[t] else Text("tool", style="dim")]
         table.add_row(
             str(t),
             Text(repr(token)[1:-1]),
+            *source,
             _num(row["old_log_probs"], t),
             _num(row["ref_log_probs"], t),
             _num(row["kl"], t),
@@ -87,6 +108,20 @@ def token_table(row: dict, tokens: list[str]) -> Table:
             _num(row["returns"], t),
         )
     return table
+
+
+def turn_line(turn: dict) -> Text:
+    """One turn of a multi-turn response: an assistant turn's text and how it ended, or one tool
+    call with its arguments and result (or error)."""
+    if turn["role"] == "assistant":
+        return Text.assemble(
+            (f"turn {turn['turn']} assistant", "bold"),
+            f" {turn['text']!r}",
+            (f"  [{turn['turn_end']}]", "dim"),
+        )
+    name = turn["tool_name"] or "(malformed call)"
+    outcome = (f" error: {turn['error']}", "red") if turn["error"] else (f" → {turn['result']!r}", "")
+    return Text.assemble((f"turn {turn['turn']} tool", "bold"), f" {name} {turn['arguments']}", outcome)
 
 
 def _num(values: list[float] | None, t: int) -> str:
@@ -111,6 +146,8 @@ def render(console: Console, iteration: int, rows: list[dict], tokenizer) -> Non
         console.print(Text.assemble(("response", "dim"), f" {row['response_text']}"), soft_wrap=True)
         if row["error"]:
             console.print(Text.assemble(("reward error", "red"), f" {row['error']}"))
+        for turn in row.get("turns", []):
+            console.print(turn_line(turn), soft_wrap=True)
         ids = row["response_ids"]
         tokens = [tokenizer.decode([i]) for i in ids] if tokenizer else [str(i) for i in ids]
         console.print(token_table(row, tokens))

@@ -25,12 +25,12 @@ from ppoflow.engine.optim import OptimSettings, build_optimizer
 from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutEngine, RolloutOutput, SamplingParams
 from ppoflow.engine.vllm_rollout import VLLMOptions
-from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
+from ppoflow.tasks.models.generation import RolloutEngines, generate_share, rollout_share
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.pipeline.model_files import load_optimizer_state, model_dir, save_checkpoint, verified_dir
-from ppoflow.tasks.pipeline.placement import RolloutRequest
+from ppoflow.tasks.pipeline.placement import MultiTurnRequest, RolloutRequest
 from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInputs
 from ppoflow.tasks.storage.checkpoints import StateUnavailable, Trainable, directory_digest
 
@@ -105,13 +105,21 @@ class ModelHost:
         batch_size: int | None,
         vllm: VLLMOptions | None = None,
         progress=None,
+        multi_turn: MultiTurnRequest | None = None,
     ) -> RolloutOutput:
         """One response per prompt (validation), response i sampled from `seeds[i]`."""
         if not prompt_ids:
             return RolloutOutput()
         generator = self._engine(run, actor, engine, batch_size, vllm)
-        return generator.generate(
-            prompt_ids, sampling, seeds=seeds, on_batch=progress, on_tokens=getattr(progress, "tokens", None)
+        return generate_share(
+            generator,
+            self.tokenizer(run, actor),
+            prompt_ids,
+            sampling,
+            seeds,
+            multi_turn,
+            on_batch=progress,
+            on_tokens=getattr(progress, "tokens", None),
         )
 
     def _engine(

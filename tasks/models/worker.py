@@ -34,11 +34,11 @@ from ppoflow.engine.ppo import Rollouts
 from ppoflow.engine.rollout import RolloutOutput, SamplingParams
 from ppoflow.engine.vllm_rollout import VLLMOptions
 from ppoflow.tasks.faults import inject_fault
-from ppoflow.tasks.models.generation import RolloutEngines, rollout_share
+from ppoflow.tasks.models.generation import RolloutEngines, generate_share, rollout_share
 from ppoflow.tasks.models.ray_cluster import where_am_i
 from ppoflow.tasks.models.replay import run_update
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
-from ppoflow.tasks.pipeline.placement import RoleLayout, RolloutRequest
+from ppoflow.tasks.pipeline.placement import MultiTurnRequest, RoleLayout, RolloutRequest
 from ppoflow.tasks.pipeline.states import UpdateInputs
 from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.deepspeed_optimizer_state import load_deepspeed_optimizer, save_deepspeed_optimizer
@@ -243,11 +243,13 @@ class ModelWorker:
         engine: RolloutEngineName,
         batch_size: int | None,
         vllm: VLLMOptions | None = None,
+        multi_turn: MultiTurnRequest | None = None,
     ) -> RolloutOutput:
         generator = self._engine(tokenizer_dir, engine, batch_size, vllm)  # every rank (a collective)
         if not prompt_ids:
             return RolloutOutput()
-        return generator.generate(prompt_ids, sampling, seeds=seeds)
+        tokenizer = self.tokenizer(tokenizer_dir)
+        return generate_share(generator, tokenizer, prompt_ids, sampling, seeds, multi_turn)
 
     def values(self, batch: SequenceBatch, batching: ForwardBatching) -> torch.Tensor:
         """V(s_t) of this rank's rows (every rank has as many, so the sharded forward passes pair up)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,7 +40,7 @@ from ppoflow.tasks.models.reaper import private_ray_dir, reap_after_exit, remove
 from ppoflow.tasks.models.tokenizer_cache import RecentTokenizers
 from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.pipeline.model_files import verified_dir, verified_optimizer_dir
-from ppoflow.tasks.pipeline.placement import PlacementPlan, RolloutRequest
+from ppoflow.tasks.pipeline.placement import MultiTurnRequest, PlacementPlan, RolloutRequest
 from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInputs
 from ppoflow.tasks.storage.checkpoints import StateUnavailable, write_checkpoint
 
@@ -293,12 +294,22 @@ class WorkerGroupHost:
         batch_size: int | None,
         vllm: VLLMOptions | None = None,
         progress=None,
+        multi_turn: MultiTurnRequest | None = None,
     ) -> RolloutOutput:
         self._ensure(run, actor, "validation")
         tokenizer_dir = str(saved_tokenizer_dir(run, actor, self.history))
         starts = _share_starts(len(prompt_ids), self.plan.world_size)
         per_rank = [
-            (tokenizer_dir, prompt_ids[a:b], sampling, seeds[a:b], engine, batch_size, vllm)
+            (
+                tokenizer_dir,
+                prompt_ids[a:b],
+                sampling,
+                seeds[a:b],
+                engine,
+                batch_size,
+                vllm,
+                None if multi_turn is None else replace(multi_turn, contexts=multi_turn.contexts[a:b]),
+            )
             for a, b in zip(starts, starts[1:], strict=False)
         ]
         out = RolloutOutput()
@@ -381,6 +392,7 @@ def _share_starts(n: int, world: int) -> list[int]:
 
 def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
     joined = Rollouts([], [], [], [], [], [], None if shares[0].ref_log_probs is None else [], {})
+    joined.trajectories = None if shares[0].trajectories is None else []
     for share, start in zip(shares, starts, strict=False):
         joined.prompt_index += [start + i for i in share.prompt_index]
         joined.sample_index += share.sample_index
@@ -390,6 +402,8 @@ def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
         joined.old_log_probs += share.old_log_probs
         if joined.ref_log_probs is not None:
             joined.ref_log_probs += share.ref_log_probs
+        if joined.trajectories is not None:
+            joined.trajectories += share.trajectories or []
         for phase, seconds in share.seconds.items():  # the ranks run at once: the slowest counts
             joined.seconds[phase] = max(joined.seconds.get(phase, 0.0), seconds)
     return joined

@@ -47,6 +47,18 @@ ROW_STATS = {
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
     "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
     "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
+    "turns/tool_error_rate": (
+        "SELECT iter, avg((error IS NOT NULL)::DOUBLE) FROM turns WHERE role = 'tool' GROUP BY iter"
+    ),
+    "turns/turn_limit_rate": (
+        "SELECT iter, count(*) FILTER (WHERE turn_end IN ('assistant_turn_limit', 'user_turn_limit'))"
+        "::DOUBLE / count(*) FILTER (WHERE role = 'assistant' AND turn = 0) FROM turns GROUP BY iter"
+    ),
+    "turns/unread_tool_turn_rate": (
+        "SELECT iter, count(DISTINCT (prompt_id, sample_idx)) FILTER (WHERE role = 'tool' AND "
+        "token_start = token_end)::DOUBLE / count(*) FILTER (WHERE role = 'assistant' AND turn = 0) "
+        "FROM turns GROUP BY iter"
+    ),
 }
 """Per-iteration statistics of the raw rows that the metrics table does not hold (or holds only
 from the update's side)."""

@@ -29,6 +29,7 @@ from ppoflow.tasks.observe.diagnose_rewards import (
     check_validation_vs_reward,
 )
 from ppoflow.tasks.observe.diagnose_run import Finding, RunData
+from ppoflow.tasks.observe.diagnose_tools import check_conversations_cut, check_tool_errors
 
 CHECKS: tuple[Callable[[RunData], list[Finding]], ...] = (
     check_policy_not_moving,
@@ -42,4 +43,6 @@ CHECKS: tuple[Callable[[RunData], list[Finding]], ...] = (
     check_reference_kl,
     check_validation_vs_reward,
     check_group_spread,
+    check_tool_errors,
+    check_conversations_cut,
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ppoflow.tasks.pipeline.states import ModelState, UpdateHistory, UpdateInputs
 
@@ -23,14 +23,57 @@ if TYPE_CHECKING:
     from ppoflow.engine.batching import ForwardBatching
     from ppoflow.engine.forward import SequenceBatch
     from ppoflow.engine.lora import LoraSpec
+    from ppoflow.engine.multi_turn import MultiTurnLimits
     from ppoflow.engine.names import RolloutEngineName
     from ppoflow.engine.ppo import Rollouts
     from ppoflow.engine.rollout import RolloutOutput, SamplingParams
+    from ppoflow.engine.tools import ToolContext
     from ppoflow.engine.update import UpdateResult
     from ppoflow.engine.vllm_rollout import VLLMOptions
     from ppoflow.tasks.pipeline.run import RunFiles
 
 Strategy = Literal["fsdp2", "deepspeed"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool of multi_turn.tool_config_path: its name (the schema's function name), its class,
+    verl's `config` and `tool_schema`. A user's class is `attribute` of the Python file
+    `module_file` (where the file is: not in the key), whose bytes' digest is `source_digest` (an
+    edited tool is a cache miss); a built-in one (engine/tools.py) has neither."""
+
+    name: str
+    class_name: str
+    schema: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    module_file: str | None = field(default=None, metadata={"cache_key": False})
+    attribute: str | None = None
+    source_digest: str | None = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.module_file is None
+
+
+@dataclass(frozen=True)
+class MultiTurnSettings:
+    """actor_rollout_ref.rollout.multi_turn with enable=true: the loop's limits, the tools and the
+    time one call may take."""
+
+    limits: MultiTurnLimits
+    tools: tuple[ToolSpec, ...]
+    tool_timeout_s: float
+
+
+@dataclass(frozen=True)
+class MultiTurnRequest:
+    """A step's multi-turn rollouts: the settings, the tools' context of each prompt of the step's
+    batch (its ground truth and extra_info), and whether the prompts are chat messages (a tool turn
+    is then rendered by the chat template)."""
+
+    settings: MultiTurnSettings
+    contexts: tuple[ToolContext, ...]
+    chat: bool
 
 
 @dataclass(frozen=True)
@@ -52,6 +95,8 @@ class RolloutRequest:
     """actor.use_prefix_grouper: a prompt's responses share its forward pass in the log-prob passes."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm)."""
+    multi_turn: MultiTurnRequest | None = None
+    """Multi-turn rollouts with tools (rollout.multi_turn.enable); None: one turn."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +182,7 @@ class ModelPlacement(Protocol):
         batch_size: int | None,
         vllm: VLLMOptions | None = None,
         progress: Callable | None = None,
+        multi_turn: MultiTurnRequest | None = None,
     ) -> RolloutOutput:
         """One response per prompt (validation), response i sampled from `seeds[i]`."""
         ...

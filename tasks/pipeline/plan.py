@@ -9,15 +9,17 @@ from pathlib import Path
 
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
+from ppoflow.conf.tool_config import read_tool_config
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
-from ppoflow.engine.names import RM_SCORE
+from ppoflow.engine.multi_turn import MultiTurnLimits
+from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.engine.vllm_rollout import VLLMOptions
-from ppoflow.tasks.pipeline.placement import PlacementPlan, RoleLayout
+from ppoflow.tasks.pipeline.placement import MultiTurnSettings, PlacementPlan, RoleLayout, ToolSpec
 from ppoflow.tasks.pipeline.settings import (
     AdvantageStageSettings,
     CustomRewardFunction,
@@ -78,6 +80,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         vllm=vllm_options(cfg),
         recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
         share_prompts=shares_prompts(cfg),
+        multi_turn=multi_turn_settings(cfg),
     )
     validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
@@ -99,6 +102,7 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
             seed=rollout.seed if validation_sampling.do_sample else None,
             log_generations=cfg.trainer.log_val_generations,
             vllm=rollout.vllm,
+            multi_turn=rollout.multi_turn,
         ),
         advantages=AdvantageStageSettings(
             estimator=AdvantageSettings(
@@ -148,6 +152,31 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
     )
 
 
+def multi_turn_settings(cfg: PPOFlowConfig) -> MultiTurnSettings | None:
+    """rollout.multi_turn with enable=true (its tool config read and checked again: it is a file that
+    may have changed since the config loaded), else None."""
+    rollout = cfg.actor_rollout_ref.rollout
+    section = rollout.multi_turn
+    if not section.enable:
+        return None
+    entries = read_tool_config(section.tool_config_path) if section.tool_config_path else []
+    return MultiTurnSettings(
+        limits=MultiTurnLimits(
+            response_length=rollout.response_length,
+            max_assistant_turns=section.max_assistant_turns,
+            max_user_turns=section.max_user_turns,
+            max_parallel_calls=section.max_parallel_calls,
+            max_tool_response_length=section.max_tool_response_length,
+            tool_response_truncate_side=section.tool_response_truncate_side,
+        ),
+        tools=tuple(
+            ToolSpec(e.name, e.class_name, e.schema, e.config, e.module_file, e.attribute, e.source_digest)
+            for e in entries
+        ),
+        tool_timeout_s=section.tool_timeout_s,
+    )
+
+
 def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
     """What the rewards and validation stages are told. `weights` are the rule components' (reward.weights
     without rm_score); with a reward model, `rm_weight` is reward.weights.rm_score, and when that is not
@@ -155,6 +184,7 @@ def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
     its rm_scores instead of the rule reward."""
     weights = dict(cfg.reward.weights)
     rm_weight = weights.pop(RM_SCORE, None)
+    tool_weight = weights.pop(TOOL_REWARD, 0.0)
     enabled = cfg.reward_model.enable
     return RewardSettings(
         weights=weights,
@@ -165,6 +195,7 @@ def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
         on_error=cfg.reward.on_error,
         gsm8k_method=cfg.reward.gsm8k_method,
         custom_function=custom_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name),
+        tool_weight=tool_weight,
     )
 
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # types only: a stage's cache key hashes the code it runs (ca
     from ppoflow.engine.rollout import SamplingParams
     from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
     from ppoflow.engine.vllm_rollout import VLLMOptions
-    from ppoflow.tasks.pipeline.placement import PlacementPlan
+    from ppoflow.tasks.pipeline.placement import MultiTurnSettings, PlacementPlan
 
 
 class RewardFunctionError(RuntimeError):
@@ -84,6 +84,8 @@ class RewardSettings:
     on_error: Literal["fail", "zero"]
     gsm8k_method: Gsm8kMethod
     custom_function: CustomRewardFunction | None
+    tool_weight: float = 0.0
+    """reward.weights.tool: the weight of a multi-turn response's tool rewards (component `tool`)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,8 @@ class RolloutSettings:
     share_prompts: bool = field(default=False, metadata={"cache_key": False})
     """actor.use_prefix_grouper (one process only): a prompt's responses share its forward pass in
     the old and reference log-prob passes (the same numbers up to float rounding)."""
+    multi_turn: MultiTurnSettings | None = None
+    """rollout.multi_turn with enable=true: each response is a multi-turn trajectory with tool calls."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,8 @@ class ValidationSettings:
     """trainer.log_val_generations (what is printed, not what is computed: not in the cache key)."""
     vllm: VLLMOptions | None = None
     """The vLLM engine's options (rollout.name=vllm; None for hf)."""
+    multi_turn: MultiTurnSettings | None = None
+    """rollout.multi_turn with enable=true: validation answers are multi-turn trajectories too."""
 
 
 @dataclass(frozen=True)

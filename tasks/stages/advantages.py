@@ -65,11 +65,11 @@ def advantages(
     columns = {
         "prompt_id": table["prompt_id"],
         "sample_idx": table["sample_idx"],
-        "values": unpad(values, mask) if values is not None else [None] * table.num_rows,
-        "token_level_rewards": unpad(result.token_level_rewards, mask),
-        "advantages": unpad(result.advantages, mask),
-        "returns": unpad(result.returns, mask),
-        "kl": unpad(kl, mask) if kl is not None else [None] * table.num_rows,
+        "values": unpad(values, batch) if values is not None else [None] * table.num_rows,
+        "token_level_rewards": unpad(result.token_level_rewards, batch),
+        "advantages": unpad(result.advantages, batch),
+        "returns": unpad(result.returns, batch),
+        "kl": unpad(kl, batch) if kl is not None else [None] * table.num_rows,
         "train_weight": _train_weights(scores, settings.pf_ppo, settings.seed * 1_000_003 + step),
     }
     inject_fault("advantages", step)

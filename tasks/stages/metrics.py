@@ -23,9 +23,10 @@ from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import MetricsSettings, RewardKL
 from ppoflow.tasks.pipeline.states import TIMING_PREFIX, StageResult, StageTimer, StepResults
 from ppoflow.tasks.stages.rewards import reward_error_metrics
+from ppoflow.tasks.stages.turns import turn_metrics
 from ppoflow.tasks.storage.schemas import metrics_table
 from ppoflow.tasks.storage.tables import read_table, stage_path, write_table
-from ppoflow.tasks.storage.tensors import length_mask, padded_column, token_tensor
+from ppoflow.tasks.storage.tensors import length_mask, padded_column, sequence_batch, token_tensor
 
 
 def _data_metrics(
@@ -40,6 +41,8 @@ def _data_metrics(
     adv = read_table(run.path, advantage.ref, clock=run.io)
     width = pc.max(rollouts["response_length"]).as_py() or 0
     mask = length_mask(rollouts["response_length"], width)
+    if "response_mask" in rollouts.column_names and rollouts["response_mask"].null_count < len(rollouts):
+        mask = sequence_batch(rollouts, 0).response_mask  # multi-turn: the loss mask, 0 on tool tokens
     rewards = read_table(run.path, reward.ref, clock=run.io)
     scores = torch.tensor(rewards["score"].to_numpy(), dtype=torch.float64)
     metrics = compute_data_metrics(
@@ -52,9 +55,11 @@ def _data_metrics(
         max_prompt_length=settings.prompt_length,
         max_response_length=settings.response_length,
         values=token_tensor(adv, "values", width),
+        response_lengths=torch.tensor(rollouts["response_length"].to_numpy(), dtype=torch.long),
     )
     metrics |= reward_error_metrics(rewards)
     metrics |= compute_group_metrics(scores, torch.tensor(rollouts["group_id"].to_numpy(), dtype=torch.long))
+    metrics |= turn_metrics(rollouts)
     if recomputed:  # verl measures the mismatch where it recomputes old log-probs (not in bypass mode)
         metrics |= compute_rollout_probs_diff(
             padded_column(rollouts, "rollout_log_probs", width),

@@ -23,7 +23,8 @@ from ppoflow.tasks.storage.model_cache import cached_model_dir, replace_director
 from ppoflow.tasks.storage.regular_files import refuse_links_below
 
 BUILTIN_MODEL = "builtin:tiny-addition"
-BUILTIN_MODELS = (BUILTIN_MODEL, SMOLLM2)
+TOOL_MODEL = "builtin:tiny-calculator"
+BUILTIN_MODELS = (BUILTIN_MODEL, TOOL_MODEL, SMOLLM2)
 BUILTIN_DATA = "builtin:addition"
 BUILTIN_TRAIN_ROWS = 2048
 
@@ -48,6 +49,25 @@ def build_tiny_base(seed: int) -> Path:
         (staging / "warm_start.json").write_text(json.dumps(report))
 
     return cached_model_dir(cache_root() / f"tiny-addition-seed{seed}-{recipe}", build)
+
+
+def build_tool_base(seed: int) -> Path:
+    """The tiny calculator model (engine/tiny_tools.py): the tiny model with the tool markers in its
+    vocabulary, warm-started to use the calculator now and then; built once per machine and seed."""
+    from ppoflow.engine import tiny, tiny_tools
+
+    sources = b"".join(Path(m.__file__).read_bytes() for m in (tiny, tiny_tools))
+    recipe = hashlib.sha256(sources).hexdigest()[:16]
+
+    def build(staging: Path) -> None:
+        tokenizer = tiny_tools.build_tiny_tool_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed)
+        report = tiny_tools.warm_start_tools(model, tokenizer, seed=seed)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / "warm_start.json").write_text(json.dumps(report))
+
+    return cached_model_dir(cache_root() / f"tiny-calculator-seed{seed}-{recipe}", build)
 
 
 def smollm2_gguf() -> Path:
@@ -98,6 +118,9 @@ def prepare_model(run: Run, model_path: str, seed: int, source: str) -> ModelSta
         case _ if model_path == BUILTIN_MODEL:
             checkpoint = "model/base"
             directory = _install_copy(build_tiny_base(seed), run, checkpoint)
+        case _ if model_path == TOOL_MODEL:
+            checkpoint = "model/base"
+            directory = _install_copy(build_tool_base(seed), run, checkpoint)
         case _ if model_path == SMOLLM2:
             directory = converted_gguf(smollm2_gguf())
             checkpoint = str(directory)

@@ -6,7 +6,7 @@ The worker imports the user's file once and scores its rows in order, one messag
 longer than `timeout_s` is interrupted inside the worker by SIGALRM; a call stuck in C code (which
 never sees the signal) is caught by the parent's per-row deadline: the worker is killed, the row
 marked timed out, and a fresh worker scores the rest. Every limit counts the worker's own time (see
-`_OwnTime`): seconds it spent waiting for a CPU that other processes held are given back, so a busy
+`OwnTime`): seconds it spent waiting for a CPU that other processes held are given back, so a busy
 machine does not time out a call that would finish, while a call that blocks or computes is still
 stopped. Kept free of torch/prefect/pyarrow imports so the worker starts fast.
 """
@@ -18,15 +18,14 @@ import multiprocessing
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_of_result
+from ppoflow.tasks.models.processes import CallTimeout, OwnTime, alarm_after, exit_with_parent, stop_process
 from ppoflow.tasks.pipeline.settings import CustomRewardFunction, RewardFunctionError
-from ppoflow.tasks.stages.processes import exit_with_parent
 
 LOAD_TIMEOUT_S = 120.0
 """Longest the worker may take to start and import the user's file (its own time, as every limit here)."""
@@ -132,14 +131,14 @@ def _run_worker(
                 return index + 1
         return len(calls)
     finally:
-        _stop(worker)
+        stop_process(worker)
         receive.close()
 
 
 def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.BaseProcess) -> tuple:
     """The worker's next message, ("timeout", None) after `seconds` of the worker's own time, or
     ("died", why)."""
-    clock = _OwnTime(worker.pid)
+    clock = OwnTime(worker.pid)
     while not conn.poll(min(max(seconds - clock.seconds(), 0.0), _POLL_S)):
         if clock.seconds() >= seconds:
             return "timeout", None
@@ -150,61 +149,9 @@ def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.B
         return "died", f"the reward worker process exited (exit code {worker.exitcode})"
 
 
-def _stop(worker: multiprocessing.process.BaseProcess) -> None:
-    if worker.is_alive():
-        worker.terminate()
-        worker.join(2.0)
-    if worker.is_alive():
-        worker.kill()
-    worker.join()
-
-
 def _timeout_message(timeout_s: float, *, killed: bool = False) -> str:
     how = "; the worker was killed" if killed else ""
     return f"TimeoutError: took longer than reward.timeout_s={timeout_s:g} s{how}"
-
-
-class _RowTimeout(BaseException):
-    """Raised by SIGALRM in the worker; a BaseException so `except Exception` in user code can't eat it."""
-
-
-class _OwnTime:
-    """Seconds since it was made that a process (`pid`; by default the calling thread) did not spend
-    waiting for a CPU: the clock's time less the run-queue wait Linux counts in /proc/<pid>/schedstat.
-    Time spent computing or blocked (a sleep, a lock, the network) counts; where schedstat cannot be
-    read it is the clock's time."""
-
-    def __init__(self, pid: int | str = "thread-self"):
-        self.pid = pid
-        self.started, self.waited = time.monotonic(), _cpu_wait_s(pid)
-
-    def seconds(self) -> float:
-        return time.monotonic() - self.started - max(_cpu_wait_s(self.pid) - self.waited, 0.0)
-
-
-def _cpu_wait_s(pid: int | str) -> float:
-    """Seconds task `pid` has waited on a run queue (the second field of /proc/<pid>/schedstat; 0.0
-    when it cannot be read, so that the time counted is the clock's)."""
-    try:
-        with open(f"/proc/{pid}/schedstat", "rb") as stats:
-            return int(stats.read().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _alarm_after(timeout_s: float):
-    """A SIGALRM handler that ends the call at `timeout_s` of this thread's own time: at each alarm
-    the call gets back the time it waited for a CPU (the timer is set again for what is left)."""
-    clock = _OwnTime()
-
-    def on_alarm(signum, frame):
-        left = timeout_s - clock.seconds()
-        if left > 0.001:
-            signal.setitimer(signal.ITIMER_REAL, left)
-            return
-        raise _RowTimeout
-
-    return on_alarm
 
 
 def load_function(path: str, name: str):
@@ -246,11 +193,11 @@ def _serve(
 
 def score_call(function, call: RewardCall, timeout_s: float | None = None) -> Scored:
     """One verl-style call (keyword arguments, as verl's reward managers pass them), interpreted by
-    `score_of_result`. With `timeout_s` (of the worker's own time, `_OwnTime`), SIGALRM interrupts
+    `score_of_result`. With `timeout_s` (of the worker's own time, `OwnTime`), SIGALRM interrupts
     it (main thread of a worker only)."""
     try:
         if timeout_s is not None:
-            signal.signal(signal.SIGALRM, _alarm_after(timeout_s))
+            signal.signal(signal.SIGALRM, alarm_after(timeout_s))
             signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             result = function(
@@ -262,7 +209,7 @@ def score_call(function, call: RewardCall, timeout_s: float | None = None) -> Sc
         finally:
             if timeout_s is not None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-    except _RowTimeout:
+    except CallTimeout:
         return Scored.failed(_timeout_message(timeout_s or 0.0), timed_out=True)
     except Exception as exc:
         return Scored.failed(f"{type(exc).__name__}: {exc}")

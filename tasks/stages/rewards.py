@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from prefect import task
 
 from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
-from ppoflow.engine.names import RM_SCORE
+from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
 from ppoflow.engine.rewards import (
     NO_ANSWER,
     addition_answer,
@@ -26,6 +26,7 @@ from ppoflow.engine.rewards import (
     error_rate,
 )
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
+from ppoflow.engine.tiny_tools import TOOL_ADDITION_DATA_SOURCE, final_answer, tool_addition_components
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
@@ -45,13 +46,15 @@ def reward_components(
             return addition_components(response, ground_truth)
         case _ if data_source == GSM8K_DATA_SOURCE:
             return gsm8k_components(response, ground_truth, gsm8k_method)
+        case _ if data_source == TOOL_ADDITION_DATA_SOURCE:
+            return tool_addition_components(response, ground_truth)
         case _:
             raise ValueError(
                 f"no built-in reward for data_source '{data_source}'; set custom_reward_function.path"
             )
 
 
-BUILTIN_DATA_SOURCES = (ADDITION_DATA_SOURCE, GSM8K_DATA_SOURCE)
+BUILTIN_DATA_SOURCES = (ADDITION_DATA_SOURCE, GSM8K_DATA_SOURCE, TOOL_ADDITION_DATA_SOURCE)
 
 
 def require_builtin_rewards(run: Run, reward: RewardSettings, prompts: dict[str, ArtifactRef]) -> None:
@@ -84,6 +87,8 @@ def reward_answer(data_source: str, response: str, gsm8k_method: Gsm8kMethod) ->
     votes on), NO_ANSWER when it gives none."""
     if data_source == GSM8K_DATA_SOURCE:
         return extract_solution(response, gsm8k_method) or NO_ANSWER
+    if data_source == TOOL_ADDITION_DATA_SOURCE:
+        return addition_answer(final_answer(response))
     return addition_answer(response)
 
 
@@ -100,13 +105,15 @@ def score_rows(
     weighted by reward.weights. Failing rows follow reward.on_error. `baselines`: ReMax's
     baseline score of each row (`remax_baselines`), else null. With `rm_scores` (one per row), the
     reward model's score is the component rm_score, added with weight reward.rm_weight (alone,
-    without a rule reward, when reward.rule_reward is false)."""
+    without a rule reward, when reward.rule_reward is false). A multi-turn row's `tool_reward` (the
+    sum of its tool calls' rewards) is the component `tool`, added with weight reward.tool_weight,
+    and a custom function reads it as extra_info["tool_reward"] beside extra_info["num_turns"]."""
     calls = [
         RewardCall(
             row["data_source"],
             row["response_text"],
             prompts[row["prompt_id"]]["ground_truth"],
-            _extra_info(prompts[row["prompt_id"]].get("extra_info")),
+            _extra_info(prompts[row["prompt_id"]].get("extra_info"), row),
         )
         for row in rows
     ]
@@ -123,6 +130,11 @@ def score_rows(
         _raise_on_failures(rows, outcomes)
     if rm_scores is not None:
         outcomes = [_with_rm_score(o, s, reward.rm_weight) for o, s in zip(outcomes, rm_scores, strict=True)]
+    if rows and rows[0].get("tool_reward") is not None:
+        outcomes = [
+            _with_tool_reward(o, row["tool_reward"], reward.tool_weight)
+            for o, row in zip(outcomes, rows, strict=True)
+        ]
     return pa.Table.from_pydict(
         {
             "prompt_id": [row["prompt_id"] for row in rows],
@@ -144,6 +156,13 @@ def _with_rm_score(rule: Scored | None, rm_score: float, weight: float) -> Score
     rule = rule if rule is not None else Scored.failed("not scored")
     components = {**rule.components, RM_SCORE: rm_score}
     return dataclasses.replace(rule, score=rule.score + weight * rm_score, components=components)
+
+
+def _with_tool_reward(outcome: Scored | None, tool_reward: float, weight: float) -> Scored:
+    """The outcome (a failed one counts 0) with the component `tool`, plus weight · tool_reward."""
+    outcome = outcome if outcome is not None else Scored.failed("not scored")
+    components = {**outcome.components, TOOL_REWARD: tool_reward}
+    return dataclasses.replace(outcome, score=outcome.score + weight * tool_reward, components=components)
 
 
 def reward_error_metrics(scored: pa.Table, prefix: str = "reward") -> dict[str, float]:
@@ -172,11 +191,10 @@ def rewards(
     """Score every rollout against its prompt's ground truth, with the reward model's scores (the
     reward_model stage's table) when there is one (verl's timer: reward)."""
     timer = StageTimer()
-    rows = (
-        read_table(run.path, rollouts, clock=run.io)
-        .select(["prompt_id", "sample_idx", "data_source", "response_text", "baseline_response_text"])
-        .to_pylist()
-    )
+    table = read_table(run.path, rollouts, clock=run.io)
+    columns = ["prompt_id", "sample_idx", "data_source", "response_text", "baseline_response_text"]
+    columns += [c for c in ("tool_reward", "num_turns") if c in table.column_names]  # multi-turn
+    rows = table.select(columns).to_pylist()
     references = read_table(run.path, prompts, clock=run.io).select(
         ["prompt_id", "ground_truth", "extra_info"]
     )
@@ -233,9 +251,13 @@ def _builtin(call: RewardCall, weights: dict[str, float], gsm8k_method: Gsm8kMet
         return Scored.failed(f"{type(exc).__name__}: {exc}")
 
 
-def _extra_info(text: str | None):
-    """The prompts table keeps extra_info as JSON text; verl passes the parsed value (a dict)."""
-    return json.loads(text) if text else {}
+def _extra_info(text: str | None, row: dict | None = None):
+    """The prompts table keeps extra_info as JSON text; verl passes the parsed value (a dict), with
+    a multi-turn response's tool_reward (the sum of its calls' rewards) and num_turns added."""
+    extra = json.loads(text) if text else {}
+    if row is not None and row.get("tool_reward") is not None and isinstance(extra, dict):
+        extra = {**extra, "tool_reward": row["tool_reward"], "num_turns": row["num_turns"]}
+    return extra
 
 
 def _raise_on_failures(rows: list[dict], outcomes: list[Scored | None]) -> None:

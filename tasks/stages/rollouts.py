@@ -10,11 +10,12 @@ from ppoflow.engine.rollout import SamplingParams
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
-from ppoflow.tasks.pipeline.placement import RolloutRequest
+from ppoflow.tasks.pipeline.placement import MultiTurnRequest, RolloutRequest
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import DataSettings, RolloutSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.prompt_rows import render_prompts
+from ppoflow.tasks.stages.turns import tool_context, trajectory_columns, turns_table
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
@@ -51,6 +52,13 @@ def rollouts(
         recompute_old_log_probs=settings.recompute_old_log_probs,
         share_prompts=settings.share_prompts,
         vllm=settings.vllm,
+        multi_turn=None
+        if settings.multi_turn is None
+        else MultiTurnRequest(
+            settings.multi_turn,
+            tuple(tool_context(row) for row in rows),
+            chat=any(row["prompt_messages"] is not None for row in rows),
+        ),
     )
     with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:
         out = run.models.rollouts(run, actor, reference, [ids for _, ids in rendered], request, progress)
@@ -76,14 +84,18 @@ def rollouts(
         "seed": [rollout_seed] * len(texts),
         "baseline_response_ids": [baseline_ids[i] if baseline_ids else None for i in out.prompt_index],
         "baseline_response_text": [baseline_texts[i] if baseline_ids else None for i in out.prompt_index],
+        **trajectory_columns(out.trajectories, len(texts)),
     }
     inject_fault("rollouts", step)
     table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
-    ref = write_table(table, run.path, stage_path(step, "rollouts"), SCHEMAS["rollouts"], clock=run.io)
+    refs = (write_table(table, run.path, stage_path(step, "rollouts"), SCHEMAS["rollouts"], clock=run.io),)
+    if out.trajectories is not None:
+        turns = turns_table(columns["prompt_id"], out.sample_index, out.trajectories)
+        refs += (write_table(turns, run.path, stage_path(step, "turns"), SCHEMAS["turns"], clock=run.io),)
     phases = dict(out.seconds)
     seconds = timer.seconds  # read once: the timers add up to the stage's seconds
     phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
-    return StageResult("rollouts", (ref,), current_cache_key(), seconds, timing_values(phases))
+    return StageResult("rollouts", refs, current_cache_key(), seconds, timing_values(phases))
 
 
 def _greedy_baseline(

@@ -13,11 +13,13 @@ from ppoflow.engine.validation_metrics import compute_validation_metrics
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.observe.console import progress_bar, show_generations
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
+from ppoflow.tasks.pipeline.placement import MultiTurnRequest
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import RewardSettings, ValidationSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.stages.prompt_rows import render_prompts
 from ppoflow.tasks.stages.rewards import aligned_components, reward_error_metrics, score_rows
+from ppoflow.tasks.stages.turns import tool_context, trajectory_columns, turn_metrics
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
 
@@ -67,15 +69,25 @@ def validation(
             batch_size=settings.generation_batch_size,
             vllm=settings.vllm,
             progress=progress,
+            multi_turn=None
+            if settings.multi_turn is None
+            else MultiTurnRequest(
+                settings.multi_turn,
+                tuple(tool_context(rows[i]) for i in range(len(rows)) for _ in range(n)),
+                chat=any(row["prompt_messages"] is not None for row in rows),
+            ),
         )
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     index = [i for i in range(len(rows)) for _ in range(n)]
+    turn_columns = trajectory_columns(out.trajectories, len(texts))
     generated = [
         {
             "prompt_id": rows[i]["prompt_id"],
             "sample_idx": j % n,
             "data_source": rows[i]["data_source"],
             "response_text": texts[j],
+            "tool_reward": turn_columns["tool_reward"][j],
+            "num_turns": turn_columns["num_turns"][j],
         }
         for j, i in enumerate(index)
     ]
@@ -94,6 +106,8 @@ def validation(
             "components": scored["components"],
             "error": scored["error"],
             "pred": scored["pred"],
+            "num_turns": turn_columns["num_turns"],
+            "tool_calls": turn_columns["tool_calls"],
         },
         schema=SCHEMAS["validation"],
     )
@@ -109,6 +123,7 @@ def validation(
         table["pred"].to_pylist(),
         score_as_acc=returns_a_number(reward, components),
     ) | reward_error_metrics(table, "val-aux/reward")
+    metrics |= {f"val-aux/{name}": value for name, value in turn_metrics(table).items()}
     seconds = timer.seconds
     values = tuple(sorted(metrics.items())) + timing_values({"testing": seconds})
     return StageResult("validation", (ref,), current_cache_key(), seconds, values)

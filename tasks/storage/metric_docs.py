@@ -29,6 +29,9 @@ METRIC_DOCS: dict[str, str] = {
     "response_length/clip_ratio": "Share of responses of exactly data.max_response_length tokens (cut off).",
     "response_length_non_aborted/{mean,max,min,clip_ratio}": "As response_length/*, over responses with "
     "≥ 1 token (verl leaves out aborted rollouts).",
+    "num_turns/{min,max,mean}": "Multi-turn: of the responses' verl num_turns (rollouts.num_turns: the "
+    "prompt, each assistant turn and each tool turn).",
+    "tool_call_counts/{min,max,mean}": "Multi-turn: of the tool calls per response (rollouts.tool_calls).",
     "response/aborted_ratio": "Share of responses without a token (verl's aborted rollouts).",
     "prompt_length/{mean,max,min}": "Of the batch's prompt lengths in tokens (rollouts.prompt_length).",
     "prompt_length/clip_ratio": "Share of prompts of exactly data.max_prompt_length tokens.",

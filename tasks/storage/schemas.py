@@ -147,6 +147,110 @@ SCHEMAS: dict[str, pa.Schema] = {
             "ReMax: the prompt's greedy response, decoded; null for other estimators.",
             nullable=True,
         ),
+        doc_field(
+            "response_mask",
+            pa.list_(pa.int8()),
+            "Multi-turn: per response token, 1 where the policy sampled it and 0 in a tool turn (log-probs "
+            "are 0 there and no loss counts it); null for a single-turn response (all ones).",
+            nullable=True,
+        ),
+        doc_field(
+            "num_turns",
+            pa.int32(),
+            "Multi-turn: verl's num_turns (the prompt, each assistant turn and each tool turn); null for a "
+            "single-turn response.",
+            nullable=True,
+        ),
+        doc_field(
+            "tool_calls",
+            pa.int32(),
+            "Multi-turn: tool calls the response made; null single-turn.",
+            nullable=True,
+        ),
+        doc_field(
+            "tool_reward",
+            pa.float64(),
+            "Multi-turn: the sum of the rewards its tool calls returned (reward component `tool`); null "
+            "single-turn.",
+            nullable=True,
+        ),
+    ),
+    "turns": _schema(
+        "turns",
+        *_key(),
+        doc_field("turn", pa.int32(), "Position after the prompt: assistant turns are even, tool turns odd."),
+        doc_field(
+            "call_index",
+            pa.int32(),
+            "Tool rows: the call's position in its assistant turn (a tool turn holds each call's "
+            "result); null for assistant rows.",
+            nullable=True,
+        ),
+        doc_field(
+            "role",
+            pa.string(),
+            "'assistant' (the policy's tokens) or 'tool' (one call and its result).",
+        ),
+        doc_field(
+            "text",
+            pa.string(),
+            "Assistant rows: the turn as generated (special tokens kept); tool rows: the result as the "
+            "model read it (truncated to multi_turn.max_tool_response_length), '' when the tool turn did "
+            "not fit in the response.",
+        ),
+        doc_field(
+            "token_start",
+            pa.int32(),
+            "First response token of the turn (rollouts.response_ids[token_start:token_end]); the calls "
+            "of one tool turn share its span.",
+        ),
+        doc_field("token_end", pa.int32(), "One past the turn's last response token."),
+        doc_field(
+            "turn_end",
+            pa.string(),
+            "Assistant rows: why the model's turn ended the way it did: 'tool_calls' (it called tools), "
+            "'stop' (EOS without calls: the answer), 'length' (the response length ran out), "
+            "'assistant_turn_limit' or 'user_turn_limit' (calls not run: a turn limit); null for tool rows.",
+            nullable=True,
+        ),
+        doc_field(
+            "tool_name",
+            pa.string(),
+            "Tool rows: the tool called; null for a malformed call.",
+            nullable=True,
+        ),
+        doc_field(
+            "arguments",
+            pa.string(),
+            "Tool rows: the call's arguments as JSON (the raw text, cut to 200 characters, of a malformed "
+            "call).",
+            nullable=True,
+        ),
+        doc_field(
+            "result",
+            pa.string(),
+            "Tool rows: what the tool returned, before truncation.",
+            nullable=True,
+        ),
+        doc_field(
+            "error",
+            pa.string(),
+            "Tool rows: why the call failed (malformed, unknown tool, bad arguments, an exception, a "
+            "timeout); null when it worked.",
+            nullable=True,
+        ),
+        doc_field(
+            "tool_reward",
+            pa.float64(),
+            "Tool rows: the reward the call returned, if any.",
+            nullable=True,
+        ),
+        doc_field(
+            "seconds",
+            pa.float64(),
+            "Tool rows: the call's wall time; assistant rows: the turn's share of its batch's generation "
+            "time (not bit-identical across reruns).",
+        ),
     ),
     "reward_model": _schema(
         "reward_model",
@@ -240,6 +344,18 @@ SCHEMAS: dict[str, pa.Schema] = {
         doc_field("response_length", pa.int32(), "Number of response tokens."),
         doc_field("finish_reason", pa.string(), "'stop' or 'length'."),
         *_scored(),
+        doc_field(
+            "num_turns",
+            pa.int32(),
+            "Multi-turn: verl's num_turns of the answer (prompt, assistant, tool turns); null single-turn.",
+            nullable=True,
+        ),
+        doc_field(
+            "tool_calls",
+            pa.int32(),
+            "Multi-turn: tool calls the answer made; null single-turn.",
+            nullable=True,
+        ),
     ),
 }
 
@@ -247,6 +363,8 @@ TABLE_DOCS: dict[str, str] = {
     "prompts": "The ingested dataset, one row per prompt (`data/train.parquet`, `data/val.parquet`).",
     "rejects": "Source records that could not be ingested, with the reason (`data/rejects_<split>.parquet`).",
     "rollouts": "One row per generated response, with its tokens and log-probs (`iter=N/rollouts/`).",
+    "turns": "Multi-turn runs: one row per assistant turn and per tool call of each response "
+    "(`iter=N/turns/`).",
     "reward_model": "One row per response: the reward model's score, with reward_model.enable "
     "(`iter=N/reward_model/`).",
     "rewards": "One row per response: its score and reward components (`iter=N/rewards/`).",
@@ -275,7 +393,8 @@ STAGES: tuple[str, ...] = (
 )
 """The stages of a training step that write a table: each one's name is its table, its folder under
 iter=N/ and its manifest key."""
-ITERATION_TABLES: tuple[str, ...] = tuple(STAGES)
+ITERATION_TABLES: tuple[str, ...] = (*STAGES, "turns")
+"""Tables under iter=N/: each stage's, and the rollouts stage's second table, `turns`."""
 
 
 def _unique(table: str, *key: str) -> str:
@@ -321,6 +440,8 @@ INVARIANTS: dict[str, list[str]] = {
         ),
         "SELECT iter, prompt_id, sample_idx FROM rollouts "
         "WHERE len(prompt_ids) IS DISTINCT FROM prompt_length",
+        "SELECT iter, prompt_id, sample_idx FROM rollouts WHERE response_mask IS NOT NULL AND "
+        "(len(response_mask) <> response_length OR list_sum(response_mask) = 0)",
         _finish_reason("rollouts"),
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id HAVING count(DISTINCT group_id) > 1",
         "SELECT iter, prompt_id FROM rollouts GROUP BY iter, prompt_id "
@@ -332,6 +453,11 @@ INVARIANTS: dict[str, list[str]] = {
         "WHERE rm_score IS NULL OR NOT isfinite(rm_score)",
         "SELECT iter, prompt_id FROM reward_model GROUP BY iter, prompt_id "
         "HAVING count(DISTINCT baseline_rm_score) > 1",
+    ],
+    "turns": [
+        _unique("turns", "iter", "prompt_id", "sample_idx", "turn", "call_index"),
+        "SELECT iter, prompt_id, sample_idx, turn FROM turns WHERE role NOT IN ('assistant', 'tool') "
+        "OR (role = 'tool') <> (call_index IS NOT NULL) OR token_start > token_end OR token_start < 0",
     ],
     "rewards": [
         _unique("rewards", "iter", "prompt_id", "sample_idx"),

@@ -21,7 +21,9 @@ def _flat(column: pa.ChunkedArray, dtype: torch.dtype) -> tuple[torch.Tensor, to
 
 
 def sequence_batch(rollouts: pa.Table, pad_token_id: int) -> SequenceBatch:
-    """Prompts padded on the left, responses on the right, both with the pad token."""
+    """Prompts padded on the left, responses on the right, both with the pad token. A multi-turn
+    table's `response_mask` (0 on tool tokens) is the batch's loss mask, every response token
+    attended; a null row's mask is all ones."""
     prompt_ids, prompt_lengths = _flat(rollouts["prompt_ids"], torch.long)
     response_ids, response_lengths = _flat(rollouts["response_ids"], torch.long)
     prompts, prompt_mask = pad_flat(
@@ -30,7 +32,14 @@ def sequence_batch(rollouts: pa.Table, pad_token_id: int) -> SequenceBatch:
     responses, response_mask = pad_flat(
         response_ids, response_lengths, int(response_lengths.max()) if len(rollouts) else 0, pad_token_id
     )
-    return SequenceBatch(prompts, prompt_mask.long(), responses, response_mask.float())
+    attention = response_mask.float()
+    if "response_mask" not in rollouts.column_names or rollouts["response_mask"].null_count == len(rollouts):
+        return SequenceBatch(prompts, prompt_mask.long(), responses, attention)
+    masks = rollouts["response_mask"].combine_chunks()
+    whole = pa.array([[1] * n for n in response_lengths.tolist()], type=masks.type)
+    filled = pc.if_else(masks.is_null(), whole, masks)
+    loss_mask = padded_column(pa.table({"mask": filled}), "mask", responses.shape[1])
+    return SequenceBatch(prompts, prompt_mask.long(), responses, loss_mask, attention)
 
 
 def padded_column(table: pa.Table, column: str, width: int) -> torch.Tensor:

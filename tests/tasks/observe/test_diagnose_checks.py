@@ -277,3 +277,30 @@ def test_a_constant_reward_points_at_the_weights_only_when_they_are_all_zero():
     assert (
         "reward.weights" not in weighted.config_keys and "custom_reward_function.path" in weighted.config_keys
     )
+
+
+def test_tool_errors_fire_above_a_fifth_of_the_calls_and_name_the_keys():
+    from ppoflow.tasks.observe.diagnose_tools import check_tool_errors
+
+    assert check_tool_errors(hand(rows={"turns/tool_error_rate": [0.5, 0.2, 0.0]})) != []
+    assert check_tool_errors(hand(rows={"turns/tool_error_rate": [0.2, 0.2, 0.0]})) == []
+    assert check_tool_errors(hand()) == []  # a single-turn run has no turns
+    (finding,) = check_tool_errors(hand(rows={"turns/tool_error_rate": [0.05, 0.3]}))
+    assert "30% of tool calls failed" in finding.title and "iteration(s) [2]" in finding.title
+    assert "actor_rollout_ref.rollout.multi_turn.tool_timeout_s" in finding.config_keys
+
+
+def test_conversations_cut_by_a_turn_limit_or_an_unread_tool_result():
+    from ppoflow.tasks.observe.diagnose_tools import check_conversations_cut
+
+    assert check_conversations_cut(hand(rows={"turns/turn_limit_rate": [0.1, 0.0]})) == []
+    (limit,) = check_conversations_cut(
+        hand(
+            rows={"turns/turn_limit_rate": [0.0, 0.4]},
+            **{"actor_rollout_ref__rollout__multi_turn__max_assistant_turns": 2},
+        )
+    )
+    assert "40% of responses end inside the conversation" in limit.title
+    assert limit.config_keys["actor_rollout_ref.rollout.multi_turn.max_assistant_turns"] == "2 → raise it"
+    (unread,) = check_conversations_cut(hand(rows={"turns/unread_tool_turn_rate": [0.25]}))
+    assert "25%" in unread.title and "iteration(s) [1]" in unread.title

@@ -158,7 +158,7 @@ def test_a_stuck_call_is_killed_within_seconds_of_timeout_s(tmp_path):
 
 HOG = """
 import os, signal, sys
-from ppoflow.tasks.stages.processes import exit_with_parent
+from ppoflow.tasks.models.processes import exit_with_parent
 exit_with_parent(int(sys.argv[1]), signal.SIGKILL)
 os.sched_setaffinity(0, {int(sys.argv[2])})
 print(flush=True)
@@ -315,8 +315,8 @@ def test_a_data_source_without_a_built_in_reward_is_refused_after_ingest(tmp_pat
             require_builtin_rewards(run, reward, tables)
         assert str(refused.value).startswith(
             "2 val prompt(s) have a source (data.reward_fn_key) with no built-in reward, the first 'my/math' "
-            "(row 2 of data.val_files); the built-in rewards score ppoflow/addition, openai/gsm8k: set "
-            "custom_reward_function.path"
+            "(row 2 of data.val_files); the built-in rewards score ppoflow/addition, openai/gsm8k, "
+            "ppoflow/tool-addition: set custom_reward_function.path"
         )
         require_builtin_rewards(run, config(reward_file(tmp_path)), tables)
         tables["train"] = _prompts(run.path, ["my/math"], "train")

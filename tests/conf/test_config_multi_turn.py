@@ -1,0 +1,125 @@
+"""verl's multi_turn keys: the tool config is read and checked when the config loads (every mistake
+named with its file and tool), the keys ppoflow does not implement are refused, and multi-turn keys
+of a run that does not enable it are named as without effect."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ppoflow.conf import ConfigError, load_config
+from ppoflow.conf.tool_config import read_tool_config
+
+from .micro import MICRO
+
+ROOT = Path(__file__).resolve().parents[2]
+ENABLE = "actor_rollout_ref.rollout.multi_turn.enable=true"
+
+
+def tool_config(tmp_path, text: str) -> Path:
+    path = tmp_path / "tools.yaml"
+    path.write_text(text)
+    return path
+
+
+SCHEMA = "    tool_schema: {type: function, function: {name: %s}}\n"
+
+
+def test_the_shipped_configs_read_as_their_tools():
+    (calculator,) = read_tool_config(str(ROOT / "conf/tools/calculator.yaml"))
+    assert (calculator.name, calculator.class_name, calculator.module_file) == (
+        "calculator",
+        "ppoflow:calculator",
+        None,
+    )
+    cfg = load_config(str(ROOT / "conf/tool_calculator.yaml"), check_paths=False)
+    section = cfg.actor_rollout_ref.rollout.multi_turn
+    assert section.enable and section.tool_config_path == str(ROOT / "conf/tools/calculator.yaml")
+
+
+def test_a_users_tool_is_located_not_imported(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "weather.py").write_text("raise SystemExit('imported at config time')\n")
+    (tmp_path / "mine.py").write_text("class Tool: pass\n")
+    path = tool_config(
+        tmp_path,
+        "tools:\n  - class_name: pkg.weather.Weather\n"
+        + SCHEMA % "weather"
+        + "  - class_name: mine.py:Tool\n    config: {type: native, k: 1}\n"
+        + SCHEMA % "mine",
+    )
+    weather, mine = read_tool_config(str(path))
+    assert (weather.module_file, weather.attribute) == (str(tmp_path / "pkg" / "weather.py"), "Weather")
+    assert (mine.module_file, mine.attribute, mine.config) == (
+        str(tmp_path / "mine.py"),
+        "Tool",
+        {"type": "native", "k": 1},
+    )
+    assert len(mine.source_digest) == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("tools: [", "not YAML"),
+        ("- a\n", "a list under 'tools'"),
+        ("tools:\n  - 3\n", "tools[0]: expected a mapping"),
+        (
+            "tools:\n  - class_name: ppoflow:calculator\n    extra: 1\n" + SCHEMA % "c",
+            "unknown keys ['extra']",
+        ),
+        ("tools:\n  - class_name: ppoflow:calculator\n", "tool_schema must be"),
+        ("tools:\n  - class_name: ppoflow:calculator\n" + SCHEMA % "'a b'", "tool name 'a b'"),
+        (
+            "tools:\n  - class_name: ppoflow:calculator\n    config: {type: mcp}\n" + SCHEMA % "c",
+            "only native",
+        ),
+        ("tools:\n  - class_name: calculator\n" + SCHEMA % "c", "neither a built-in tool"),
+        ("tools:\n  - class_name: nowhere.py:Tool\n" + SCHEMA % "c", "no file"),
+        (
+            "tools:\n  - class_name: ppoflow:calculator\n"
+            + SCHEMA % "c"
+            + "  - class_name: ppoflow:calculator\n"
+            + SCHEMA % "c",
+            "two tools are named 'c'",
+        ),
+    ],
+)
+def test_tool_config_mistakes_are_named_with_the_file(tmp_path, text, message):
+    path = tool_config(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as raised:
+        load_config(None, [*MICRO, ENABLE, f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}"])
+    assert str(path) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "actor_rollout_ref.rollout.multi_turn.interaction_config_path=x.yaml",
+            "interactions are not implemented",
+        ),
+        ("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2", "not implemented"),
+        ("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template=true", "as generated"),
+        ("algorithm.adv_estimator=remax", "greedy baseline"),
+        ("actor_rollout_ref.actor.use_prefix_grouper=true", "use_prefix_grouper=false"),
+        ("actor_rollout_ref.rollout.multi_turn.format=llama3_json", "hermes"),
+    ],
+)
+def test_what_ppoflow_does_not_implement_is_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [*MICRO, ENABLE, override], check_paths=False)
+
+
+def test_a_tool_weight_needs_multi_turn():
+    with pytest.raises(ConfigError, match="reward.weights.tool"):
+        load_config(None, [*MICRO, "reward.weights.tool=1.0"], check_paths=False)
+    load_config(None, [*MICRO, ENABLE, "reward.weights.tool=1.0"], check_paths=False)
+
+
+def test_multi_turn_keys_without_enable_have_no_effect():
+    cfg = load_config(
+        None, [*MICRO, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"], check_paths=False
+    )
+    warning = cfg.no_effect_warning()
+    assert "actor_rollout_ref.rollout.multi_turn.max_assistant_turns" in warning and "enable=false" in warning

@@ -1,0 +1,114 @@
+"""A user's tool runs in a worker process: its results, and every way it can fail (raises, hangs,
+returns the wrong type, dies, does not import) is one error result, the next call working again."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from ppoflow.engine.names import BUILTIN_TOOL_CLASSES
+from ppoflow.engine.tool_calls import ToolCall
+from ppoflow.engine.tools import BUILTIN_TOOLS, ToolContext
+from ppoflow.tasks.models.tool_runner import ProcessToolRunner, ToolLoadError, check_tools
+from ppoflow.tasks.pipeline.placement import ToolSpec
+
+TOOLS = """
+import os, time
+
+class Echo:
+    def __init__(self, config, tool_schema):
+        self.prefix = config.get("prefix", "")
+        self.name = tool_schema["function"]["name"]
+
+    def execute(self, parameters, *, ground_truth, extra_info):
+        mode = parameters.get("mode")
+        if mode == "raise":
+            raise KeyError("boom")
+        if mode == "hang":
+            time.sleep(60)
+        if mode == "spin":
+            while True:
+                pass
+        if mode == "die":
+            os._exit(3)
+        if mode == "bytes":
+            return b"x"
+        if mode == "nan":
+            return "x", float("nan")
+        if mode == "reward":
+            return "scored", 0.5
+        return f"{self.prefix}{self.name}:{parameters.get('text')}:{ground_truth}:{extra_info.get('k')}"
+"""
+
+
+def spec(tmp_path, name="echo", **config) -> ToolSpec:
+    path = tmp_path / "my_tools.py"
+    path.write_text(textwrap.dedent(TOOLS))
+    schema = {"type": "function", "function": {"name": name}}
+    return ToolSpec(name, "my_tools.py:Echo", schema, config, str(path), "Echo", "digest")
+
+
+def call(runner, **arguments):
+    ((result, seconds),) = runner.run([ToolCall("echo", arguments)], ToolContext("42", {"k": "v"}))
+    return result, seconds
+
+
+def test_a_user_tool_gets_its_config_schema_arguments_and_context(tmp_path):
+    with ProcessToolRunner([spec(tmp_path, prefix=">")], timeout_s=5) as runner:
+        result, seconds = call(runner, text="hi")
+        assert (result.text, result.reward, result.error) == (">echo:hi:42:v", None, None)
+        assert seconds >= 0
+        assert call(runner, mode="reward")[0].reward == 0.5
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("raise", "KeyError: 'boom'"),
+        ("bytes", "returned bytes, not text"),
+        ("nan", "not a finite number"),
+        ("hang", "longer than multi_turn.tool_timeout_s=1 s"),
+        ("spin", "longer than multi_turn.tool_timeout_s=1 s"),
+        ("die", "exited (exit code 3)"),
+    ],
+)
+def test_a_failing_call_is_an_error_result_and_the_next_call_works(tmp_path, mode, error):
+    with ProcessToolRunner([spec(tmp_path)], timeout_s=1) as runner:
+        started = time.monotonic()
+        result, _ = call(runner, mode=mode)
+        assert error in result.error and result.text.startswith("Error when executing tool: ")
+        assert time.monotonic() - started < 15
+        assert call(runner, text="again")[0].text == "echo:again:42:v"
+
+
+def test_unknown_tools_and_bad_builtin_arguments_are_error_results(tmp_path):
+    calculator = ToolSpec("calculator", "ppoflow:calculator")
+    with ProcessToolRunner([calculator], timeout_s=1) as runner:
+        (unknown, _), (bad, _), (good, _) = runner.run(
+            [
+                ToolCall("search", {}),
+                ToolCall("calculator", {"expression": "1/0"}),
+                ToolCall("calculator", {"expression": "6*7"}),
+            ],
+            ToolContext(),
+        )
+    assert "unknown tool 'search' (tools: calculator)" in unknown.error
+    assert bad.error == "division by zero" and good.text == "42"
+    assert runner._worker is None  # built-in tools never start a worker
+
+
+def test_a_tool_file_that_does_not_import_fails_before_any_generation(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise ImportError('missing dependency')\n")
+    bad = ToolSpec("x", "broken.py:X", {}, {}, str(broken), "X", "d")
+    with pytest.raises(ToolLoadError, match="importing it failed: ImportError: missing dependency"):
+        check_tools([bad], 5)
+    missing_class = ToolSpec("echo", "my_tools.py:Nope", {}, {}, spec(tmp_path).module_file, "Nope", "d")
+    with pytest.raises(ToolLoadError, match="has no class 'Nope'"):
+        check_tools([missing_class], 5)
+
+
+def test_the_config_names_and_the_engine_agree_on_the_builtin_tools():
+    assert set(BUILTIN_TOOLS) == set(BUILTIN_TOOL_CLASSES)
