@@ -378,4 +378,12 @@ def ingest_settings(cfg: PPOFlowConfig, split: str) -> IngestSettings:
         filter_overlong_prompts=data.filter_overlong_prompts,
         max_reject_fraction=data.max_reject_fraction,
         max_samples=data.train_max_samples if split == "train" else data.val_max_samples,
+        tools=tool_schemas(cfg),
     )
+
+
+def tool_schemas(cfg: PPOFlowConfig) -> tuple[dict, ...]:
+    """The tool schemas a chat prompt is rendered with (its template's `tools`, as verl renders
+    them): multi_turn's tools, none without multi_turn.enable."""
+    settings = multi_turn_settings(cfg)
+    return () if settings is None else tuple(dict(spec.schema) for spec in settings.tools)

@@ -101,6 +101,8 @@ class IngestSettings:
     max_reject_fraction: float
     max_samples: int
     """data.train_max_samples or data.val_max_samples (≤ 0: every row)."""
+    tools: tuple[Mapping, ...] = ()
+    """The tool schemas chat prompts are rendered with (rollout.multi_turn's tools)."""
 
 
 @dataclass(frozen=True)

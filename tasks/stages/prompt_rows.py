@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ppoflow.engine.data import truncate_prompt
@@ -254,31 +255,35 @@ def raw_text(record: Any) -> str:
         return f"(not shown: a number of more than {sys.get_int_max_str_digits()} digits)"
 
 
-def rendered_prompt(tokenizer, row: dict) -> str:
-    """A prompt's text as the model sees it: the chat template applied to message prompts (raises
-    what a missing or broken template raises)."""
+def rendered_prompt(tokenizer, row: dict, tools: Sequence[Mapping] = ()) -> str:
+    """A prompt's text as the model sees it: the chat template applied to message prompts, with
+    `tools` (multi-turn: the tools' schemas, which a tool-aware template such as Qwen's lists in the
+    system prompt, as verl renders them) (raises what a missing or broken template raises)."""
     if row["prompt_messages"] is not None:
         messages = row["prompt_messages"]
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(
+            messages, tools=[dict(t) for t in tools] or None, add_generation_prompt=True, tokenize=False
+        )
     return row["prompt_text"]
 
 
-def prompt_token_ids(tokenizer, row: dict) -> list[int] | str:
+def prompt_token_ids(tokenizer, row: dict, tools: Sequence[Mapping] = ()) -> list[int] | str:
     """Untruncated token ids of a prompt as the model sees it (rendered_prompt), or why it cannot be
     rendered. Shared by ingest (which measures) and rollout."""
     try:
-        return list(tokenizer(rendered_prompt(tokenizer, row), add_special_tokens=False)["input_ids"])
+        return list(tokenizer(rendered_prompt(tokenizer, row, tools), add_special_tokens=False)["input_ids"])
     except Exception as exc:  # no or a broken chat template (ValueError, jinja2 errors, ...)
         return f"cannot render the prompt: {type(exc).__name__}: {exc}"
 
 
 def render_prompts(
-    tokenizer, rows: list[dict], max_length: int, truncation: str
+    tokenizer, rows: list[dict], max_length: int, truncation: str, tools: Sequence[Mapping] = ()
 ) -> list[tuple[str, list[int]]]:
-    """Prompt text as the model sees it (chat template applied to message prompts) and its ids."""
+    """Prompt text as the model sees it (chat template applied to message prompts, with `tools`)
+    and its ids."""
     rendered = []
     for row in rows:
-        ids = prompt_token_ids(tokenizer, row)
+        ids = prompt_token_ids(tokenizer, row, tools)
         if isinstance(ids, str):
             raise ValueError(f"prompt {row['prompt_id']}: {ids}")
         ids = truncate_prompt(ids, max_length, truncation)

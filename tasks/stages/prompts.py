@@ -169,17 +169,17 @@ def _check_length(tokenizer, row: dict, data: IngestSettings) -> None:
     rejected = data.filter_overlong_prompts or data.truncation == "error"
     kind = "overlong prompt" if data.filter_overlong_prompts else "overlong prompt (truncation=error)"
     if rejected:
-        _check_head(tokenizer, row, limit, kind)
-    ids = prompt_token_ids(tokenizer, row)
+        _check_head(tokenizer, row, limit, kind, data.tools)
+    ids = prompt_token_ids(tokenizer, row, data.tools)
     if isinstance(ids, str):
         raise Rejected("cannot render", ids)
     if len(ids) > limit and rejected:
         raise Rejected(kind, f"prompt is {len(ids)} tokens, longer than data.max_prompt_length={limit}")
 
 
-def _check_head(tokenizer, row: dict, limit: int, kind: str) -> None:
+def _check_head(tokenizer, row: dict, limit: int, kind: str, tools) -> None:
     try:
-        text = rendered_prompt(tokenizer, row)
+        text = rendered_prompt(tokenizer, row, tools)
     except Exception:  # measured (and rejected, naming why) by prompt_token_ids
         return
     head = text[: limit * HEAD_CHARS_PER_TOKEN]

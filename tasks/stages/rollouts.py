@@ -39,7 +39,8 @@ def rollouts(
     )
     rows = table.take(rows_ids).to_pylist()
     tokenizer = run.models.tokenizer(run, actor)
-    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
+    tools = () if settings.multi_turn is None else tuple(t.schema for t in settings.multi_turn.tools)
+    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation, tools)
     rollout_seed = settings.seed * 1_000_003 + step
     request = RolloutRequest(
         engine=settings.engine,

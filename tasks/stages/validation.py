@@ -54,7 +54,8 @@ def validation(
     timer = StageTimer()
     rows = read_table(run.path, prompts, clock=run.io).to_pylist()
     tokenizer = run.models.tokenizer(run, actor)
-    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation)
+    tools = () if settings.multi_turn is None else tuple(t.schema for t in settings.multi_turn.tools)
+    rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation, tools)
     n = settings.n
     prompt_ids = [ids for _, ids in rendered for _ in range(n)]
     seeds = [validation_seed(settings.seed, step, i, j) for i in range(len(rendered)) for j in range(n)]
