@@ -16,6 +16,7 @@ imports it in the tool worker).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,13 @@ def _entry(tool: Any, where: str, folder: Path) -> ToolEntry:
         )
     if not _NAME.fullmatch(name):
         raise ConfigError(f"{where}: tool name {name!r} (letters, digits, _ . -; at most 64)", keys=(KEY,))
+    for part, value in (("config", config), ("tool_schema", schema)):
+        try:  # what a chat template and a run's identity take: JSON values (YAML also has dates, …)
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(
+                f"{where}: {part} holds a value that is not JSON: {error}", keys=(KEY,)
+            ) from None
     if class_name in BUILTIN_TOOL_CLASSES:
         return ToolEntry(name, class_name, schema, config)
     module_file, attribute = _locate(class_name, where, folder)

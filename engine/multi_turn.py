@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 from .names import FinishReason, ToolResponseTruncateSide
 from .rollout import RolloutEngine, RolloutOutput, SamplingParams
 from .tool_calls import MalformedCall, ToolCall, parse_tool_calls
-from .tools import ToolContext, ToolResult, truncate_tool_text
+from .tools import ToolContext, ToolResult, truncate_tool_text, utf8_text
 
 
 @dataclass(frozen=True)
@@ -208,10 +208,7 @@ def _tool_turn(
     runnable = [c for c in calls if isinstance(c, ToolCall)]
     outcomes = iter(tools.run(runnable, context) if runnable else [])
     results: list[tuple[ToolResult, float]] = [
-        next(outcomes)
-        if isinstance(c, ToolCall)
-        else (ToolResult(f"Error: {c.message}", error=c.message), 0.0)
-        for c in calls
+        _checked(next(outcomes)) if isinstance(c, ToolCall) else (_malformed(c), 0.0) for c in calls
     ]
     texts = [
         truncate_tool_text(r.text, limits.max_tool_response_length, limits.tool_response_truncate_side)
@@ -232,7 +229,7 @@ def _tool_turn(
                 seconds,
                 call_index=index,
                 tool_name=call.name if isinstance(call, ToolCall) else None,
-                arguments=call.arguments_json if isinstance(call, ToolCall) else call.raw,
+                arguments=utf8_text(call.arguments_json if isinstance(call, ToolCall) else call.raw),
                 result=result.text,
                 error=result.error,
                 reward=result.reward,
@@ -251,7 +248,14 @@ def _tool_turn(
 
 
 def _malformed(call: MalformedCall) -> ToolResult:
-    return ToolResult(f"Error: {call.message}", error=call.message)
+    return ToolResult(f"Error when executing tool: malformed call: {call.message}", error=call.message)
+
+
+def _checked(outcome: tuple[ToolResult, float]) -> tuple[ToolResult, float]:
+    """A tool's result with its texts as UTF-8 can hold them (a lone surrogate escaped)."""
+    result, seconds = outcome
+    error = None if result.error is None else utf8_text(result.error)
+    return ToolResult(utf8_text(result.text), result.reward, error), seconds
 
 
 def rollout_output(trajectories: list[Trajectory]) -> RolloutOutput:

@@ -10,12 +10,10 @@ its size and nesting are bounded, and anything that is not a well-formed call be
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 MAX_CALL_CHARS = 8192
 """Longest JSON text of one call; a longer one is malformed (its arguments are never parsed)."""
@@ -45,11 +43,17 @@ class MalformedCall:
 
 def parse_tool_calls(text: str) -> list[ToolCall | MalformedCall]:
     """The calls of one assistant turn, in order; [] when the turn makes none. An opening tag
-    without its closing one (the turn ran out of tokens inside a call) is one malformed call."""
-    calls: list[ToolCall | MalformedCall] = [_parse_one(m.group(1)) for m in _CALL.finditer(text)]
-    rest = _CALL.sub("", text)
-    if OPEN in rest:
-        calls.append(MalformedCall(f"{OPEN} without {CLOSE}", rest[rest.index(OPEN) :][:200]))
+    without its closing one (the turn ran out of tokens inside a call) is one malformed call. One
+    pass over the text (each call is the text between an opening tag and the next closing one)."""
+    calls: list[ToolCall | MalformedCall] = []
+    start = text.find(OPEN)
+    while start >= 0:
+        end = text.find(CLOSE, start + len(OPEN))
+        if end < 0:
+            calls.append(MalformedCall("a tool call without its closing tag", text[start : start + 200]))
+            break
+        calls.append(_parse_one(text[start + len(OPEN) : end]))
+        start = text.find(OPEN, end + len(CLOSE))
     return calls
 
 
@@ -73,6 +77,10 @@ def _parse_one(body: str) -> ToolCall | MalformedCall:
             return MalformedCall(f"the arguments of '{name}' are not JSON: {_first_line(error)}", raw[:200])
     if not isinstance(arguments, dict):
         return MalformedCall(f"the arguments of '{name}' must be a JSON object", raw[:200])
+    try:  # JSON's escapes can write lone surrogates (\ud800), which no UTF-8 text holds
+        json.dumps([name, arguments], ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return MalformedCall("a tool call with an invalid \\u escape (a lone surrogate)", raw[:200])
     return ToolCall(name, arguments)
 
 

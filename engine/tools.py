@@ -6,7 +6,7 @@ the model) and the trajectory's `ToolContext` (its prompt's ground truth and ext
 a `ToolResult`: the text the model reads in the tool turn and an optional reward.
 
 The built-in tools are pure functions and run in the generating process; a user's tool runs in a
-worker process with a time limit (`tasks/models/tool_workers.py`).
+worker process with a time limit (`tasks/models/tool_runner.py`).
 """
 
 from __future__ import annotations
@@ -99,9 +99,16 @@ class CalculatorTool:
 
 
 def format_number(value: Fraction) -> str:
+    """An integer as itself; otherwise rounded half-even to 6 decimal places, exactly (no float), with
+    trailing zeros dropped ("0" for what rounds to zero)."""
     if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
+    scaled = round(value * 10**6)  # Fraction's round: exact, half to even
+    if scaled == 0:
+        return "0"
+    sign, digits = ("-" if scaled < 0 else ""), str(abs(scaled)).rjust(7, "0")
+    whole, decimals = digits[:-6], digits[-6:].rstrip("0")
+    return f"{sign}{whole}.{decimals}" if decimals else f"{sign}{whole}"
 
 
 def evaluate_arithmetic(expression: str) -> Fraction:
@@ -131,8 +138,10 @@ def _tokens(expression: str) -> list[str | Fraction]:
 
 
 def _bounded(value: Fraction) -> Fraction:
-    if abs(value) > MAX_MAGNITUDE or value.denominator > MAX_MAGNITUDE:
+    if abs(value) > MAX_MAGNITUDE:
         raise ArgumentError("a number too large for the calculator")
+    if value.denominator > MAX_MAGNITUDE:
+        raise ArgumentError("a number with too many digits after the point for the calculator")
     return value
 
 
@@ -234,6 +243,12 @@ BUILTIN_TOOLS: dict[str, type] = {
     "verl.tools.gsm8k_tool.Gsm8kTool": Gsm8kAnswerTool,  # verl's class name in its example configs
 }
 """Tool classes by the `class_name` a tool config gives them."""
+
+
+def utf8_text(text: str) -> str:
+    """`text` as UTF-8 can hold it: a lone surrogate (which a tool or a JSON escape can produce)
+    written as its escape, so tokenizers and parquet take every result."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def truncate_tool_text(text: str, max_chars: int, side: ToolResponseTruncateSide) -> str:

@@ -14,6 +14,7 @@ reads, and optionally the call's reward.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import multiprocessing
@@ -73,7 +74,10 @@ class ProcessToolRunner:
         return self._in_worker(call, context)
 
     def _in_worker(self, call: ToolCall, context: ToolContext) -> ToolResult:
-        conn, worker = self._started()
+        try:
+            conn, worker = self._started()
+        except ToolLoadError as error:  # it started when the run did: a failure now is this call's
+            return _error(f"the tool worker could not be started again: {error}")
         conn.send(("call", call.name, call.arguments, context.ground_truth, context.extra_info))
         kind, payload = _receive(conn, self.timeout_s + 1.0 + 0.1 * self.timeout_s, worker)
         if kind == "result":
@@ -110,7 +114,7 @@ class ProcessToolRunner:
     def close(self) -> None:
         worker, conn, self._worker, self._conn = self._worker, self._conn, None, None
         if worker is not None:
-            stop_process(worker)
+            _stop_group(worker)
         if conn is not None:
             conn.close()
 
@@ -137,17 +141,31 @@ def _error(message: str) -> ToolResult:
 
 
 def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.BaseProcess) -> tuple:
+    """The worker's next message, ("timeout", None) after `seconds` of its own time, or ("died",
+    why) once it is gone and sent nothing (a child it forked may still hold the pipe open: the
+    pipe is not waited on once the worker is dead)."""
     clock = OwnTime(worker.pid)
     while not conn.poll(min(max(seconds - clock.seconds(), 0.0), _POLL_S)):
         if clock.seconds() >= seconds:
             return "timeout", None
         if not worker.is_alive():
-            break
+            if conn.poll(0):
+                break
+            worker.join(1.0)
+            return "died", f"the tool worker process exited (exit code {worker.exitcode})"
     try:
         return conn.recv()
     except (EOFError, OSError):
         worker.join(1.0)
         return "died", f"the tool worker process exited (exit code {worker.exitcode})"
+
+
+def _stop_group(worker: multiprocessing.process.BaseProcess) -> None:
+    """Stop the worker and every process its tools started (its own process group, `_serve`)."""
+    if worker.pid is not None:
+        with contextlib.suppress(OSError):  # already gone, or not (yet) the leader of its group
+            os.killpg(worker.pid, signal.SIGKILL)
+    stop_process(worker)
 
 
 def load_tool_class(spec: ToolSpec):
@@ -171,7 +189,9 @@ def load_tool_class(spec: ToolSpec):
 
 
 def _serve(conn: Connection, specs: list[ToolSpec], timeout_s: float, parent_pid: int) -> None:
-    """The worker's body: build each tool, then answer ("result", (text, reward, error)) per call."""
+    """The worker's body: build each tool, then answer ("result", (text, reward, error)) per call.
+    It leads a process group of its own, so that stopping it stops whatever its tools started."""
+    os.setpgid(0, 0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_with_parent(parent_pid)
     try:
@@ -192,7 +212,12 @@ def _serve(conn: Connection, specs: list[ToolSpec], timeout_s: float, parent_pid
         conn.send(("result", _call(tools[name], arguments, ground_truth, extra_info, timeout_s)))
 
 
+MAX_ERROR_CHARS = 4096
+"""Longest error message of a failed call that is kept (and shown to the model)."""
+
+
 def _call(tool, arguments: dict, ground_truth, extra_info, timeout_s: float) -> tuple:
+    """(text, reward, error) of one call: a plain str and float, whatever the tool returns or raises."""
     try:
         signal.signal(signal.SIGALRM, alarm_after(timeout_s))
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
@@ -201,18 +226,28 @@ def _call(tool, arguments: dict, ground_truth, extra_info, timeout_s: float) -> 
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
     except CallTimeout:
-        message = f"the tool took longer than multi_turn.tool_timeout_s={timeout_s:g} s"
-        return f"Error when executing tool: {message}", None, message
+        return _failed(f"the tool took longer than multi_turn.tool_timeout_s={timeout_s:g} s")
     except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        return f"Error when executing tool: {message}", None, message
+        return _failed(f"{type(exc).__name__}: {_describe(exc)}")
     text, reward = out if isinstance(out, tuple) and len(out) == 2 else (out, None)
     if not isinstance(text, str) or len(text) > MAX_RESULT_CHARS:
-        message = f"returned {type(text).__name__}, not text of at most {MAX_RESULT_CHARS} characters"
-        return f"Error when executing tool: {message}", None, message
-    if reward is not None and (
-        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
-    ):
-        message = f"returned a reward of {reward!r:.40}, not a finite number"
-        return f"Error when executing tool: {message}", None, message
-    return text, None if reward is None else float(reward), None
+        return _failed(f"returned {type(text).__name__}, not text of at most {MAX_RESULT_CHARS} characters")
+    try:
+        number = None if reward is None or isinstance(reward, bool) else float(reward)
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if reward is not None and (number is None or not math.isfinite(number)):
+        return _failed(f"returned a reward of type {type(reward).__name__} that is not a finite number")
+    return str.__str__(text), number, None  # a plain str: a subclass would not unpickle in the trainer
+
+
+def _failed(message: str) -> tuple:
+    message = message[:MAX_ERROR_CHARS]
+    return f"Error when executing tool: {message}", None, message
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        return str(exc)[:MAX_ERROR_CHARS]
+    except Exception:
+        return "(its message cannot be printed)"

@@ -77,6 +77,16 @@ def test_a_users_tool_is_located_not_imported(tmp_path):
         ("tools:\n  - class_name: calculator\n" + SCHEMA % "c", "neither a built-in tool"),
         ("tools:\n  - class_name: nowhere.py:Tool\n" + SCHEMA % "c", "no file"),
         (
+            "tools:\n  - class_name: ppoflow:calculator\n    config: {type: native, since: 2024-01-01}\n"
+            + SCHEMA % "c",
+            "config holds a value that is not JSON",
+        ),
+        (
+            "tools:\n  - class_name: ppoflow:calculator\n    config: {type: native, since: 2024-01-01}\n"
+            + SCHEMA % "c",
+            "config holds a value that is not JSON",
+        ),
+        (
             "tools:\n  - class_name: ppoflow:calculator\n"
             + SCHEMA % "c"
             + "  - class_name: ppoflow:calculator\n"

@@ -239,3 +239,21 @@ def test_the_score_goes_on_the_last_policy_token():
     mask = torch.tensor([[1.0, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 0, 0]])
     placed = place_scores(torch.tensor([2.0, 3.0]), mask)
     assert placed.tolist() == [[0, 0, 0, 0, 2.0, 0, 0], [0, 0, 3.0, 0, 0, 0, 0]]
+
+
+def test_a_tool_result_with_a_lone_surrogate_is_escaped_not_fatal():
+    tools = BuiltinTools()
+    tools.run = lambda calls, context: [(ToolResult("bad \udc80 text"), 0.0)]
+    engine = ScriptedEngine("Q", {"": CALL, CALL + "<r>bad \\udc80 text</r>": "ok$"})
+    (t,) = run_multi_turn(
+        engine,
+        [encode("Q")],
+        SamplingParams(max_new_tokens=300),
+        seeds=[0],
+        contexts=[ToolContext()],
+        codec=CharCodec(),
+        tools=tools,
+        limits=MultiTurnLimits(response_length=300),
+    )
+    assert t.turns[1].text == "bad \\udc80 text" and t.turns[1].result == "bad \\udc80 text"
+    assert t.turns[-1].text == "ok$"

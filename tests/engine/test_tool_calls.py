@@ -56,4 +56,21 @@ def test_an_unclosed_call_is_one_malformed_call_after_the_closed_ones():
     text = '<tool_call>{"name": "f", "arguments": {}}</tool_call> then <tool_call>{"name": "g"'
     first, second = parse_tool_calls(text)
     assert first == ToolCall("f", {})
-    assert isinstance(second, MalformedCall) and "without </tool_call>" in second.message
+    assert isinstance(second, MalformedCall) and second.message == "a tool call without its closing tag"
+
+
+def test_thousands_of_opening_tags_are_one_malformed_call():
+    (call,) = parse_tool_calls("<tool_call>" * 8000)  # one pass: the text is not scanned again per tag
+    assert isinstance(call, MalformedCall) and len(call.raw) == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        r'{"name": "\udfff", "arguments": {}}',
+        r'{"name": "calculator", "arguments": {"expression": "1+\ud800"}}',
+    ],
+)
+def test_a_lone_surrogate_escape_is_a_malformed_call(body):
+    (call,) = parse_tool_calls(f"<tool_call>{body}</tool_call>")
+    assert isinstance(call, MalformedCall) and "lone surrogate" in call.message

@@ -28,6 +28,12 @@ from ppoflow.engine.tools import (
         ("2 × 3 ÷ 4", "1.5"),
         ("0.1 + 0.2", "0.3"),
         ("((((1))))", "1"),
+        ("100000000000.1", "100000000000.1"),  # exact: no float on the way
+        ("1234567890123.45 + 0.01", "1234567890123.46"),
+        ("-1/3000000", "0"),  # rounds to zero: no "-0"
+        ("0.0000015", "0.000002"),  # half to even at the sixth place
+        ("0.0000025", "0.000002"),
+        ("-7/2", "-3.5"),
     ],
 )
 def test_calculator_results(expression, value):
@@ -48,6 +54,7 @@ def test_numbers_are_exact_fractions():
         ({"expression": "1 +"}, "ends too early"),
         ({"expression": ""}, "empty"),
         ({"expression": "9" * 40}, "too large"),
+        ({"expression": "1." + "1" * 40}, "too many digits after the point"),
         ({"expression": "99999999999 * 99999999999 * 99999999999"}, "too large"),
         ({"expression": "1+" * 150 + "1"}, "characters"),
         ({"expression": ["1"]}, "must be a string"),

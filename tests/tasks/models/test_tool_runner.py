@@ -39,6 +39,26 @@ class Echo:
             return "x", float("nan")
         if mode == "reward":
             return "scored", 0.5
+        if mode == "huge_reward":
+            return "x", 10**400
+        if mode == "subclass":
+            class Text(str):
+                pass
+            return Text("sub")
+        if mode == "fork_and_die":
+            if os.fork() == 0:  # the child keeps the pipe open
+                time.sleep(60)
+                os._exit(0)
+            os._exit(5)
+        if mode == "unprintable":
+            class Odd(Exception):
+                def __str__(self):
+                    raise RuntimeError("no")
+            raise Odd()
+        if mode == "orphan":
+            import subprocess, sys
+            code = "import time; time.sleep(60)  # " + parameters["tag"]
+            subprocess.Popen([sys.executable, "-c", code]).wait()
         return f"{self.prefix}{self.name}:{parameters.get('text')}:{ground_truth}:{extra_info.get('k')}"
 """
 
@@ -72,6 +92,9 @@ def test_a_user_tool_gets_its_config_schema_arguments_and_context(tmp_path):
         ("hang", "longer than multi_turn.tool_timeout_s=1 s"),
         ("spin", "longer than multi_turn.tool_timeout_s=1 s"),
         ("die", "exited (exit code 3)"),
+        ("fork_and_die", "exited (exit code 5)"),
+        ("huge_reward", "not a finite number"),
+        ("unprintable", "Odd: (its message cannot be printed)"),
     ],
 )
 def test_a_failing_call_is_an_error_result_and_the_next_call_works(tmp_path, mode, error):
@@ -81,6 +104,44 @@ def test_a_failing_call_is_an_error_result_and_the_next_call_works(tmp_path, mod
         assert error in result.error and result.text.startswith("Error when executing tool: ")
         assert time.monotonic() - started < 15
         assert call(runner, text="again")[0].text == "echo:again:42:v"
+
+
+def test_a_str_subclass_comes_back_as_plain_text(tmp_path):
+    with ProcessToolRunner([spec(tmp_path)], timeout_s=5) as runner:
+        result, _ = call(runner, mode="subclass")
+    assert (result.text, type(result.text), result.error) == ("sub", str, None)
+
+
+def test_a_timed_out_tools_child_processes_are_stopped_with_it(tmp_path):
+    import subprocess
+
+    tag = f"ppoflow-orphan-{tmp_path.name}"
+    with ProcessToolRunner([spec(tmp_path)], timeout_s=1) as runner:
+        result, _ = call(runner, mode="orphan", tag=tag)
+        assert "longer than" in result.error
+    time.sleep(0.5)
+    assert tag not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_worker_that_cannot_start_again_is_an_error_result(tmp_path):
+    flaky = tmp_path / "flaky.py"
+    flaky.write_text(
+        "import os, pathlib\n"
+        "class T:\n"
+        "    def __init__(self, config, tool_schema):\n"
+        "        marker = pathlib.Path(config['marker'])\n"
+        "        if marker.exists():\n"
+        "            raise RuntimeError('port in use')\n"
+        "        marker.write_text('x')\n"
+        "    def execute(self, parameters, *, ground_truth, extra_info):\n"
+        "        os._exit(1)\n"
+    )
+    schema = {"type": "function", "function": {"name": "t"}}
+    broken = ToolSpec("t", "flaky.py:T", schema, {"marker": str(tmp_path / "m")}, str(flaky), "T", "d")
+    with ProcessToolRunner([broken], timeout_s=2) as runner:
+        first, second = runner.run([ToolCall("t", {}), ToolCall("t", {})], ToolContext())
+    assert "exited (exit code 1)" in first[0].error
+    assert "could not be started again" in second[0].error and "port in use" in second[0].error
 
 
 def test_unknown_tools_and_bad_builtin_arguments_are_error_results(tmp_path):
