@@ -24,7 +24,7 @@ from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
 from .rewards import addition_components
-from .tiny import build_tiny_tokenizer
+from .tiny import AdditionProblem, build_tiny_tokenizer
 from .turn_codec import RESPONSE_CLOSE, RESPONSE_OPEN
 
 TOOL_ADDITION_DATA_SOURCE = "ppoflow/tool-addition"
@@ -44,17 +44,8 @@ def build_tiny_tool_tokenizer() -> PreTrainedTokenizerFast:
 
 
 @dataclass(frozen=True)
-class TwoDigitProblem:
-    a: int
-    b: int
-
-    @property
-    def prompt(self) -> str:
-        return f"{self.a} + {self.b} = "
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
+class TwoDigitProblem(AdditionProblem):
+    """A two-digit "a + b = " problem; `expression` is what a call asks the calculator."""
 
     @property
     def expression(self) -> str:

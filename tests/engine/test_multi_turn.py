@@ -65,7 +65,9 @@ class BuiltinTools:
         return out
 
 
-def run(script: dict[str, str], limits: MultiTurnLimits, samples: int = 1):
+def run(script, limits: MultiTurnLimits, samples: int = 1, tools=None):
+    """The trajectories of `samples` responses to the prompt "Q" under `script` (a dict, or an
+    object whose lookup answers every context), with the built-in calculator unless `tools`."""
     engine = ScriptedEngine("Q", script)
     trajectories = run_multi_turn(
         engine,
@@ -74,7 +76,7 @@ def run(script: dict[str, str], limits: MultiTurnLimits, samples: int = 1):
         seeds=list(range(samples)),
         contexts=[ToolContext()] * samples,
         codec=CharCodec(),
-        tools=BuiltinTools(),
+        tools=tools or BuiltinTools(),
         limits=limits,
     )
     return engine, trajectories
@@ -128,31 +130,19 @@ def test_call_result_answer_masks_log_probs_and_turns():
     ],
 )
 def test_a_bad_call_is_an_error_turn_and_the_model_goes_on(call, error):
-    results = {"": call}
     tools = BuiltinTools()
     if error is None:  # the calculator's own refusal: the runner (tool_runner) makes it a result
         tools.run = lambda calls, context: [
             (ToolResult("Error: division by zero", error="division by zero"), 0.0)
         ]
         error = "division by zero"
-    engine = ScriptedEngine("Q", {})
     answer = "7$"
 
-    class Script(dict):
+    class Script(dict):  # the call first, then the answer whatever the tool turn says
         def __getitem__(self, key):
-            return results[""] if key == "" else answer
+            return call if key == "" else answer
 
-    engine.script = Script()
-    (t,) = run_multi_turn(
-        engine,
-        [encode("Q")],
-        SamplingParams(max_new_tokens=300),
-        seeds=[0],
-        contexts=[ToolContext()],
-        codec=CharCodec(),
-        tools=tools,
-        limits=MultiTurnLimits(response_length=300),
-    )
+    _, (t,) = run(Script(), MultiTurnLimits(response_length=300), tools=tools)
     tool_row = t.turns[1]
     assert tool_row.role == "tool" and error in tool_row.error and tool_row.text.startswith("Error")
     assert t.finish_reason == "stop" and t.turns[-1].text == answer
@@ -244,16 +234,6 @@ def test_the_score_goes_on_the_last_policy_token():
 def test_a_tool_result_with_a_lone_surrogate_is_escaped_not_fatal():
     tools = BuiltinTools()
     tools.run = lambda calls, context: [(ToolResult("bad \udc80 text"), 0.0)]
-    engine = ScriptedEngine("Q", {"": CALL, CALL + "<r>bad \\udc80 text</r>": "ok$"})
-    (t,) = run_multi_turn(
-        engine,
-        [encode("Q")],
-        SamplingParams(max_new_tokens=300),
-        seeds=[0],
-        contexts=[ToolContext()],
-        codec=CharCodec(),
-        tools=tools,
-        limits=MultiTurnLimits(response_length=300),
-    )
+    _, (t,) = run({"": CALL, CALL + "<r>bad \\udc80 text</r>": "ok$"}, MultiTurnLimits(300), tools=tools)
     assert t.turns[1].text == "bad \\udc80 text" and t.turns[1].result == "bad \\udc80 text"
     assert t.turns[-1].text == "ok$"
