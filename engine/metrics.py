@@ -88,7 +88,7 @@ def compute_data_metrics(
     advantages, returns = advantages.double(), returns.double()
     if response_lengths is None:
         response_lengths = (response_mask != 0).sum(dim=-1)
-    kept = (response_mask != 0).any(dim=-1) if response_mask.numel() else response_lengths > 0
+    kept = (response_mask != 0).any(dim=-1)
     metrics = _sequence_stats("critic/score", scores[kept])
     row_rewards = masked_sum(token_level_rewards, response_mask, dim=-1)
     metrics |= _sequence_stats("critic/rewards", row_rewards[kept])

@@ -74,3 +74,26 @@ def alarm_after(timeout_s: float):
         raise CallTimeout
 
     return on_alarm
+
+
+POLL_S = 0.5
+"""How often a parent looks at a waiting worker's own time."""
+
+
+def receive(conn, seconds: float, worker: multiprocessing.process.BaseProcess, what: str) -> tuple:
+    """A worker's next message, ("timeout", None) after `seconds` of the worker's own time
+    (`OwnTime`), or ("died", why) once it is gone and sent nothing (a child it forked may still hold
+    the pipe open: the pipe is not waited on once the worker is dead). `what` names the worker."""
+    clock = OwnTime(worker.pid)
+    while not conn.poll(min(max(seconds - clock.seconds(), 0.0), POLL_S)):
+        if clock.seconds() >= seconds:
+            return "timeout", None
+        if not worker.is_alive() and not conn.poll(0):
+            break
+    try:
+        if conn.poll(0) or worker.is_alive():
+            return conn.recv()
+    except (EOFError, OSError):
+        pass
+    worker.join(1.0)
+    return "died", f"the {what} worker process exited (exit code {worker.exitcode})"

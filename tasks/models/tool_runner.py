@@ -28,12 +28,17 @@ from pathlib import Path
 
 from ppoflow.engine.tool_calls import ToolCall
 from ppoflow.engine.tools import BUILTIN_TOOLS, ArgumentError, ToolContext, ToolResult
-from ppoflow.tasks.models.processes import CallTimeout, OwnTime, alarm_after, exit_with_parent, stop_process
+from ppoflow.tasks.models.processes import (
+    CallTimeout,
+    alarm_after,
+    exit_with_parent,
+    receive,
+    stop_process,
+)
 from ppoflow.tasks.pipeline.placement import ToolSpec
 
 LOAD_TIMEOUT_S = 120.0
 """Longest the tool worker may take to start and import the user's tool files."""
-_POLL_S = 0.5
 MAX_RESULT_CHARS = 1 << 20
 """Longest result text a user's tool may return (a longer one is an error, before truncation)."""
 
@@ -79,7 +84,7 @@ class ProcessToolRunner:
         except ToolLoadError as error:  # it started when the run did: a failure now is this call's
             return _error(f"the tool worker could not be started again: {error}")
         conn.send(("call", call.name, call.arguments, context.ground_truth, context.extra_info))
-        kind, payload = _receive(conn, self.timeout_s + 1.0 + 0.1 * self.timeout_s, worker)
+        kind, payload = receive(conn, self.timeout_s + 1.0 + 0.1 * self.timeout_s, worker, "tool")
         if kind == "result":
             text, reward, error = payload
             return ToolResult(text, reward, error)
@@ -103,7 +108,7 @@ class ProcessToolRunner:
         worker.start()
         child.close()
         self._worker, self._conn = worker, parent
-        kind, payload = _receive(parent, LOAD_TIMEOUT_S, worker)
+        kind, payload = receive(parent, LOAD_TIMEOUT_S, worker, "tool")
         if kind != "ready":
             self.close()
             raise ToolLoadError(
@@ -138,26 +143,6 @@ def check_tools(specs: Sequence[ToolSpec], timeout_s: float) -> None:
 
 def _error(message: str) -> ToolResult:
     return ToolResult(f"Error when executing tool: {message}", error=message)
-
-
-def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.BaseProcess) -> tuple:
-    """The worker's next message, ("timeout", None) after `seconds` of its own time, or ("died",
-    why) once it is gone and sent nothing (a child it forked may still hold the pipe open: the
-    pipe is not waited on once the worker is dead)."""
-    clock = OwnTime(worker.pid)
-    while not conn.poll(min(max(seconds - clock.seconds(), 0.0), _POLL_S)):
-        if clock.seconds() >= seconds:
-            return "timeout", None
-        if not worker.is_alive():
-            if conn.poll(0):
-                break
-            worker.join(1.0)
-            return "died", f"the tool worker process exited (exit code {worker.exitcode})"
-    try:
-        return conn.recv()
-    except (EOFError, OSError):
-        worker.join(1.0)
-        return "died", f"the tool worker process exited (exit code {worker.exitcode})"
 
 
 def _stop_group(worker: multiprocessing.process.BaseProcess) -> None:

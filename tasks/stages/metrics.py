@@ -26,7 +26,7 @@ from ppoflow.tasks.stages.rewards import reward_error_metrics
 from ppoflow.tasks.stages.turns import turn_metrics
 from ppoflow.tasks.storage.schemas import metrics_table
 from ppoflow.tasks.storage.tables import read_table, stage_path, write_table
-from ppoflow.tasks.storage.tensors import length_mask, padded_column, sequence_batch, token_tensor
+from ppoflow.tasks.storage.tensors import length_mask, padded_column, policy_mask, token_tensor
 
 
 def _data_metrics(
@@ -40,9 +40,8 @@ def _data_metrics(
 ) -> dict[str, float]:
     adv = read_table(run.path, advantage.ref, clock=run.io)
     width = pc.max(rollouts["response_length"]).as_py() or 0
-    mask = length_mask(rollouts["response_length"], width)
-    if "response_mask" in rollouts.column_names and rollouts["response_mask"].null_count < len(rollouts):
-        mask = sequence_batch(rollouts, 0).response_mask  # multi-turn: the loss mask, 0 on tool tokens
+    mask = policy_mask(rollouts, width)  # multi-turn: 0 on tool tokens
+    mask = length_mask(rollouts["response_length"], width) if mask is None else mask
     rewards = read_table(run.path, reward.ref, clock=run.io)
     scores = torch.tensor(rewards["score"].to_numpy(), dtype=torch.float64)
     metrics = compute_data_metrics(

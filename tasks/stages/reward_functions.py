@@ -24,14 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_of_result
-from ppoflow.tasks.models.processes import CallTimeout, OwnTime, alarm_after, exit_with_parent, stop_process
+from ppoflow.tasks.models.processes import (
+    CallTimeout,
+    alarm_after,
+    exit_with_parent,
+    receive,
+    stop_process,
+)
 from ppoflow.tasks.pipeline.settings import CustomRewardFunction, RewardFunctionError
 
 LOAD_TIMEOUT_S = 120.0
 """Longest the worker may take to start and import the user's file (its own time, as every limit here)."""
-
-_POLL_S = 0.5
-"""How often the parent looks at a waiting worker's own time."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def _run_worker(
     """Score calls[start:] in one fresh worker, filling `outcomes`; returns where the next worker
     starts (len(calls) when done, or when stopping at a timeout)."""
     context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
+    receive_end, send = context.Pipe(duplex=False)
     worker = context.Process(
         target=_serve,
         args=(send, function.path, function.name, calls[start:], timeout_s, os.getpid()),
@@ -108,7 +111,7 @@ def _run_worker(
     send.close()
     where = f"custom_reward_function.path={function.path}"
     try:
-        kind, payload = _receive(receive, max(LOAD_TIMEOUT_S, timeout_s), worker)
+        kind, payload = receive(receive_end, max(LOAD_TIMEOUT_S, timeout_s), worker, "reward")
         if kind == "load_error":  # load_function's message names the file already
             raise RewardFunctionError(payload)
         if kind != "ready":
@@ -117,7 +120,7 @@ def _run_worker(
         # The worker interrupts a slow call itself at timeout_s; the margin is for it to report.
         deadline = timeout_s + 1.0 + 0.1 * timeout_s
         for index in range(start, len(calls)):
-            kind, payload = _receive(receive, deadline, worker)
+            kind, payload = receive(receive_end, deadline, worker, "reward")
             if kind == "row":
                 outcome = payload
             elif kind == "timeout":
@@ -132,21 +135,7 @@ def _run_worker(
         return len(calls)
     finally:
         stop_process(worker)
-        receive.close()
-
-
-def _receive(conn: Connection, seconds: float, worker: multiprocessing.process.BaseProcess) -> tuple:
-    """The worker's next message, ("timeout", None) after `seconds` of the worker's own time, or
-    ("died", why)."""
-    clock = OwnTime(worker.pid)
-    while not conn.poll(min(max(seconds - clock.seconds(), 0.0), _POLL_S)):
-        if clock.seconds() >= seconds:
-            return "timeout", None
-    try:
-        return conn.recv()
-    except EOFError:
-        worker.join(1.0)
-        return "died", f"the reward worker process exited (exit code {worker.exitcode})"
+        receive_end.close()
 
 
 def _timeout_message(timeout_s: float, *, killed: bool = False) -> str:

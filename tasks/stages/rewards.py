@@ -129,10 +129,13 @@ def score_rows(
     if fail:
         _raise_on_failures(rows, outcomes)
     if rm_scores is not None:
-        outcomes = [_with_rm_score(o, s, reward.rm_weight) for o, s in zip(outcomes, rm_scores, strict=True)]
+        outcomes = [
+            _with_component(o, RM_SCORE, s, reward.rm_weight)
+            for o, s in zip(outcomes, rm_scores, strict=True)
+        ]
     if rows and rows[0].get("tool_reward") is not None:
         outcomes = [
-            _with_tool_reward(o, row["tool_reward"], reward.tool_weight)
+            _with_component(o, TOOL_REWARD, row["tool_reward"], reward.tool_weight)
             for o, row in zip(outcomes, rows, strict=True)
         ]
     return pa.Table.from_pydict(
@@ -151,18 +154,12 @@ def score_rows(
     )
 
 
-def _with_rm_score(rule: Scored | None, rm_score: float, weight: float) -> Scored:
-    """The rule outcome (a failed one counts 0) plus weight · the reward model's score."""
-    rule = rule if rule is not None else Scored.failed("not scored")
-    components = {**rule.components, RM_SCORE: rm_score}
-    return dataclasses.replace(rule, score=rule.score + weight * rm_score, components=components)
-
-
-def _with_tool_reward(outcome: Scored | None, tool_reward: float, weight: float) -> Scored:
-    """The outcome (a failed one counts 0) with the component `tool`, plus weight · tool_reward."""
+def _with_component(outcome: Scored | None, name: str, value: float, weight: float) -> Scored:
+    """The outcome (a failed one counts 0) with the component `name`, plus weight · value: the
+    reward model's score (rm_score), a multi-turn response's tool rewards (tool)."""
     outcome = outcome if outcome is not None else Scored.failed("not scored")
-    components = {**outcome.components, TOOL_REWARD: tool_reward}
-    return dataclasses.replace(outcome, score=outcome.score + weight * tool_reward, components=components)
+    components = {**outcome.components, name: value}
+    return dataclasses.replace(outcome, score=outcome.score + weight * value, components=components)
 
 
 def reward_error_metrics(scored: pa.Table, prefix: str = "reward") -> dict[str, float]:

@@ -32,14 +32,22 @@ def sequence_batch(rollouts: pa.Table, pad_token_id: int) -> SequenceBatch:
     responses, response_mask = pad_flat(
         response_ids, response_lengths, int(response_lengths.max()) if len(rollouts) else 0, pad_token_id
     )
-    attention = response_mask.float()
+    loss_mask = policy_mask(rollouts, responses.shape[1])
+    if loss_mask is None:
+        return SequenceBatch(prompts, prompt_mask.long(), responses, response_mask.float())
+    return SequenceBatch(prompts, prompt_mask.long(), responses, loss_mask, response_mask.float())
+
+
+def policy_mask(rollouts: pa.Table, width: int) -> torch.Tensor | None:
+    """(N, width) float: a multi-turn table's `response_mask` (1 on the policy's tokens, 0 on tool
+    tokens; a null row all ones over its response_length); None for a single-turn table (the mask
+    is 1 on every response token, `length_mask`)."""
     if "response_mask" not in rollouts.column_names or rollouts["response_mask"].null_count == len(rollouts):
-        return SequenceBatch(prompts, prompt_mask.long(), responses, attention)
+        return None
     masks = rollouts["response_mask"].combine_chunks()
-    whole = pa.array([[1] * n for n in response_lengths.tolist()], type=masks.type)
+    whole = pa.array([[1] * n for n in rollouts["response_length"].to_pylist()], type=masks.type)
     filled = pc.if_else(masks.is_null(), whole, masks)
-    loss_mask = padded_column(pa.table({"mask": filled}), "mask", responses.shape[1])
-    return SequenceBatch(prompts, prompt_mask.long(), responses, loss_mask, attention)
+    return padded_column(pa.table({"mask": filled}), "mask", width)
 
 
 def padded_column(table: pa.Table, column: str, width: int) -> torch.Tensor:
