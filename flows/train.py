@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import UTC, datetime
 
 from prefect import flow
+from prefect.runtime import flow_run
+from prefect.settings import PREFECT_API_URL
 
 from ppoflow.conf import load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
@@ -33,6 +37,7 @@ from ppoflow.tasks.stages.prepare_model import (
 from ppoflow.tasks.stages.prompts import prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
+from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV, record_flow_run
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
 
@@ -66,6 +71,8 @@ def train(plan: RunPlan) -> dict:
         recompute=plan.recompute,
         device=plan.placement.device,
     )
+    if flow_run.id is not None:
+        record_flow_run(run.path, _this_flow_run())
     for warning in plan.warnings:
         say(f"ppoflow: {warning}")
     if run.config_changes:
@@ -74,6 +81,19 @@ def train(plan: RunPlan) -> dict:
         return _train(run, plan)
     finally:
         close_run(run)
+
+
+def _this_flow_run() -> dict:
+    """The flow run training now, as RUN_DIR/flow_runs.json records it: its link into Prefect's UI is
+    of use only on a lasting server (not ppoflow's temporary one, nor Prefect's in-process one)."""
+    return {
+        "id": str(flow_run.id),
+        "name": flow_run.name,
+        "flow": flow_run.flow_name,
+        "started": datetime.now(UTC).isoformat(timespec="seconds"),
+        "ui_url": flow_run.ui_url,
+        "temporary_server": bool(os.environ.get(TEMPORARY_SERVER_ENV)) or not PREFECT_API_URL.value(),
+    }
 
 
 def _train(run: Run, plan: RunPlan) -> dict:

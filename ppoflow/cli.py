@@ -19,6 +19,7 @@ examples:
   ppoflow config trainer.experiment_name=x               # print the effective config
   ppoflow schema rollouts                                # the documented columns of a table
   ppoflow show runs/demo --worst 3                       # responses, rewards and per-token values
+  ppoflow explore runs/demo                              # the run's rollouts in the browser (loopback)
   ppoflow diagnose runs/demo                             # health checks; exit 1 on a warning
   ppoflow report runs/demo                               # PNG charts and report.md in runs/demo/report/
   ppoflow reward-model --out models/addition-rm          # train a reward model on labelled addition answers
@@ -69,6 +70,19 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("--worst", type=_count, metavar="N", help="the N lowest-scoring responses")
     which.add_argument("--random", type=_count, metavar="N", help="N responses at random (default 3)")
     show.add_argument("--seed", type=int, default=0, help="seed of --random")
+    explore = commands.add_parser(
+        "explore", help="browse a run's samples, tokens and metrics in the browser (a loopback web server)"
+    )
+    explore.add_argument("run_dir", type=Path)
+    explore.add_argument(
+        "--port", type=_port, default=0, help="port to serve on (default: one the system picks)"
+    )
+    explore.add_argument("--host", default="127.0.0.1", help="address to serve on (default 127.0.0.1)")
+    explore.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="serve on a --host that is not loopback, and answer requests from beyond this machine",
+    )
     diagnose = commands.add_parser(
         "diagnose",
         help="health checks over a run's metrics and rows: findings, causes, config keys to change",
@@ -173,6 +187,8 @@ def _run(argv: list[str] | None) -> int:
             return _schema(args)
         case "show":
             return _show(args)
+        case "explore":
+            return _explore(args)
         case "diagnose":
             return _diagnose(args)
         case "report":
@@ -323,6 +339,19 @@ def _show(args) -> int:
     console = _console(160)
     render(console, iteration, pick(rows, mode, count, args.seed), run_tokenizer(args.run_dir))
     return 0
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0–65535)")
+    return value
+
+
+def _explore(args) -> int:
+    from ppoflow.explorer.command import explore
+
+    return explore(args.run_dir, host=args.host, port=args.port, allow_remote=args.allow_remote)
 
 
 SEVERITY_STYLE = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "cyan"}

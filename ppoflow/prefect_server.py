@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ppoflow.tasks.models.processes import exit_with_parent
+from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV
 from ppoflow.tasks.storage.regular_files import open_regular_file
 
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
@@ -68,12 +69,14 @@ def prefect_api(*, deliver_on_exit: bool = True, server_log: Path | None = None)
         raise RuntimeError("prefect_api() must be entered before prefect is imported")
     with TemporaryServer(server_log) as url:
         os.environ["PREFECT_API_URL"] = url  # before prefect is first imported: its settings read it then
+        os.environ[TEMPORARY_SERVER_ENV] = url
         try:
             yield
         finally:
             if deliver_on_exit:
                 deliver_prefect_logs_and_events()
             os.environ.pop("PREFECT_API_URL", None)
+            os.environ.pop(TEMPORARY_SERVER_ENV, None)
 
 
 def deliver_prefect_logs_and_events(timeout_s: float = 5.0) -> None:

@@ -75,7 +75,7 @@ def refresh_catalog_if_stale(run_dir: str | Path, step: int | None = None) -> Pa
     final = run_dir / CATALOG_NAME
     recorded = _recorded_tables(run_dir)
     if final.is_file() and recorded is not None:
-        present = _tables_with_files(run_dir, step)
+        present = tables_with_files(run_dir, step)
         if step is None and present == recorded:
             return final
         if step is not None and set(present) <= set(recorded) and not _first_of_its_width(run_dir, step):
@@ -113,7 +113,7 @@ def _first_of_its_width(run_dir: Path, step: int) -> bool:
     return len(name) > _SIX and all(p.name == name for p in run_dir.glob(_longer_glob(len(name))))
 
 
-def _tables_with_files(run_dir: Path, step: int | None = None) -> list[str]:
+def tables_with_files(run_dir: Path, step: int | None = None) -> list[str]:
     """The tables with files: in any step's folder, or with `step`, in that step's folder only."""
     steps = step_folder_globs(run_dir) if step is None else [iteration_dir(run_dir, step).name]
     present = []
@@ -143,7 +143,7 @@ def _recorded_tables(run_dir: Path) -> list[str] | None:
 def refresh_catalog(run_dir: str | Path) -> Path:
     """(Re)create every view in run_dir/catalog.duckdb; returns its path. Safe while readers are open."""
     run_dir = checked_dir(run_dir)
-    present = _tables_with_files(run_dir)
+    present = tables_with_files(run_dir)
 
     final = write_catalog(run_dir, lambda con: define_run_views(con, run_dir))
     write_json_atomic(run_dir / CATALOG_TABLES, present)

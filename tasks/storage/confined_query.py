@@ -74,12 +74,18 @@ def views_read_by(sql: str, names: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(name for name in names if name in words)
 
 
-def connect_confined(run_dir: str | Path, sql: str | None = None) -> duckdb.DuckDBPyConnection:
+def connect_confined(
+    run_dir: str | Path, sql: str | None = None, *, views: Collection[str] | None = None
+) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the directory's views (views_of; with `sql`, only those
-    it reads), confined to the directory (_lock_down). Close it when done (or use it as a context
-    manager). A table file that cannot be read is a ValueError that says what to do (explained)."""
+    it reads; with `views`, only those named there), confined to the directory (_lock_down). Close it
+    when done (or use it as a context manager). A table file that cannot be read is a ValueError that
+    says what to do (explained)."""
     directory = checked_dir(run_dir)
-    views = views_of(directory)
+    kind = views_of(directory)
+    names = kind.names if sql is None else views_read_by(sql, kind.names)
+    if views is not None:
+        names = tuple(name for name in names if name in views)
     if outside := _links_out(directory):  # defining the views reads their files' footers
         raise ValueError(f"{directory}{outside}")
     con = duckdb.connect(":memory:")
@@ -87,8 +93,8 @@ def connect_confined(run_dir: str | Path, sql: str | None = None) -> duckdb.Duck
         con.execute(f"ATTACH ':memory:' AS {_ALIAS}")
         con.execute(f"USE {_ALIAS}")
         con.execute("SET parquet_metadata_cache = true")  # the footers a view's definition read, read once
-        with explained(directory, views.names):
-            views.define(con, directory, views.names if sql is None else views_read_by(sql, views.names))
+        with explained(directory, kind.names):
+            kind.define(con, directory, names)
         _lock_down(con, directory)
     except BaseException:
         con.close()

@@ -1,0 +1,1 @@
+"""`ppoflow explore`: a run's rollouts in the browser (command.py, server.py, static/)."""

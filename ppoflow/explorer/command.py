@@ -1,0 +1,84 @@
+"""`ppoflow explore RUN_DIR`: serve the rollout explorer of a run on loopback until Ctrl-C.
+
+The port is the one the system gives a socket bound to port 0 (`--port` chooses one): no port is
+probed, so explorers of several runs, trainings and CI run side by side. The URL is printed with the
+token the page needs (server.py). Ctrl-C (or SIGTERM) stops the server, closes the run's DuckDB
+connection and leaves nothing behind: the explorer writes no file and starts no process.
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+
+__all__ = ["explore"]
+
+
+def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) -> int:
+    import uvicorn
+
+    from ppoflow.explorer.server import explorer_app, is_loopback_host
+
+    if not is_loopback_host(host) and not allow_remote:
+        print(
+            f"ppoflow: --host {host} is not a loopback address: the explorer would show the run to the "
+            "network; add --allow-remote to serve it there anyway",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        listener = _listen(host, port)
+    except OSError as exc:
+        print(f"ppoflow: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    token = secrets.token_urlsafe(24)
+    try:
+        app, explorer = explorer_app(run_dir, token, allow_remote=allow_remote)
+        explorer.overview()  # a run that cannot be read is said now, not on the page
+    except (ValueError, FileNotFoundError) as error:
+        listener.close()
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return 2
+    bound_host, bound_port = listener.getsockname()[:2]
+    shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+    if not is_loopback_host(host):
+        print(f"ppoflow: warning: serving {run_dir} on {host}, beyond this machine", file=sys.stderr)
+    print(f"ppoflow explore: {Path(run_dir)} at http://{shown}:{bound_port}/#token={token}", flush=True)
+    print("press Ctrl-C to stop", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            timeout_graceful_shutdown=5,  # a request still open after Ctrl-C is cut after 5 s
+        )
+    )
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
+    try:
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        explorer.close()
+        listener.close()
+    print("ppoflow explore: stopped", flush=True)
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if port:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host.strip("[]"), port))
+        listener.listen(64)
+    except OSError:
+        listener.close()
+        raise
+    return listener

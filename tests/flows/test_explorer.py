@@ -1,0 +1,385 @@
+"""`ppoflow explore` on a real 10-step run: the page in a real headless Chromium (Debian's chromium,
+driven by Playwright), what it shows checked against DuckDB queries of the same rows; the server's
+answers to attacks; a run that trains while the page is open; Ctrl-C. The page's content security
+policy forbids eval, which page.wait_for_function needs: the tests wait on selectors instead."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from playwright.sync_api import expect
+
+from ppoflow.tasks.storage.confined_query import query
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+STEPS = 10
+RUN = [
+    "data.train_batch_size=32",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "critic.ppo_mini_batch_size=16",
+    "critic.ppo_micro_batch_size_per_gpu=16",
+]
+
+
+def train(run_dir: Path, steps: int) -> None:
+    from ppoflow.flows.train import ppo_train
+
+    ppo_train(None, [*RUN, f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run_dir}"])
+
+
+@pytest.fixture(scope="module")
+def run_dir(prefect_server, tiny_model_dir, tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("explored") / "demo"
+    train(directory, STEPS)
+    return directory
+
+
+class Explorer:
+    """A `ppoflow explore` process: its URL (with the token), its port and its output."""
+
+    def __init__(self, run_dir: Path, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ppoflow", "explore", str(run_dir), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self.process.stdout.readline()
+        match = re.search(r"at (http://127\.0\.0\.1:(\d+)/#token=(\S+))", line)
+        if match is None:
+            self.process.kill()
+            raise AssertionError(f"no URL in {line!r}: {self.process.stderr.read()}")
+        self.url, self.port, self.token = match.group(1), int(match.group(2)), match.group(3)
+
+    def get(self, path: str, headers: dict | None = None, token: bool = True) -> tuple[int, str]:
+        """A raw request: the path is sent as written (no client normalises `..`)."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        sent = {"Host": f"127.0.0.1:{self.port}"} | ({"X-Ppoflow-Token": self.token} if token else {})
+        connection.request("GET", path, headers=sent | (headers or {}))
+        response = connection.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+
+    def stop(self) -> tuple[int, str]:
+        self.process.send_signal(signal.SIGINT)
+        out, err = self.process.communicate(timeout=20)
+        return self.process.returncode, out + err
+
+
+@pytest.fixture(scope="module")
+def explorer(run_dir):
+    served = Explorer(run_dir)
+    yield served
+    if served.process.poll() is None:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.isfile(CHROMIUM):
+        pytest.fail("the explorer's browser tests need Debian's chromium: apt-get install chromium")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"],
+        )
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser, explorer):
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    opened.goto(explorer.url)
+    opened.wait_for_selector("#samples tbody tr")
+    yield opened
+    context.close()
+    assert not errors, errors
+
+
+def rows_of(page) -> list[tuple[str, int, float]]:
+    return [
+        (row.get_attribute("data-prompt-id"), int(row.get_attribute("data-sample-idx")), float(score))
+        for row, score in zip(
+            page.locator("#samples tbody tr").all(),
+            page.locator("#samples tbody td.score").evaluate_all("cells => cells.map(c => c.dataset.value)"),
+            strict=True,
+        )
+    ]
+
+
+def choose(page, selector: str, value: str) -> None:
+    """Select a value and wait for the table the change reloads."""
+    with page.expect_response(lambda r: "/api/samples" in r.url):
+        page.select_option(selector, value)
+
+
+def test_worst_validation_answers_one_opened_and_compared_across_iterations(page, run_dir):
+    choose(page, "#kind", "val")
+    choose(page, "#iteration", str(STEPS))
+    expected = query(
+        run_dir,
+        f"SELECT prompt_id, sample_idx, score FROM validation WHERE iter = {STEPS} "
+        "ORDER BY score, prompt_id, sample_idx LIMIT 50",
+    )[1]
+    assert rows_of(page) == [tuple(row) for row in expected]  # sorted by score, lowest first
+    total = query(run_dir, f"SELECT count(*) FROM validation WHERE iter = {STEPS}")[1][0][0]
+    assert page.locator("#page-info").text_content() == f"rows 1–50 of {total}"
+    with page.expect_response(lambda r: "/api/samples" in r.url):
+        page.fill("#max-score", "0.5")
+        page.press("#max-score", "Enter")
+    below = query(run_dir, f"SELECT count(*) FROM validation WHERE iter = {STEPS} AND score <= 0.5")[1][0][0]
+    assert page.locator("#page-info").text_content().endswith(f"of {below}")
+
+    worst_id, worst_idx, worst_score = rows_of(page)[0]
+    page.locator("#samples tbody tr").first.click()
+    page.wait_for_selector("#sample-section:not([hidden])")
+    prompt, response, score = query(
+        run_dir,
+        f"SELECT prompt_text, response_text, score FROM validation WHERE iter = {STEPS} "
+        f"AND prompt_id = '{worst_id}' AND sample_idx = {worst_idx}",
+    )[1][0]
+    assert page.locator("#sample-prompt").text_content() == prompt
+    assert page.locator("#sample-response").text_content() == response
+    assert float(page.locator('#sample-facts dd[data-name="score"]').get_attribute("data-value")) == score
+
+    page.select_option("#compare-left", "1")
+    page.select_option("#compare-right", str(STEPS))
+    with page.expect_response(lambda r: "/api/across" in r.url):
+        page.click("#compare")
+    for iteration in (1, STEPS):
+        column = page.locator(f'#compare-view .column[data-iter="{iteration}"]')
+        shown = [
+            (float(c.locator(".score").get_attribute("data-value")), c.locator("pre").text_content())
+            for c in column.locator(".response").all()
+        ]
+        assert shown == [
+            tuple(row)
+            for row in query(
+                run_dir,
+                f"SELECT score, response_text FROM validation WHERE iter = {iteration} "
+                f"AND prompt_id = '{worst_id}' ORDER BY sample_idx",
+            )[1]
+        ]
+
+
+def test_a_training_response_coloured_by_advantage(page, run_dir):
+    choose(page, "#iteration", str(STEPS))
+    with page.expect_response(lambda r: "/api/samples" in r.url):
+        page.click('#samples th[data-sort="response_length"]')
+    with page.expect_response(lambda r: "/api/samples" in r.url):
+        page.click('#samples th[data-sort="response_length"]')  # longest first
+    row = page.locator("#samples tbody tr").first
+    prompt_id, sample_idx = row.get_attribute("data-prompt-id"), int(row.get_attribute("data-sample-idx"))
+    row.click()
+    page.wait_for_selector("#tokens .tok")
+    page.select_option("#colour-by", "advantages")
+    advantages, length, values = query(
+        run_dir,
+        f'SELECT a.advantages, r.response_length, a."values" FROM rollouts r JOIN advantages a '
+        f"USING (iter, prompt_id, sample_idx) WHERE iter = {STEPS} AND prompt_id = '{prompt_id}' "
+        f"AND sample_idx = {sample_idx}",
+    )[1][0]
+    tokens = page.locator("#tokens .tok")
+    assert tokens.count() == length
+    shown = tokens.evaluate_all(
+        "spans => spans.map(s => [s.dataset.value, getComputedStyle(s).backgroundColor])"
+    )
+    assert [float(value) for value, _ in shown] == pytest.approx(advantages, abs=0, rel=0)
+    for (_, colour), advantage in zip(shown, advantages, strict=True):
+        red, _, blue = (int(c) for c in re.findall(r"\d+", colour)[:3])
+        if abs(advantage) > 0.05 * max(abs(a) for a in advantages):
+            assert (blue > red) == (advantage > 0), (colour, advantage)
+    page.select_option("#colour-by", "values")
+    assert [float(v) for v in tokens.evaluate_all("spans => spans.map(s => s.dataset.value)")] == values
+    tokens.nth(0).click()
+    assert page.locator('#token-detail td[data-name="advantage"]').text_content() != ""
+
+
+def test_the_metric_plot_is_the_metrics_table(page, run_dir):
+    chart = page.locator('figure.chart[data-metric="critic/score/mean"]')
+    points = chart.locator("circle.point").evaluate_all(
+        "dots => dots.map(d => [Number(d.dataset.iter), Number(d.dataset.value)])"
+    )
+    expected = query(run_dir, 'SELECT iter, "critic/score/mean" FROM metrics WHERE iter >= 1 ORDER BY iter')[
+        1
+    ]
+    assert points == [list(row) for row in expected]
+    chart.locator("circle.point").nth(2).click()  # iteration 3
+    expect(page.locator("#iteration")).to_have_value("3")
+
+
+def test_a_planted_response_is_shown_as_text_and_runs_nothing(browser, run_dir, tmp_path):
+    planted = tmp_path / "planted"
+    shutil.copytree(run_dir, planted, symlinks=True)
+    part = planted / "iter=000002/validation/part-00000.parquet"
+    table = pq.read_table(part)
+    payload = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+    texts = table.column("response_text").to_pylist()
+    texts[0] = payload
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("response_text"), "response_text", [texts]), part
+    )
+    (planted / "model/base/tokenizer.json").write_text("{ not a tokenizer")
+    (planted / "flow_runs.json").write_text('[{"id": "x", "name": "n", "ui_url": "javascript:alert(1)"}]')
+    (planted / "catalog.duckdb").write_bytes(b"not a database")
+    served = Explorer(planted)
+    try:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(served.url)
+        page.wait_for_selector("#samples tbody tr")
+        choose(page, "#kind", "val")
+        choose(page, "#iteration", "2")
+        prompt_id = query(
+            planted, "SELECT prompt_id FROM validation WHERE iter = 2 AND response_text LIKE '<img%'"
+        )
+        page.locator(f'#samples tbody tr[data-prompt-id="{prompt_id[1][0][0]}"]').click()
+        page.wait_for_selector("#sample-section:not([hidden])")
+        assert page.locator("#sample-response").text_content() == payload
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("#flow-runs a").count() == 0  # a javascript: link is dropped
+        choose(page, "#kind", "train")
+        page.locator("#samples tbody tr").first.click()
+        page.wait_for_selector("#tokens .tok")
+        assert all(re.fullmatch(r"<\d+>", t) for t in page.locator("#tokens .tok").all_text_contents())
+        context.close()
+    finally:
+        served.stop()
+
+
+def test_links_out_of_the_run_are_refused_before_serving(run_dir, tmp_path):
+    planted = tmp_path / "linked"
+    shutil.copytree(run_dir, planted, symlinks=True)
+    (planted / "iter=000001/rollouts/part-00009.parquet").symlink_to("/etc/passwd")
+    out = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "explore", str(planted)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 2
+    assert "symbolic links that lead out of it" in out.stderr and "/etc/passwd" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/../../../../etc/passwd",
+        "/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/explorer.js/../../config.yaml",
+        "/config.yaml",
+        "/iter=000001/_manifest.json",
+        "/static/../server.py",
+        "//etc/passwd",
+    ],
+)
+def test_no_request_path_reaches_a_file(explorer, path):
+    status, body = explorer.get(path)
+    assert status == 404
+    assert "root:" not in body and "actor_rollout_ref" not in body and "import" not in body
+
+
+def test_sql_in_a_request_is_a_value_or_refused(explorer, run_dir):
+    status, body = explorer.get("/api/samples?kind=val&iter=1&source=x%27%20OR%20%271%27%3D%271")
+    assert status == 200 and '"total":0' in body  # the filter value is a string, bound
+    status, body = explorer.get("/api/samples?kind=val&iter=1&sort=score;DROP%20VIEW%20validation")
+    assert status == 400 and "sort must be one of" in body
+    status, body = explorer.get('/api/metrics?names=iter"%20FROM%20metrics;--')
+    assert status == 400 and "no metric named" in body
+    status, body = explorer.get("/api/sample?kind=train&iter=1&prompt_id=%27%20OR%201%3D1%20--&sample_idx=0")
+    assert status == 400 and "no train sample" in body
+    status, body = explorer.get("/api/sample?kind=train&iter=1&prompt_id=../../etc/passwd&sample_idx=0")
+    assert status == 400 and "root:" not in body
+    status, body = explorer.get("/api/samples?kind=rollouts;--&iter=1")
+    assert status == 400 and "kind must be one of" in body
+    assert query(run_dir, "SELECT count(*) FROM validation WHERE iter = 1")[1][0][0] > 0  # nothing changed
+
+
+def test_requests_without_the_token_or_for_another_host_are_refused(explorer):
+    assert explorer.get("/api/run", token=False)[0] == 401
+    assert explorer.get("/api/run", headers={"X-Ppoflow-Token": "guess"})[0] == 401
+    status, body = explorer.get("/api/run", headers={"Host": "evil.example:80"})  # DNS rebinding
+    assert status == 403 and "loopback" in body
+    assert explorer.get("/", headers={"Host": f"localhost:{explorer.port}"})[0] == 200
+
+
+def test_a_request_from_beyond_loopback_is_refused(run_dir):
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from ppoflow.explorer.server import explorer_app
+
+    app, reader = explorer_app(run_dir, "t0ken")
+
+    async def ask(client_address: str, host: str) -> int:
+        transport = httpx.ASGITransport(app=app, client=(client_address, 50000))
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{host}") as client:
+            return (await client.get("/api/run", headers={"X-Ppoflow-Token": "t0ken"})).status_code
+
+    def status(client_address: str, host: str) -> int:  # in a thread: Playwright's loop runs in this one
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, ask(client_address, host)).result()
+
+    try:
+        assert status("192.0.2.7", "127.0.0.1:8000") == 403
+        assert status("10.1.2.3", "localhost:8000") == 403
+        assert status("127.0.0.1", "127.0.0.1:8000") == 200
+        assert status("::1", "[::1]:8000") == 200
+    finally:
+        reader.close()
+
+
+def test_a_host_beyond_loopback_needs_allow_remote(run_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "explore", str(run_dir), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--allow-remote" in out.stderr
+
+
+def test_new_iterations_appear_while_the_run_trains_and_ctrl_c_leaves_nothing(browser, run_dir, tmp_path):
+    growing = tmp_path / "growing"
+    shutil.copytree(run_dir, growing, symlinks=True)
+    served = Explorer(growing)
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(served.url)
+    page.wait_for_selector("#samples tbody tr")
+    assert page.locator("#iteration option").all_text_contents()[-1] == str(STEPS)
+    train(growing, STEPS + 1)  # the explorer's reads take no lock: training goes on beside them
+    page.wait_for_selector(f'#iteration option[value="{STEPS + 1}"]', state="attached", timeout=30_000)
+    context.close()
+    before = sorted(str(p.relative_to(growing)) for p in growing.rglob("*"))
+    code, output = served.stop()
+    assert code == 0 and "stopped" in output and "Traceback" not in output
+    assert sorted(str(p.relative_to(growing)) for p in growing.rglob("*")) == before  # nothing written
+    with pytest.raises(ConnectionRefusedError):
+        http.client.HTTPConnection("127.0.0.1", served.port, timeout=5).request("GET", "/")
+
+
+def test_the_flow_run_that_trained_the_run_is_linked(page, run_dir):
+    import json
+
+    recorded = json.loads((run_dir / "flow_runs.json").read_text())[-1]
+    assert recorded["flow"] == "ppo-train" and recorded["temporary_server"] is False
+    link = page.locator("#flow-runs a")
+    assert link.get_attribute("href") == recorded["ui_url"]
+    assert recorded["id"] in recorded["ui_url"]
