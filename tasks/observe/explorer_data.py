@@ -13,6 +13,7 @@ takes no lock, so training goes on beside it; it is opened again when a table ge
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -24,10 +25,11 @@ import duckdb
 from ppoflow.tasks.storage.catalog import checked_dir, tables_with_files
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
+from ppoflow.tasks.storage.tables import step_of
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]
 
-EXPLORED_VIEWS = ("rollouts", "rewards", "advantages", "validation", "metrics", "turns")
+EXPLORED_VIEWS = ("prompts", "rollouts", "rewards", "advantages", "validation", "metrics", "turns")
 KINDS = ("train", "val")
 SORTABLE = ("score", "response_length", "prompt_id", "sample_idx", "data_source", "finish_reason")
 MAX_PAGE_ROWS = 200
@@ -140,6 +142,16 @@ class RunExplorer:
                 self._tables = present
         return self._con
 
+    def _steps_with(self, table: str) -> list[int]:
+        """The steps whose folder holds files of `table`, as the views read them (folders named as
+        ppoflow names them): the listing, not a scan of every row's file name."""
+        steps = []
+        for entry in os.scandir(self.run_dir):
+            step = step_of(entry.name)
+            if step is not None and any(Path(entry.path, table).glob("*.parquet")):
+                steps.append(step)
+        return sorted(steps)
+
     def _columns(self, view: str) -> list[str]:
         return [row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {view})")]
 
@@ -148,12 +160,8 @@ class RunExplorer:
     def overview(self) -> dict:
         """The run's iterations (with training rollouts, with validation), data sources, metric
         names, the metrics shown by default, whether it is multi-turn, and its Prefect flow runs."""
-        train = [r["iter"] for r in self._rows("SELECT DISTINCT iter FROM rollouts ORDER BY iter")]
-        val = [r["iter"] for r in self._rows("SELECT DISTINCT iter FROM validation ORDER BY iter")]
-        sources = self._rows(
-            "SELECT DISTINCT data_source FROM (SELECT data_source FROM rollouts UNION ALL "
-            "SELECT data_source FROM validation) ORDER BY data_source"
-        )
+        train, val = self._steps_with("rollouts"), self._steps_with("validation")
+        sources = self._rows("SELECT DISTINCT data_source FROM prompts ORDER BY data_source")
         metrics = [c for c in self._columns("metrics") if c not in ("iter", "step")]
         defaults = [m for m in metrics if m.startswith("val-core/")][:2]
         defaults += [m for m in DEFAULT_METRICS if m in metrics]
