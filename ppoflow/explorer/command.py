@@ -55,6 +55,8 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
             access_log=False,
             lifespan="off",
             server_header=False,
+            ws="none",  # HTTP only
+            limit_concurrency=64,  # more open requests than a page makes get a 503
             timeout_graceful_shutdown=5,  # a request still open after Ctrl-C is cut after 5 s
         )
     )

@@ -73,8 +73,7 @@ class _Guard:
         if scope["type"] == "lifespan":
             await self.app(scope, receive, send)
             return
-        if scope["type"] != "http":
-            await _plain(403, "ppoflow explore serves HTTP only")(scope, receive, send)
+        if scope["type"] != "http":  # (uvicorn is started without websockets: none arrives)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if not self.allow_remote:

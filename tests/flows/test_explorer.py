@@ -383,3 +383,47 @@ def test_the_flow_run_that_trained_the_run_is_linked(page, run_dir):
     link = page.locator("#flow-runs a")
     assert link.get_attribute("href") == recorded["ui_url"]
     assert recorded["id"] in recorded["ui_url"]
+
+
+def test_a_page_of_samples_is_the_sql_of_the_same_rows(run_dir):
+    from ppoflow.tasks.observe.explorer_data import ExplorerError, RunExplorer, SampleFilter
+
+    reader = RunExplorer(run_dir)
+    try:
+        wanted = SampleFilter(
+            kind="train", iteration=4, min_score=0.05, max_length=3, truncated=False,
+            sort="response_length", descending=True, page=1, page_rows=7,
+        )  # fmt: skip
+        shown = reader.samples(wanted)
+        where = "r.iter = 4 AND w.score >= 0.05 AND r.response_length <= 3 AND r.finish_reason <> 'length'"
+        expected = query(
+            run_dir,
+            "SELECT r.prompt_id, r.sample_idx, w.score, r.response_length FROM rollouts r "
+            f"JOIN rewards w USING (iter, prompt_id, sample_idx) WHERE {where} "
+            "ORDER BY r.response_length DESC, r.prompt_id, r.sample_idx LIMIT 7 OFFSET 7",
+        )[1]
+        assert [
+            (r["prompt_id"], r["sample_idx"], r["score"], r["response_length"]) for r in shown["rows"]
+        ] == [tuple(row) for row in expected]
+        assert len(expected) == 7
+        count = query(
+            run_dir,
+            "SELECT count(*) FROM rollouts r JOIN rewards w USING (iter, prompt_id, sample_idx) "
+            f"WHERE {where}",
+        )[1][0][0]
+        assert shown["total"] == count
+        for bad, message in (
+            (SampleFilter(kind="rollouts"), "kind must be one of"),
+            (SampleFilter(sort="score DESC"), "sort must be one of"),
+            (SampleFilter(page_rows=0), "page_rows must be"),
+            (SampleFilter(page_rows=201), "page_rows must be"),
+            (SampleFilter(page=-1), "page must be"),
+            (SampleFilter(min_score=float("nan")), "finite"),
+        ):
+            with pytest.raises(ExplorerError, match=message):
+                reader.samples(bad)
+        assert reader.samples(SampleFilter(iteration=4, page=10**6))["rows"] == []
+        with pytest.raises(ExplorerError, match="no train sample"):
+            reader.sample("train", 4, "no-such-prompt", 0)
+    finally:
+        reader.close()

@@ -30,6 +30,7 @@ def test_smollm2_calls_the_gsm8k_tool_and_each_call_is_a_row(prefect_server, tmp
             "trainer.total_training_steps=1",
             "trainer.critic_warmup=2",  # the rollouts are the subject: no actor update (verl's warm-up)
             "actor_rollout_ref.actor.use_kl_loss=false",  # nor a reference pass
+            "algorithm.rollout_correction.bypass_mode=true",  # nor a recomputation of the log-probs
             "trainer.test_freq=-1",
             "trainer.num_threads=2",
             f"trainer.default_local_dir={tmp_path}",

@@ -172,8 +172,20 @@ def test_token_budgets_on_two_ranks_equal_one_process(one_process, tmp_path):
         assert _weights_gap(one_process, budgets, 1, role) <= WEIGHTS_TOLERANCE, role
 
 
-def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(prefect_server, tiny_model_dir, tmp_path):
-    one = _train(tmp_path / "one", *GRPO)
+@pytest.fixture(scope="module")
+def one_grpo(prefect_server, tiny_model_dir, tmp_path_factory):
+    """GRPO in this process: the reference of the ZeRO-2 run and of a resume on two ranks."""
+    return _train(tmp_path_factory.mktemp("one-grpo"), *GRPO)
+
+
+@pytest.fixture(scope="module")
+def one_small_ppo(prefect_server, tiny_model_dir, tmp_path_factory):
+    """A small PPO run in this process: the reference of the ZeRO-3 run and of a resume on one rank."""
+    return _train(tmp_path_factory.mktemp("one-small-ppo"), *SMALL_PPO)
+
+
+def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(one_grpo, tmp_path):
+    one = one_grpo
     zero2 = _train(
         tmp_path / "zero2",
         *GRPO,
@@ -185,10 +197,10 @@ def test_deepspeed_zero2_grpo_on_two_ranks_equals_one_process(prefect_server, ti
     assert _weights_gap(one, zero2, 2, "actor") <= WEIGHTS_TOLERANCE
 
 
-def test_deepspeed_zero3_actor_and_zero2_critic(prefect_server, tiny_model_dir, tmp_path):
+def test_deepspeed_zero3_actor_and_zero2_critic(one_small_ppo, tmp_path):
     """PPO with the actor under ZeRO-3 and the critic under ZeRO-2: the first iteration's tables are
     the same (the same initial weights); ZeRO-3's weights then differ in the last bits (see above)."""
-    one = _train(tmp_path / "one", *SMALL_PPO)
+    one = one_small_ppo
     sharded = _train(
         tmp_path / "zero",
         *SMALL_PPO,
@@ -210,18 +222,18 @@ def test_deepspeed_zero3_actor_and_zero2_critic(prefect_server, tiny_model_dir, 
     assert _table(sharded, "rewards", 3)
 
 
-def test_resume_on_another_world_size(prefect_server, tiny_model_dir, tmp_path):
+def test_resume_on_another_world_size(one_grpo, one_small_ppo, tmp_path):
     """1 → 2 ranks (GRPO, ZeRO-2) and 2 → 1 (PPO, FSDP2): the resumed run loads the checkpoint and
     optimizer state the other world size wrote and ends where an uninterrupted run ends."""
     zero2 = [*TWO, "actor_rollout_ref.actor.strategy=deepspeed"]
-    straight = _train(tmp_path / "straight", *GRPO)
+    straight = one_grpo
     grown = tmp_path / "grown"
     _train(grown, *GRPO, "trainer.total_training_steps=1")
     _train(grown, *GRPO, *zero2)
     _assert_same_tables(grown, straight, names=["rollouts"])
     assert _weights_gap(straight, grown, 2, "actor") <= WEIGHTS_TOLERANCE
 
-    straight = _train(tmp_path / "ppo", *SMALL_PPO)
+    straight = one_small_ppo
     shrunk = tmp_path / "shrunk"
     _train(shrunk, *SMALL_PPO, *FSDP2, "trainer.total_training_steps=1")
     _train(shrunk, *SMALL_PPO)
