@@ -12,16 +12,17 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import uvicorn
+
+from ppoflow.explorer.server import explorer_app, is_loopback_host
 
 __all__ = ["explore"]
 
 
 def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) -> int:
-    import uvicorn
-
-    from ppoflow.explorer.server import explorer_app, is_loopback_host
-
     if not is_loopback_host(host) and not allow_remote:
         print(
             f"ppoflow: --host {host} is not a loopback address: the explorer would show the run to the "
@@ -35,30 +36,38 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         print(f"ppoflow: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     token = secrets.token_urlsafe(24)
+    remote = allow_remote and not is_loopback_host(host)  # on loopback, every check stays
     try:
-        app, explorer = explorer_app(run_dir, token, allow_remote=allow_remote)
+        app, explorer = explorer_app(run_dir, token, allow_remote=remote)
         explorer.overview()  # a run that cannot be read is said now, not on the page
     except (ValueError, FileNotFoundError) as error:
         listener.close()
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     bound_host, bound_port = listener.getsockname()[:2]
+    if remote and bound_host in ("0.0.0.0", "::"):  # every address: the machine's name reaches one
+        bound_host = socket.getfqdn()
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-    if not is_loopback_host(host):
-        print(f"ppoflow: warning: serving {run_dir} on {host}, beyond this machine", file=sys.stderr)
+    if remote:
+        print(
+            f"ppoflow: warning: serving {run_dir} on {host}, beyond this machine; the page and its "
+            "token travel unencrypted (plain HTTP)",
+            file=sys.stderr,
+        )
     print(f"ppoflow explore: {Path(run_dir)} at http://{shown}:{bound_port}/#token={token}", flush=True)
     print("press Ctrl-C to stop", flush=True)
-    server = uvicorn.Server(
+    server = _StoppingServer(
         uvicorn.Config(
             app,
-            log_level="warning",
+            log_level="error",  # not a line per malformed request from whoever can reach the port
             access_log=False,
             lifespan="off",
             server_header=False,
             ws="none",  # HTTP only
             limit_concurrency=64,  # more open requests than a page makes get a 503
             timeout_graceful_shutdown=5,  # a request still open after Ctrl-C is cut after 5 s
-        )
+        ),
+        explorer.stop,
     )
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
     try:
@@ -70,6 +79,19 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         listener.close()
     print("ppoflow explore: stopped", flush=True)
     return 0
+
+
+class _StoppingServer(uvicorn.Server):
+    """uvicorn's server, that also stops the run's reader when Ctrl-C or SIGTERM arrives: queries
+    still waiting end at once and the running one is interrupted, so the server stops in a moment."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig, frame) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
 
 
 def _listen(host: str, port: int) -> socket.socket:

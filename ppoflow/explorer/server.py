@@ -169,20 +169,27 @@ def _text(request: Request, name: str, default: str | None = None) -> str:
     return value
 
 
-def _optional(request: Request, name: str, kind: type):
+def _number(request: Request, name: str, whole: bool) -> int | float | None:
+    """A number parameter, None when absent or empty; a whole one may be written `3` or `3.0`."""
     value = request.query_params.get(name, "")
     if value == "":
         return None
+    what = "a whole number" if whole else "a number"
     try:
-        return kind(value)
+        number = float(value) if len(value) <= 40 else math.nan
     except ValueError:
-        raise ExplorerError(f"parameter {name} must be a {kind.__name__}, not {value[:40]!r}") from None
+        number = math.nan
+    if not math.isfinite(number) or (whole and not number.is_integer()):
+        raise ExplorerError(f"parameter {name} must be {what}, not {value[:40]!r}")
+    return int(number) if whole else number
 
 
-def _integer(request: Request, name: str) -> int:
-    value = _optional(request, name, int)
+def _integer(request: Request, name: str, default: int | None = None) -> int:
+    value = _number(request, name, whole=True)
     if value is None:
-        raise ExplorerError(f"missing parameter {name}")
+        if default is None:
+            raise ExplorerError(f"missing parameter {name}")
+        return default
     return value
 
 
@@ -195,27 +202,32 @@ def _names(request: Request, name: str) -> list[str]:
 
 
 def _integers(request: Request, name: str) -> list[int]:
-    try:
-        return [int(v) for v in _names(request, name)]
-    except ValueError:
-        raise ExplorerError(f"every {name} must be an integer") from None
+    values = _names(request, name)
+    if not all(v.isdigit() and len(v) <= 12 for v in values):
+        raise ExplorerError(f"every {name} must be a whole number of at most 12 digits")
+    return [int(v) for v in values]
+
+
+def _choice(request: Request, name: str, choices: tuple[str, ...]) -> str:
+    value = request.query_params.get(name, choices[0])
+    if value not in choices:
+        raise ExplorerError(f"{name} must be one of {', '.join(choices)}, not {value[:40]!r}")
+    return value
 
 
 def _sample_filter(request: Request) -> SampleFilter:
-    truncated = request.query_params.get("truncated", "any")
-    if truncated not in ("any", "yes", "no"):
-        raise ExplorerError(f"truncated must be any, yes or no, not {truncated[:40]!r}")
+    truncated = _choice(request, "truncated", ("any", "yes", "no"))
     return SampleFilter(
         kind=_text(request, "kind", "train"),
         iteration=_integer(request, "iter"),
-        data_source=_optional(request, "source", str),
-        min_score=_optional(request, "min_score", float),
-        max_score=_optional(request, "max_score", float),
-        min_length=_optional(request, "min_length", int),
-        max_length=_optional(request, "max_length", int),
+        data_source=_text(request, "source", "") or None,
+        min_score=_number(request, "min_score", whole=False),
+        max_score=_number(request, "max_score", whole=False),
+        min_length=_number(request, "min_length", whole=True),
+        max_length=_number(request, "max_length", whole=True),
         truncated=None if truncated == "any" else truncated == "yes",
         sort=_text(request, "sort", "score"),
-        descending=request.query_params.get("order", "asc") == "desc",
-        page=_optional(request, "page", int) or 0,
-        page_rows=_optional(request, "page_rows", int) or 50,
+        descending=_choice(request, "order", ("asc", "desc")) == "desc",
+        page=_integer(request, "page", 0),
+        page_rows=_integer(request, "page_rows", 50),
     )

@@ -257,11 +257,12 @@ def report_iteration(step: int, total: int, result, *, seconds: float | None) ->
 
 
 def report_run(run, actor, history: list[dict[str, float]], *, validation_only: bool = False) -> dict:
-    """Where the data is and a query to try; returns a small summary."""
+    """Where the data is, how to browse it and a query to try; returns a small summary."""
     checkpoint = run.path / actor.checkpoint if actor.checkpoint else None
     say(f"\nrun directory   {run.path}")
     say(f"final actor     {checkpoint}")
     say(f"catalog         {run.path / 'catalog.duckdb'}")
+    say(f"browse          {ppoflow_command()} explore {shlex.quote(str(run.path))}")
     example = VALIDATION_QUERY if validation_only else EXAMPLE_QUERY
     query = f'{ppoflow_command()} query {shlex.quote(str(run.path))} "{example}"'  # runs/it's
     say(f"try             {query}")

@@ -13,7 +13,6 @@ takes no lock, so training goes on beside it; it is opened again when a table ge
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -22,10 +21,11 @@ from pathlib import Path
 
 import duckdb
 
-from ppoflow.tasks.storage.catalog import checked_dir, tables_with_files
+from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts
+from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, sql_literal
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
-from ppoflow.tasks.storage.tables import step_of
+from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]
 
@@ -36,8 +36,12 @@ MAX_PAGE_ROWS = 200
 LISTED_RESPONSE_CHARS = 160
 LISTED_PROMPT_CHARS = 100
 SHOWN_TEXT_CHARS = 20_000
-"""A sample's prompt and response are cut to this many characters (a planted 10 MB text stays a
-page); its tokens are all shown."""
+"""Each text of a sample (prompt, response, ground truth, error, turn) is cut to this many characters:
+a planted 10 MB text stays a page."""
+SHOWN_TOKENS = 32_768
+"""A response's first tokens shown, with their per-token values (verl's longest are 32k)."""
+MAX_STEP = 10**9
+MAX_PAGE = 10**7
 RECHECK_SECONDS = 2.0
 """How often at most a request looks for tables that got their first files."""
 TOKEN_COLUMNS = {
@@ -83,8 +87,9 @@ class SampleFilter:
             raise ExplorerError(f"sort must be one of {', '.join(SORTABLE)}, not {self.sort!r}")
         if not 1 <= self.page_rows <= MAX_PAGE_ROWS:
             raise ExplorerError(f"page_rows must be 1–{MAX_PAGE_ROWS}, not {self.page_rows}")
-        if self.page < 0:
-            raise ExplorerError(f"page must be 0 or more, not {self.page}")
+        if not 0 <= self.page <= MAX_PAGE:
+            raise ExplorerError(f"page must be 0–{MAX_PAGE:,}, not {self.page}")
+        check_step(self.iteration)
         for name in ("min_score", "max_score"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
@@ -92,15 +97,37 @@ class SampleFilter:
         return self
 
 
-_SAMPLE_SOURCES = {
-    "train": "rollouts r LEFT JOIN rewards w USING (iter, prompt_id, sample_idx)",
-    "val": "validation r",
-}
-"""What each kind of sample is read from; its columns under `r.` (the score unqualified)."""
+_ROW_KEY = "USING (iter, prompt_id, sample_idx)"
+_WHERE_KEY = "WHERE r.prompt_id = ? AND r.sample_idx = ?"
+_SCORED_BY = {"train": "w", "val": "r"}
+"""Where a kind of sample's score, ground truth and error are: a training response's in its rewards
+row (`w`), a validation answer's in its own row (`r`)."""
+
+
+def _score(kind: str) -> str:
+    """A score as the page sorts and filters it: only a finite one (a NaN, a reward function's
+    failure, would sort above every number). isfinite, as DuckDB 2.0 folds isnan() and `= 'NaN'` to
+    false on a parquet column whose statistics leave NaN out."""
+    score = f"{_SCORED_BY[kind]}.score"
+    return f"CASE WHEN isfinite({score}) THEN {score} END"
+
+
+def check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {kind[:40]!r}")
+
+
+def check_step(step: int) -> None:
+    if not 0 <= step <= MAX_STEP:
+        raise ExplorerError(f"iteration must be 0–{MAX_STEP:,}, not {str(step)[:40]}")
 
 
 class RunExplorer:
-    """One run, read for the explorer; safe to call from several threads (one query at a time)."""
+    """One run, read for the explorer; safe to call from several threads (one query at a time).
+
+    A query of one step reads that step's folder (read_parquet of its files, confined as the views
+    are), not the view of every step: a page costs the same in a run of ten steps or of ten thousand.
+    """
 
     def __init__(self, run_dir: str | Path):
         self.run_dir = checked_dir(run_dir)
@@ -113,16 +140,32 @@ class RunExplorer:
         self._con: duckdb.DuckDBPyConnection | None = None
         self._tables: frozenset[str] = frozenset()
         self._checked_at = 0.0
-        self._tokenizer = _Tokens(self.run_dir)
+        self._stopping = False
+        self._steps = StepFolders(self.run_dir)
+        self._tokens = TokenTexts(self.run_dir)
+        self._metric_names: tuple[tuple[int, ...], list[str]] = ((), [])
+
+    def stop(self) -> None:
+        """Refuse every query from now on and interrupt the one running (the server is stopping)."""
+        self._stopping = True
+        con = self._con
+        if con is not None:
+            con.interrupt()
 
     def close(self) -> None:
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
+        self.stop()
+        if self._lock.acquire(timeout=5.0):  # a query DuckDB could not interrupt keeps its connection
+            try:
+                if self._con is not None:
+                    self._con.close()
+                    self._con = None
+            finally:
+                self._lock.release()
 
     def _rows(self, sql: str, params: Sequence = ()) -> list[dict]:
         with self._lock:
+            if self._stopping:
+                raise ExplorerError("the explorer is stopping")
             con = self._connection()
             with explained(self.run_dir, EXPLORED_VIEWS):
                 cursor = con.execute(sql, list(params))
@@ -130,10 +173,12 @@ class RunExplorer:
                 return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
+        """The confined connection, opened again when a table gets its first files (its view was
+        an empty stub until then)."""
         now = time.monotonic()
         if self._con is None or now - self._checked_at > RECHECK_SECONDS:
             self._checked_at = now
-            present = frozenset(tables_with_files(self.run_dir)) & set(EXPLORED_VIEWS)
+            present = frozenset(self._present_tables())
             if self._con is None or present != self._tables:
                 if self._con is not None:
                     self._con.close()
@@ -142,27 +187,43 @@ class RunExplorer:
                 self._tables = present
         return self._con
 
-    def _steps_with(self, table: str) -> list[int]:
-        """The steps whose folder holds files of `table`, as the views read them (folders named as
-        ppoflow names them): the listing, not a scan of every row's file name."""
-        steps = []
-        for entry in os.scandir(self.run_dir):
-            step = step_of(entry.name)
-            if step is not None and any(Path(entry.path, table).glob("*.parquet")):
-                steps.append(step)
-        return sorted(steps)
+    def _present_tables(self) -> list[str]:
+        present = [t for t in EXPLORED_VIEWS if t not in DATA_FILES and self._steps.steps_with(t)]
+        files = {t: [self.run_dir / f for f in DATA_FILES.get(t, ())] for t in EXPLORED_VIEWS}
+        return present + [t for t, paths in files.items() if any(p.is_file() for p in paths)]
 
-    def _columns(self, view: str) -> list[str]:
-        return [row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {view})")]
+    def _step(self, table: str, step: int) -> str:
+        """A FROM item of `table`'s rows of one step: its folder's files, with `iter`; the view
+        filtered to the step when the folder has none (a step in progress, say)."""
+        check_step(step)
+        folder = iteration_dir(self.run_dir, step) / table
+        if not any(folder.glob("*.parquet")):
+            return f"(SELECT * FROM {table} WHERE iter = {step})"
+        files = sql_literal(f"{folder}/*.parquet")
+        return (
+            f"(SELECT {step}::INTEGER AS iter, * FROM read_parquet([{files}], hive_partitioning=false, "
+            "union_by_name=true))"
+        )
+
+    def _columns(self, source: str) -> set[str]:
+        return {row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {source})")}
+
+    def _samples_of(self, kind: str, step: int) -> str:
+        """What a kind of sample is read from in one step: its columns under `r.`, its score where
+        _SCORED_BY says."""
+        if kind == "val":
+            return f"{self._step('validation', step)} r"
+        return f"{self._step('rollouts', step)} r LEFT JOIN {self._step('rewards', step)} w {_ROW_KEY}"
 
     # -- the run ---------------------------------------------------------------------------------
 
     def overview(self) -> dict:
         """The run's iterations (with training rollouts, with validation), data sources, metric
         names, the metrics shown by default, whether it is multi-turn, and its Prefect flow runs."""
-        train, val = self._steps_with("rollouts"), self._steps_with("validation")
+        self._connection()  # the tables present, checked
+        train, val = self._steps.steps_with("rollouts"), self._steps.steps_with("validation")
         sources = self._rows("SELECT DISTINCT data_source FROM prompts ORDER BY data_source")
-        metrics = [c for c in self._columns("metrics") if c not in ("iter", "step")]
+        metrics = [c for c in self._metric_columns() if c not in ("iter", "step")]
         defaults = [m for m in metrics if m.startswith("val-core/")][:2]
         defaults += [m for m in DEFAULT_METRICS if m in metrics]
         return {
@@ -176,14 +237,22 @@ class RunExplorer:
             "flow_runs": read_flow_runs(self.run_dir),
         }
 
+    def _metric_columns(self) -> list[str]:
+        """The metrics table's columns, in its order; read again only when its steps change."""
+        steps = tuple(self._steps.steps_with("metrics"))
+        if steps != self._metric_names[0] or not self._metric_names[1]:
+            names = [r["column_name"] for r in self._rows("SELECT column_name FROM (DESCRIBE metrics)")]
+            self._metric_names = (steps, names)
+        return self._metric_names[1]
+
     def metric_series(self, names: Sequence[str]) -> dict:
         """Each named metric by iteration (null where a step did not log it)."""
-        known = set(self._columns("metrics"))
+        known = set(self._metric_columns())
         unknown = [n for n in names if n not in known]
         if unknown:
-            raise ExplorerError(f"no metric named {unknown[0]!r} in this run")
-        selected = ", ".join(_ident(n) for n in names)
-        rows = self._rows(f"SELECT iter{', ' if names else ''}{selected} FROM metrics ORDER BY iter")
+            raise ExplorerError(f"no metric named {unknown[0][:200]!r} in this run")
+        selected = "".join(f", {_ident(n)}" for n in names)
+        rows = self._rows(f"SELECT iter{selected} FROM metrics ORDER BY iter")
         return {
             "iterations": [r["iter"] for r in rows],
             "series": {n: [_number(r[n]) for r in rows] for n in names},
@@ -194,12 +263,12 @@ class RunExplorer:
     def samples(self, wanted: SampleFilter) -> dict:
         """One page of samples and how many match."""
         f = wanted.checked()
-        source = _SAMPLE_SOURCES[f.kind]
-        where, params = ["r.iter = ?"], [f.iteration]
+        score = _score(f.kind)
+        where, params = ["TRUE"], []
         for condition, value in (
             ("r.data_source = ?", f.data_source),
-            ("score >= ?", f.min_score),
-            ("score <= ?", f.max_score),
+            (f"{score} >= ?", f.min_score),
+            (f"{score} <= ?", f.max_score),
             ("r.response_length >= ?", f.min_length),
             ("r.response_length <= ?", f.max_length),
         ):
@@ -209,110 +278,134 @@ class RunExplorer:
         if f.truncated is not None:
             where.append("(r.finish_reason = 'length') = ?")
             params.append(f.truncated)
-        clause = " AND ".join(where)
-        total = self._rows(f"SELECT count(*) AS n FROM {source} WHERE {clause}", params)[0]["n"]
-        order = f"{_sort_key(f.sort)} {'DESC' if f.descending else 'ASC'} NULLS LAST"
+        source, clause = self._samples_of(f.kind, f.iteration), " AND ".join(where)
+        column = score if f.sort == "score" else f"r.{f.sort}"
+        order = f"{column} {'DESC' if f.descending else 'ASC'} NULLS LAST"
         rows = self._rows(
-            f"SELECT r.prompt_id, r.sample_idx, r.data_source, score, r.response_length, "
+            f"SELECT r.prompt_id, r.sample_idx, r.data_source, {score} AS score, r.response_length, "
             f"r.finish_reason, right(r.prompt_text, {LISTED_PROMPT_CHARS}) AS prompt_end, "
-            f"left(r.response_text, {LISTED_RESPONSE_CHARS}) AS response_start "
+            f"left(r.response_text, {LISTED_RESPONSE_CHARS}) AS response_start, "
+            "count(*) OVER () AS total "
             f"FROM {source} WHERE {clause} "
             f"ORDER BY {order}, r.prompt_id, r.sample_idx LIMIT ? OFFSET ?",
             [*params, f.page_rows, f.page * f.page_rows],
         )
+        if rows:
+            total = rows[0]["total"]
+        else:  # past the last page: how many there are
+            total = self._rows(f"SELECT count(*) AS n FROM {source} WHERE {clause}", params)[0]["n"]
         for row in rows:
+            del row["total"]
             row["score"] = _number(row["score"])
         return {"total": total, "page": f.page, "page_rows": f.page_rows, "rows": rows}
 
     def sample(self, kind: str, iteration: int, prompt_id: str, sample_idx: int) -> dict:
-        """One sample whole: texts, score and components, and for a training response its tokens
-        with every per-token column (TOKEN_COLUMNS), its policy mask and its turns."""
-        if kind not in KINDS:
-            raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        key = [iteration, prompt_id, sample_idx]
+        """One sample whole: texts, score and components, and for a training response its first
+        SHOWN_TOKENS tokens with every per-token column (TOKEN_COLUMNS), its policy mask and turns."""
+        check_kind(kind)
+        key, by = [prompt_id, sample_idx], _SCORED_BY[kind]
+        common = (
+            "r.iter, r.prompt_id, r.sample_idx, r.data_source, r.response_length, r.finish_reason, "
+            f"left(r.prompt_text, {SHOWN_TEXT_CHARS}) AS prompt_text, "
+            f"left(r.response_text, {SHOWN_TEXT_CHARS}) AS response_text, "
+            f"left({by}.ground_truth, {SHOWN_TEXT_CHARS}) AS ground_truth, "
+            f"left({by}.error, {SHOWN_TEXT_CHARS}) AS error, "
+            f"{by}.score, map_entries({by}.components) AS components"
+        )
         if kind == "val":
             rows = self._rows(
-                f"SELECT iter, prompt_id, sample_idx, data_source, left(prompt_text, {SHOWN_TEXT_CHARS}) "
-                f"AS prompt_text, left(response_text, {SHOWN_TEXT_CHARS}) AS response_text, ground_truth, "
-                "score, map_entries(components) AS components, error, pred, response_length, finish_reason "
-                "FROM validation WHERE iter = ? AND prompt_id = ? AND sample_idx = ?",
+                f"SELECT {common}, left(r.pred, {SHOWN_TEXT_CHARS}) AS pred "
+                f"FROM {self._samples_of(kind, iteration)} {_WHERE_KEY}",
                 key,
             )
-            return self._finished(rows, kind, key)
-        present = set(self._columns("rollouts"))
-        optional = [c for c in ("ref_log_probs", "response_mask", "num_turns", "tool_calls") if c in present]
+            return self._finished(rows, kind, iteration, key)
+        present = self._columns(self._step("rollouts", iteration))
+        lists = ["r.response_ids", "r.rollout_log_probs", "r.old_log_probs"]
+        lists += [f"r.{c}" for c in ("ref_log_probs", "response_mask") if c in present]
+        lists += [f'a."{c}"' for c in ("values", "advantages", "returns", "kl", "token_level_rewards")]
+        shown = ", ".join(f"{c}[1:{SHOWN_TOKENS}] AS {c.split('.')[1]}" for c in lists)
+        scalars = "".join(f", r.{c}" for c in ("num_turns", "tool_calls") if c in present)
         rows = self._rows(
-            "SELECT r.iter, r.prompt_id, r.sample_idx, r.data_source, "
-            f"left(r.prompt_text, {SHOWN_TEXT_CHARS}) AS prompt_text, "
-            f"left(r.response_text, {SHOWN_TEXT_CHARS}) AS response_text, r.prompt_ids, r.response_ids, "
-            "r.rollout_log_probs, r.old_log_probs, r.response_length, r.finish_reason, r.policy_version, "
-            + "".join(f"r.{c}, " for c in optional)
-            + "w.ground_truth, w.score, map_entries(w.components) AS components, w.error, "
-            'a."values", a.advantages, a.returns, a.kl, a.token_level_rewards '
-            "FROM rollouts r LEFT JOIN rewards w USING (iter, prompt_id, sample_idx) "
-            "LEFT JOIN advantages a USING (iter, prompt_id, sample_idx) "
-            "WHERE r.iter = ? AND r.prompt_id = ? AND r.sample_idx = ?",
+            f"SELECT {common}, {shown}, len(r.prompt_ids) AS prompt_tokens, r.policy_version{scalars} "
+            f"FROM {self._samples_of(kind, iteration)} "
+            f"LEFT JOIN {self._step('advantages', iteration)} a {_ROW_KEY} {_WHERE_KEY}",
             key,
         )
-        sample = self._finished(rows, kind, key)
-        sample["tokens"] = self._tokenizer.pieces(sample.pop("response_ids"))
-        sample["prompt_tokens"] = len(sample.pop("prompt_ids") or [])
-        old, rollout = sample.get("old_log_probs"), sample.get("rollout_log_probs")
-        sample["ratio_old_to_rollout"] = None
-        if old and rollout:  # exp(old − rollout); 700 keeps a planted gap from overflowing
-            pairs = zip(old, rollout, strict=True)
-            sample["ratio_old_to_rollout"] = [math.exp(min(o - r, 700.0)) for o, r in pairs]
+        sample = self._finished(rows, kind, iteration, key)
+        sample["tokens"] = self._tokens.pieces(sample.pop("response_ids"))
+        sample["ratio_old_to_rollout"] = _ratios(sample.get("old_log_probs"), sample.get("rollout_log_probs"))
+        length = len(sample["tokens"])
         sample["token_columns"] = {
-            name: [_number(v) for v in sample.pop(name)]
-            for name in TOKEN_COLUMNS
-            if sample.get(name) is not None
+            name: _fitted(sample[name], length) for name in TOKEN_COLUMNS if sample.get(name) is not None
         }
         for name in TOKEN_COLUMNS:
             sample.pop(name, None)
-        sample["turns"] = self._turns(key) if sample.get("response_mask") is not None else []
+        sample["turns"] = []
+        if sample.get("response_mask") is not None:
+            sample["response_mask"] = [bool(m) for m in _fitted(sample["response_mask"], length)]
+            sample["turns"] = self._turns(iteration, key)
         return sample
 
-    def _finished(self, rows: list[dict], kind: str, key: list) -> dict:
+    def _finished(self, rows: list[dict], kind: str, iteration: int, key: list) -> dict:
         if not rows:
-            iteration, prompt_id, sample_idx = key
-            raise ExplorerError(f"no {kind} sample {prompt_id!r} #{sample_idx} in iteration {iteration}")
+            prompt_id, sample_idx = key
+            raise ExplorerError(
+                f"no {kind} sample {prompt_id[:200]!r} #{sample_idx} in iteration {iteration}"
+            )
         sample = rows[0]
         sample["kind"] = kind
         sample["score"] = _number(sample["score"])
         sample["components"] = {e["key"]: _number(e["value"]) for e in sample["components"] or []}
         return sample
 
-    def _turns(self, key: list) -> list[dict]:
+    def _turns(self, iteration: int, key: list) -> list[dict]:
+        """A response's turns, the first 1,000, each text cut to SHOWN_TEXT_CHARS."""
+        texts = ", ".join(
+            f"left({c}, {SHOWN_TEXT_CHARS}) AS {c}" for c in ("text", "arguments", "result", "error")
+        )
         return self._rows(
-            "SELECT turn, call_index, role, text, token_start, token_end, turn_end, tool_name, arguments, "
-            "result, error, tool_reward FROM turns WHERE iter = ? AND prompt_id = ? AND sample_idx = ? "
-            "ORDER BY turn, call_index",
+            f"SELECT turn, call_index, role, {texts}, token_start, token_end, turn_end, tool_name, "
+            f"tool_reward FROM {self._step('turns', iteration)} r {_WHERE_KEY} "
+            "ORDER BY turn, call_index LIMIT 1000",
             key,
         )
 
     def across_iterations(self, kind: str, prompt_id: str, iterations: Sequence[int]) -> dict:
         """Every iteration that has `prompt_id`, and its responses there in each of `iterations`."""
-        if kind not in KINDS:
-            raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
-        source = _SAMPLE_SOURCES[kind]
-        found = self._rows(
-            f"SELECT DISTINCT r.iter FROM {source} WHERE r.prompt_id = ? ORDER BY 1", [prompt_id]
-        )
+        check_kind(kind)
+        view = "rollouts" if kind == "train" else "validation"
+        found = self._rows(f"SELECT DISTINCT iter FROM {view} WHERE prompt_id = ? ORDER BY 1", [prompt_id])
         shown = {}
         for iteration in iterations[:4]:
-            shown[str(iteration)] = self._rows(
-                f"SELECT r.sample_idx, score, r.response_length, r.finish_reason, "
-                f"left(r.response_text, {SHOWN_TEXT_CHARS}) AS response_text FROM {source} "
-                "WHERE r.iter = ? AND r.prompt_id = ? ORDER BY r.sample_idx",
-                [iteration, prompt_id],
+            rows = self._rows(
+                f"SELECT r.sample_idx, {_score(kind)} AS score, r.response_length, r.finish_reason, "
+                f"left(r.response_text, {SHOWN_TEXT_CHARS}) AS response_text "
+                f"FROM {self._samples_of(kind, iteration)} WHERE r.prompt_id = ? "
+                "ORDER BY r.sample_idx LIMIT 256",
+                [prompt_id],
             )
-            for row in shown[str(iteration)]:
+            for row in rows:
                 row["score"] = _number(row["score"])
+            shown[str(iteration)] = rows
         return {"prompt_id": prompt_id, "iterations": [r["iter"] for r in found], "responses": shown}
 
 
-def _sort_key(name: str) -> str:
-    return "score" if name == "score" else f"r.{name}"
+def _ratios(old, rollout) -> list[float | None] | None:
+    """exp(old − rollout) per token; null where either is missing or the gap is not a number a
+    float can take (a planted value)."""
+    if not old or not rollout:
+        return None
+    ratios = []
+    for o, r in zip(old, rollout, strict=False):
+        gap = o - r if isinstance(o, float) and isinstance(r, float) else math.nan
+        ratios.append(math.exp(gap) if math.isfinite(gap) and abs(gap) <= 700 else None)
+    return ratios
+
+
+def _fitted(values: list, length: int) -> list:
+    """A per-token list as long as the tokens shown: cut, or filled with nulls (a planted row whose
+    lists disagree in length)."""
+    return [_number(v) for v in values[:length]] + [None] * (length - len(values))
 
 
 def _ident(name: str) -> str:
@@ -324,45 +417,3 @@ def _number(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
-
-
-class _Tokens:
-    """The text of each token id, from the run's own tokenizer.json (model/base, as ppoflow copied
-    it), read as data by the tokenizers library; ids are shown as `<id>` when there is none."""
-
-    def __init__(self, run_dir: Path):
-        self._run_dir = run_dir
-        self._tokenizer = None
-        self._loaded = False
-        self._cache: dict[int, str] = {}
-
-    def pieces(self, ids: Sequence[int] | None) -> list[str]:
-        tokenizer = self._load()
-        out = []
-        for token_id in ids or []:
-            piece = self._cache.get(token_id)
-            if piece is None:
-                piece = f"<{token_id}>" if tokenizer is None else _piece(tokenizer, token_id)
-                self._cache[token_id] = piece
-            out.append(piece)
-        return out
-
-    def _load(self):
-        if not self._loaded:
-            self._loaded = True
-            path = self._run_dir / "model/base/tokenizer.json"
-            try:
-                if path.resolve().is_relative_to(self._run_dir) and path.is_file():
-                    from tokenizers import Tokenizer
-
-                    self._tokenizer = Tokenizer.from_file(str(path))
-            except Exception:  # a damaged or planted file: ids are shown instead
-                self._tokenizer = None
-        return self._tokenizer
-
-
-def _piece(tokenizer, token_id: int) -> str:
-    text = tokenizer.decode([token_id], skip_special_tokens=False)
-    if text and "\ufffd" not in text:
-        return text
-    return tokenizer.id_to_token(token_id) or f"<{token_id}>"

@@ -16,6 +16,8 @@ TEMPORARY_SERVER_ENV = "PPOFLOW_TEMPORARY_PREFECT_SERVER"
 """Set while `ppoflow train` reports to a temporary Prefect server of its own (no UI, gone after)."""
 KEPT_FLOW_RUNS = 50
 FIELDS = ("id", "name", "flow", "started", "ui_url", "temporary_server")
+MAX_FILE_BYTES = 2**20
+MAX_FIELD_CHARS = 2_000
 
 
 def record_flow_run(run_dir: str | Path, entry: dict) -> None:
@@ -27,11 +29,15 @@ def record_flow_run(run_dir: str | Path, entry: dict) -> None:
 
 
 def read_flow_runs(run_dir: str | Path) -> list[dict]:
-    """The recorded flow runs, each with the FIELDS as strings, booleans or null; an entry of another
-    shape is left out, and a URL that is not http(s) is dropped (it becomes a link on a page)."""
+    """The recorded flow runs, each with the FIELDS as strings (of at most MAX_FIELD_CHARS), booleans
+    or null; an entry of another shape is left out, a URL that is not http(s) is dropped (it becomes a
+    link on a page), and a file larger than MAX_FILE_BYTES or nested too deep reads as none."""
+    path = Path(run_dir) / FLOW_RUNS_FILE
     try:
-        entries = json.loads((Path(run_dir) / FLOW_RUNS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return []
+        entries = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
         return []
     if not isinstance(entries, list):
         return []
@@ -40,9 +46,13 @@ def read_flow_runs(run_dir: str | Path) -> list[dict]:
         if not isinstance(entry, dict):
             continue
         record = {k: entry.get(k) for k in FIELDS}
-        if not all(v is None or isinstance(v, str | bool) for v in record.values()):
+        if not all(v is None or isinstance(v, bool) or _short_text(v) for v in record.values()):
             continue
         if not str(record["ui_url"] or "").startswith(("http://", "https://")):
             record["ui_url"] = None
         kept.append(record)
     return kept
+
+
+def _short_text(value) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_FIELD_CHARS

@@ -12,8 +12,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from playwright.sync_api import expect
@@ -72,17 +74,29 @@ class Explorer:
         return response.status, response.read().decode("utf-8", "replace")
 
     def stop(self) -> tuple[int, str]:
+        """Ctrl-C; the exit code and all it printed (killed, and a failure, after 20 s)."""
         self.process.send_signal(signal.SIGINT)
-        out, err = self.process.communicate(timeout=20)
+        try:
+            out, err = self.process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.communicate()
+            raise AssertionError("ppoflow explore did not stop within 20 s of Ctrl-C") from None
         return self.process.returncode, out + err
+
+    def __enter__(self) -> Explorer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
 
 
 @pytest.fixture(scope="module")
 def explorer(run_dir):
-    served = Explorer(run_dir)
-    yield served
-    if served.process.poll() is None:
-        served.stop()
+    with Explorer(run_dir) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +138,16 @@ def rows_of(page) -> list[tuple[str, int, float]]:
     ]
 
 
+def reloaded(page, action) -> None:
+    """Run `action` (a change that reloads the sample table) and wait until the table shows its rows:
+    the table marks which request its rows answer."""
+    before = page.locator("#samples").get_attribute("data-shown")
+    action()
+    expect(page.locator("#samples")).not_to_have_attribute("data-shown", before or "")
+
+
 def choose(page, selector: str, value: str) -> None:
-    """Select a value and wait for the table the change reloads."""
-    with page.expect_response(lambda r: "/api/samples" in r.url):
-        page.select_option(selector, value)
+    reloaded(page, lambda: page.select_option(selector, value))
 
 
 def test_worst_validation_answers_one_opened_and_compared_across_iterations(page, run_dir):
@@ -141,15 +161,16 @@ def test_worst_validation_answers_one_opened_and_compared_across_iterations(page
     assert rows_of(page) == [tuple(row) for row in expected]  # sorted by score, lowest first
     total = query(run_dir, f"SELECT count(*) FROM validation WHERE iter = {STEPS}")[1][0][0]
     assert page.locator("#page-info").text_content() == f"rows 1–50 of {total}"
-    with page.expect_response(lambda r: "/api/samples" in r.url):
-        page.fill("#max-score", "0.5")
-        page.press("#max-score", "Enter")
+    page.fill("#max-score", "0.5")
+    reloaded(page, lambda: page.press("#max-score", "Enter"))
     below = query(run_dir, f"SELECT count(*) FROM validation WHERE iter = {STEPS} AND score <= 0.5")[1][0][0]
     assert page.locator("#page-info").text_content().endswith(f"of {below}")
 
     worst_id, worst_idx, worst_score = rows_of(page)[0]
     page.locator("#samples tbody tr").first.click()
-    page.wait_for_selector("#sample-section:not([hidden])")
+    expect(page.locator("#sample-section")).to_have_attribute(
+        "data-sample", f"val/{STEPS}/{worst_id}/{worst_idx}"
+    )
     prompt, response, score = query(
         run_dir,
         f"SELECT prompt_text, response_text, score FROM validation WHERE iter = {STEPS} "
@@ -161,8 +182,8 @@ def test_worst_validation_answers_one_opened_and_compared_across_iterations(page
 
     page.select_option("#compare-left", "1")
     page.select_option("#compare-right", str(STEPS))
-    with page.expect_response(lambda r: "/api/across" in r.url):
-        page.click("#compare")
+    page.click("#compare")
+    page.wait_for_selector("#compare-view .column")
     for iteration in (1, STEPS):
         column = page.locator(f'#compare-view .column[data-iter="{iteration}"]')
         shown = [
@@ -181,14 +202,14 @@ def test_worst_validation_answers_one_opened_and_compared_across_iterations(page
 
 def test_a_training_response_coloured_by_advantage(page, run_dir):
     choose(page, "#iteration", str(STEPS))
-    with page.expect_response(lambda r: "/api/samples" in r.url):
-        page.click('#samples th[data-sort="response_length"]')
-    with page.expect_response(lambda r: "/api/samples" in r.url):
-        page.click('#samples th[data-sort="response_length"]')  # longest first
+    reloaded(page, lambda: page.click('#samples th[data-sort="response_length"]'))
+    reloaded(page, lambda: page.click('#samples th[data-sort="response_length"]'))  # longest first
     row = page.locator("#samples tbody tr").first
     prompt_id, sample_idx = row.get_attribute("data-prompt-id"), int(row.get_attribute("data-sample-idx"))
     row.click()
-    page.wait_for_selector("#tokens .tok")
+    expect(page.locator("#sample-section")).to_have_attribute(
+        "data-sample", f"train/{STEPS}/{prompt_id}/{sample_idx}"
+    )
     page.select_option("#colour-by", "advantages")
     advantages, length, values = query(
         run_dir,
@@ -239,8 +260,7 @@ def test_a_planted_response_is_shown_as_text_and_runs_nothing(browser, run_dir, 
     (planted / "model/base/tokenizer.json").write_text("{ not a tokenizer")
     (planted / "flow_runs.json").write_text('[{"id": "x", "name": "n", "ui_url": "javascript:alert(1)"}]')
     (planted / "catalog.duckdb").write_bytes(b"not a database")
-    served = Explorer(planted)
-    try:
+    with Explorer(planted) as served:
         context = browser.new_context()
         page = context.new_page()
         page.goto(served.url)
@@ -260,8 +280,6 @@ def test_a_planted_response_is_shown_as_text_and_runs_nothing(browser, run_dir, 
         page.wait_for_selector("#tokens .tok")
         assert all(re.fullmatch(r"<\d+>", t) for t in page.locator("#tokens .tok").all_text_contents())
         context.close()
-    finally:
-        served.stop()
 
 
 def test_links_out_of_the_run_are_refused_before_serving(run_dir, tmp_path):
@@ -306,6 +324,17 @@ def test_sql_in_a_request_is_a_value_or_refused(explorer, run_dir):
     assert status == 400 and "root:" not in body
     status, body = explorer.get("/api/samples?kind=rollouts;--&iter=1")
     assert status == 400 and "kind must be one of" in body
+    for bad, message in (
+        ("page_rows=0", "page_rows must be"),
+        ("order=sideways", "order must be one of"),
+        ("min_length=2.5", "min_length must be a whole number"),
+        ("page=99999999999999999999", "page must be 0–"),
+        ("iter=" + "9" * 4000, "iter must be a whole number, not '9999"),
+        ("min_score=nan", "min_score must be a number"),
+    ):
+        status, body = explorer.get(f"/api/samples?kind=val&iter=1&{bad}")
+        assert status == 400 and message in body and len(body) < 300, (bad, body)
+    assert explorer.get("/api/samples?kind=val&iter=1&min_length=2.0")[0] == 200
     assert query(run_dir, "SELECT count(*) FROM validation WHERE iter = 1")[1][0][0] > 0  # nothing changed
 
 
@@ -358,31 +387,66 @@ def test_a_host_beyond_loopback_needs_allow_remote(run_dir):
 def test_new_iterations_appear_while_the_run_trains_and_ctrl_c_leaves_nothing(browser, run_dir, tmp_path):
     growing = tmp_path / "growing"
     shutil.copytree(run_dir, growing, symlinks=True)
-    served = Explorer(growing)
-    context = browser.new_context()
-    page = context.new_page()
-    page.goto(served.url)
-    page.wait_for_selector("#samples tbody tr")
-    assert page.locator("#iteration option").all_text_contents()[-1] == str(STEPS)
-    train(growing, STEPS + 1)  # the explorer's reads take no lock: training goes on beside them
-    page.wait_for_selector(f'#iteration option[value="{STEPS + 1}"]', state="attached", timeout=30_000)
-    context.close()
-    before = sorted(str(p.relative_to(growing)) for p in growing.rglob("*"))
-    code, output = served.stop()
+    with Explorer(growing) as served:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(served.url)
+        page.wait_for_selector("#samples tbody tr")
+        assert page.locator("#iteration option").all_text_contents()[-1] == str(STEPS)
+        train(growing, STEPS + 1)  # the explorer's reads take no lock: training goes on beside them
+        page.wait_for_selector(f'#iteration option[value="{STEPS + 1}"]', state="attached", timeout=30_000)
+        context.close()
+        before = sorted(str(p.relative_to(growing)) for p in growing.rglob("*"))
+        code, output = served.stop()
     assert code == 0 and "stopped" in output and "Traceback" not in output
     assert sorted(str(p.relative_to(growing)) for p in growing.rglob("*")) == before  # nothing written
     with pytest.raises(ConnectionRefusedError):
         http.client.HTTPConnection("127.0.0.1", served.port, timeout=5).request("GET", "/")
 
 
-def test_the_flow_run_that_trained_the_run_is_linked(page, run_dir):
-    import json
+def test_a_run_opened_before_its_first_step_fills_in_as_its_files_appear(browser, run_dir, tmp_path):
+    """The page open on a run that has only its config and data, then its step folders appearing one
+    by one as training writes them (each folder whole, as a step's files are renamed into place)."""
+    starting = tmp_path / "starting"
+    starting.mkdir()
+    for name in ("config.yaml", "data", "model"):
+        (shutil.copytree if (run_dir / name).is_dir() else shutil.copy)(run_dir / name, starting / name)
+    with Explorer(starting) as served:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(served.url)
+        expect(page.locator("#page-info")).to_have_text("no samples yet")
+        for step in range(3):
+            shutil.copytree(run_dir / f"iter={step:06d}", starting / f"iter={step:06d}")
+        expect(page.locator("#iteration")).to_have_value("2", timeout=20_000)
+        rows = query(run_dir, "SELECT count(*) FROM rollouts WHERE iter = 2")[1][0][0]
+        expect(page.locator("#samples tbody tr")).to_have_count(min(rows, 50))
+        expect(page.locator('figure.chart[data-metric="critic/score/mean"] circle.point')).to_have_count(2)
+        assert page.locator("#metric-picker option").count() > 10
+        context.close()
 
-    recorded = json.loads((run_dir / "flow_runs.json").read_text())[-1]
-    assert recorded["flow"] == "ppo-train" and recorded["temporary_server"] is False
-    link = page.locator("#flow-runs a")
-    assert link.get_attribute("href") == recorded["ui_url"]
-    assert recorded["id"] in recorded["ui_url"]
+
+def test_ctrl_c_during_a_burst_of_requests_stops_at_once_without_a_traceback(explorer, run_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with Explorer(run_dir) as served:
+        paths = [f"/api/samples?kind=train&iter={1 + i % STEPS}&sort=response_length" for i in range(40)]
+
+        def ask(path: str) -> int:
+            try:
+                return served.get(path)[0]
+            except OSError:  # the server went away first
+                return 0
+
+        with ThreadPoolExecutor(20) as pool:
+            answers = [pool.submit(ask, path) for path in paths]
+            time.sleep(0.05)
+            started = time.monotonic()
+            code, output = served.stop()
+            stopped_after = time.monotonic() - started
+        assert {a.result() for a in answers} <= {0, 200, 400, 503}
+    assert code == 0 and "Traceback" not in output and "Error" not in output, output
+    assert stopped_after < 8, stopped_after
 
 
 def test_a_page_of_samples_is_the_sql_of_the_same_rows(run_dir):
@@ -425,5 +489,52 @@ def test_a_page_of_samples_is_the_sql_of_the_same_rows(run_dir):
         assert reader.samples(SampleFilter(iteration=4, page=10**6))["rows"] == []
         with pytest.raises(ExplorerError, match="no train sample"):
             reader.sample("train", 4, "no-such-prompt", 0)
+    finally:
+        reader.close()
+
+
+def test_planted_values_are_shown_as_no_value_not_as_an_error(run_dir, tmp_path):
+    """A NaN score (a reward function's failure) is no score: not the highest, not in a score range
+    (a NaN written by pyarrow, whose statistics leave it out: DuckDB then folds isnan() to false);
+    per-token lists of the wrong length, null values and ids beyond the vocabulary are shown as far
+    as they go."""
+    from ppoflow.tasks.observe.explorer_data import RunExplorer, SampleFilter
+
+    planted = tmp_path / "planted"
+    shutil.copytree(run_dir, planted, symlinks=True)
+    rewards = next((planted / "iter=000002/rewards").glob("*.parquet"))
+    table = pq.read_table(rewards)
+    scores = table.column("score").to_pylist()
+    scores[0] = float("nan")
+    at = table.schema.get_field_index("score")
+    pq.write_table(table.set_column(at, table.schema.field(at), [scores]), rewards)
+    nan_key = (table.column("prompt_id")[0].as_py(), table.column("sample_idx")[0].as_py())
+    rollouts = next((planted / "iter=000002/rollouts").glob("*.parquet"))
+    table = pq.read_table(rollouts)
+    ids = table.column("response_ids").to_pylist()
+    old = table.column("old_log_probs").to_pylist()
+    ids[0] = [-5, 10**9, *ids[0]]  # two more tokens than the row's other lists
+    old[0] = [None, *old[0][1:]]
+    for name, values, type_ in (("response_ids", ids, pa.int32()), ("old_log_probs", old, pa.float32())):
+        at = table.schema.get_field_index(name)  # (a planted file: its own schema, nullable items)
+        table = table.set_column(at, name, pa.array(values, type=pa.list_(type_)))
+    pq.write_table(table, rollouts)
+    reader = RunExplorer(planted)
+    try:
+        highest = reader.samples(SampleFilter(iteration=2, descending=True))["rows"]
+        assert (highest[0]["prompt_id"], highest[0]["sample_idx"]) != nan_key and highest[0][
+            "score"
+        ] is not None
+        ranged = reader.samples(SampleFilter(iteration=2, min_score=-1e9, page_rows=200))
+        assert nan_key not in {(r["prompt_id"], r["sample_idx"]) for r in ranged["rows"]}
+        lowest = reader.samples(SampleFilter(iteration=2, page_rows=200))  # no score: last
+        assert lowest["rows"][-1]["score"] is None
+        key = (table.column("prompt_id")[0].as_py(), table.column("sample_idx")[0].as_py())
+        sample = reader.sample("train", 2, *key)
+        assert sample["tokens"][:2] == ["<-5>", "<1000000000>"]
+        columns = sample["token_columns"]
+        assert all(len(values) == len(sample["tokens"]) for values in columns.values())
+        assert columns["old_log_probs"][0] is None and columns["ratio_old_to_rollout"][0] is None
+        assert columns["advantages"][-2:] == [None, None]
     finally:
         reader.close()

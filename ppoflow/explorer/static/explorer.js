@@ -13,6 +13,8 @@ const state = {
   total: 0,
   sample: null,
   refreshing: false,
+  metricsChosen: false,
+  asked: 0,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -50,9 +52,11 @@ async function api(path, params) {
   return body;
 }
 
-function showError(error) {
+function showError(error, from = "action") {
   const box = $("error");
+  if (!error && box.dataset.from !== from) return;  // a refresh clears its own error only
   box.textContent = error ? String(error.message || error) : "";
+  box.dataset.from = from;
   box.hidden = !error;
 }
 
@@ -64,30 +68,38 @@ function fillSelect(select, values, labels, keep) {
 
 // -- the run and its metrics ------------------------------------------------------------------
 
+function largest(values, start) {
+  let best = start;
+  for (const v of values) if (v !== null && v > best) best = v;
+  return best;
+}
+
 async function loadOverview() {
   const overview = await api("run");
   const before = state.overview;
   state.overview = overview;
   $("run-name").textContent = overview.run;
   const trainIters = overview.train_iterations, valIters = overview.val_iterations;
-  const last = Math.max(-1, ...trainIters, ...valIters);
+  const last = largest(valIters, largest(trainIters, -1));
   $("status").textContent =
     `${trainIters.length} training iterations, ${valIters.length} validated` +
     (last >= 0 ? ` · latest ${last}` : "") + ` · updated ${new Date().toLocaleTimeString()}`;
   renderFlowRuns(overview.flow_runs);
-  if (!before) {
+  const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
+  fillSelect($("source"), ["", ...overview.data_sources], ["all", ...overview.data_sources], true);
+  if (!before || !same(before.metrics, overview.metrics)) {
     fillSelect($("metric-picker"), ["", ...overview.metrics], ["—", ...overview.metrics]);
-    fillSelect($("source"), ["", ...overview.data_sources], ["all", ...overview.data_sources]);
-    state.metrics = overview.default_metrics.slice();
-    if (!trainIters.length && valIters.length) $("kind").value = "val";
-  } else {
-    fillSelect($("source"), ["", ...overview.data_sources], ["all", ...overview.data_sources], true);
   }
-  const changed = !before || JSON.stringify(before.train_iterations) !== JSON.stringify(trainIters) ||
-    JSON.stringify(before.val_iterations) !== JSON.stringify(valIters);
+  if (!state.metricsChosen && overview.default_metrics.length) {  // the first metrics of a run
+    state.metrics = overview.default_metrics.slice();
+    state.metricsChosen = true;
+  }
+  const noSamplesYet = $("iteration").value === "";
+  if (noSamplesYet && !trainIters.length && valIters.length) $("kind").value = "val";
+  const changed = !before || !same(before.train_iterations, trainIters) || !same(before.val_iterations, valIters);
   if (changed) {
-    fillIterations(!before);
-    await Promise.all([loadMetrics(), before ? null : loadSamples()]);
+    fillIterations(noSamplesYet);
+    await Promise.all([loadMetrics(), noSamplesYet ? loadSamples() : null]);
   }
 }
 
@@ -137,7 +149,8 @@ function chart(name, iterations, values) {
   box.append(plot);
   if (!points.length) return box;
   const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  const smallest = (values) => -largest(values.map((v) => -v), -Infinity);
+  let [x0, x1, y0, y1] = [smallest(xs), largest(xs, -Infinity), smallest(ys), largest(ys, -Infinity)];
   if (x0 === x1) x1 = x0 + 1;
   if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
   const X = (x) => pad.l + ((x - x0) / (x1 - x0)) * (width - pad.l - pad.r);
@@ -201,7 +214,18 @@ async function loadSamples() {
     return;
   }
   const wanted = filters();
-  const data = await api("samples", wanted);
+  const asked = ++state.asked;
+  let data;
+  try {
+    data = await api("samples", wanted);
+  } catch (error) {
+    if (asked !== state.asked) return;  // a newer request has the table
+    $("samples").tBodies[0].replaceChildren();
+    $("page-info").textContent = "no rows: see the message above";
+    throw error;
+  }
+  if (asked !== state.asked) return;  // answered after a newer request: its rows are not wanted
+  showError(null);
   state.total = data.total;
   const rows = data.rows.map((row) => {
     const tr = el("tr", null, {
@@ -213,7 +237,8 @@ async function loadSamples() {
       el("td", row.response_length, { class: "num" }), el("td", row.finish_reason),
       el("td", row.prompt_end, { class: "text" }), el("td", row.response_start, { class: "text" }),
     );
-    tr.addEventListener("click", () => openSample(wanted.kind, Number(wanted.iter), row.prompt_id, row.sample_idx));
+    tr.addEventListener("click", () =>
+      openSample(wanted.kind, Number(wanted.iter), row.prompt_id, row.sample_idx).catch(showError));
     return tr;
   });
   $("samples").tBodies[0].replaceChildren(...rows);
@@ -221,6 +246,7 @@ async function loadSamples() {
   const last = Math.min(data.total, (data.page + 1) * data.page_rows);
   $("page-info").textContent = `rows ${first}–${last} of ${data.total}`;
   if (!performance.getEntriesByName("first-samples").length) performance.mark("first-samples");
+  $("samples").dataset.shown = String(asked);  // which request the rows answer (tests wait on it)
   $("prev").disabled = data.page === 0;
   $("next").disabled = last >= data.total;
   for (const th of document.querySelectorAll("#samples th[data-sort]")) {
@@ -234,7 +260,7 @@ async function loadSamples() {
 async function openSample(kind, iteration, promptId, sampleIdx) {
   const sample = await api("sample", { kind, iter: iteration, prompt_id: promptId, sample_idx: sampleIdx });
   state.sample = sample;
-  $("sample-section").hidden = false;
+  showError(null);
   $("sample-title").textContent =
     `iteration ${sample.iter} · ${kind === "val" ? "validation" : "training"} · ${sample.prompt_id} #${sample.sample_idx}`;
   const facts = [
@@ -251,7 +277,7 @@ async function openSample(kind, iteration, promptId, sampleIdx) {
   $("sample-prompt").textContent = sample.prompt_text;
   $("sample-response").textContent = sample.response_text;
   const columns = Object.keys(sample.token_columns || {});
-  $("colour-controls").hidden = !sample.tokens;
+  for (const id of ["colour-controls", "tokens-title", "tokens"]) $(id).hidden = !sample.tokens;
   const labels = columns.map((c) => COLUMN_LABELS[c] || c);
   fillSelect($("colour-by"), columns, labels, true);
   renderTokens();
@@ -263,7 +289,10 @@ async function openSample(kind, iteration, promptId, sampleIdx) {
   $("compare-left").value = String(found.find((it) => it !== sample.iter) ?? sample.iter);
   $("compare-right").value = String(sample.iter);
   $("compare-view").replaceChildren(el("p", `${promptId} is in iterations ${found.join(", ")}`, { class: "dim" }));
-  $("sample-section").scrollIntoView({ block: "start" });
+  const section = $("sample-section");
+  section.dataset.sample = `${kind}/${sample.iter}/${sample.prompt_id}/${sample.sample_idx}`;  // (tests wait on it)
+  section.hidden = false;
+  section.scrollIntoView({ block: "start" });
 }
 
 const COLUMN_LABELS = {
@@ -288,8 +317,9 @@ function renderTokens() {
   const values = column ? sample.token_columns[column] : null;
   const mask = sample.response_mask;
   const centre = column === "ratio_old_to_rollout" ? 1 : 0;
-  const scale = values ? Math.max(0, ...values.filter((v, i) => v !== null && (!mask || mask[i]))
-    .map((v) => Math.abs(v - centre))) : 0;
+  const scale = values
+    ? largest(values.map((v, i) => (v === null || (mask && !mask[i]) ? null : Math.abs(v - centre))), 0)
+    : 0;
   if (values) {
     $("legend").append(
       el("span", fmt(centre - scale, 3), { class: "swatch low" }),
@@ -401,9 +431,9 @@ async function refresh() {
   state.refreshing = true;
   try {
     await loadOverview();
-    showError(null);
+    showError(null, "refresh");
   } catch (error) {
-    showError(error);
+    showError(error, "refresh");
   } finally {
     state.refreshing = false;
   }

@@ -30,7 +30,17 @@ def test_records_are_appended_newest_last_and_capped(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    ["", "{ damaged", '{"id": "x"}', "[1, 2]", '[{"id": {"nested": 1}}]', '[{"id": ["x"]}]'],
+    [
+        "",
+        "{ damaged",
+        '{"id": "x"}',
+        "[1, 2]",
+        '[{"id": {"nested": 1}}]',
+        '[{"id": ["x"]}]',
+        "[" * 100_000 + "]" * 100_000,  # deeper than the JSON reader recurses
+        '[{"id": "' + "x" * 2_001 + '"}]',  # a field longer than a record's
+        '[{"id": "x", "name": "' + "y" * (2**20) + '"}]',  # a file larger than a record
+    ],
 )
 def test_a_damaged_or_planted_record_reads_as_none(tmp_path, content):
     (tmp_path / FLOW_RUNS_FILE).write_text(content)
