@@ -8,7 +8,8 @@ training responses.
 The large run is the demo run's own rows, repeated: `--iterations` steps of `--responses` training
 responses (each step the demo's rollouts, rewards and advantages of one step, tiled with new sample
 indices) and the demo's validation and metrics rows, written as ppoflow writes them
-(iter=NNNNNN/<table>/part-00000.parquet), with its config, data and tokenizer. For each run, each
+(iter=NNNNNN/<table>/part-00000.parquet, each step with a manifest, so committed), with its config,
+data and tokenizer. For each run, each
 round starts a fresh `ppoflow explore` process and a fresh headless Chromium page (Debian's chromium):
 
     started     the command's start → its URL printed (the server listens)
@@ -71,6 +72,7 @@ def build_large_run(demo: Path, out: Path, iterations: int, responses: int) -> i
             if "iter" in rows.column_names:
                 rows = rows.drop_columns(["iter"])
             _write(rows, folder / table)
+        shutil.copy(source / "_manifest.json", folder / "_manifest.json")  # committed (its text unread)
     return total
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 
 from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts
-from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, sql_literal
+from ppoflow.tasks.storage.catalog import DATA_FILES, ITER_FROM_FILE, checked_dir, sql_literal
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
 from ppoflow.tasks.storage.tables import iteration_dir
@@ -143,7 +143,8 @@ class RunExplorer:
         self._stopping = False
         self._steps = StepFolders(self.run_dir)
         self._tokens = TokenTexts(self.run_dir)
-        self._metric_names: tuple[tuple[int, ...], list[str]] = ((), [])
+        self._metrics: dict[int, tuple[tuple, dict]] = {}
+        """step → (its metrics files' names, sizes and times; its row)"""
 
     def stop(self) -> None:
         """Refuse every query from now on and interrupt the one running (the server is stopping)."""
@@ -238,12 +239,11 @@ class RunExplorer:
         }
 
     def _metric_columns(self) -> list[str]:
-        """The metrics table's columns, in its order; read again only when its steps change."""
-        steps = tuple(self._steps.steps_with("metrics"))
-        if steps != self._metric_names[0] or not self._metric_names[1]:
-            names = [r["column_name"] for r in self._rows("SELECT column_name FROM (DESCRIBE metrics)")]
-            self._metric_names = (steps, names)
-        return self._metric_names[1]
+        """The metrics table's columns, in the order its steps first have them."""
+        names: dict[str, None] = {}
+        for row in self._metric_rows().values():
+            names.update(dict.fromkeys(row))
+        return list(names)
 
     def metric_series(self, names: Sequence[str]) -> dict:
         """Each named metric by iteration (null where a step did not log it)."""
@@ -251,12 +251,35 @@ class RunExplorer:
         unknown = [n for n in names if n not in known]
         if unknown:
             raise ExplorerError(f"no metric named {unknown[0][:200]!r} in this run")
-        selected = "".join(f", {_ident(n)}" for n in names)
-        rows = self._rows(f"SELECT iter{selected} FROM metrics ORDER BY iter")
+        rows = self._metric_rows()
+        steps = sorted(rows)
         return {
-            "iterations": [r["iter"] for r in rows],
-            "series": {n: [_number(r[n]) for r in rows] for n in names},
+            "iterations": steps,
+            "series": {n: [_number(rows[step].get(n)) for step in steps] for n in names},
         }
+
+    def _metric_rows(self) -> dict[int, dict]:
+        """Each step's metrics row, read once per file: a step whose metrics file is new or changed
+        (name, size, modification time) is read again, the others come from memory. A run of
+        thousands of steps then costs one read of each file, not one per look at the plots."""
+        wanted: dict[int, tuple] = {}
+        for step in self._steps.steps_with("metrics"):
+            folder = iteration_dir(self.run_dir, step) / "metrics"
+            files = sorted(folder.glob("*.parquet"))
+            wanted[step] = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+        cached = {step: row for step, (stamp, row) in self._metrics.items() if wanted.get(step) == stamp}
+        missing = [step for step in wanted if step not in cached]
+        if missing:
+            globs = ", ".join(
+                sql_literal(f"{iteration_dir(self.run_dir, step) / 'metrics'}/*.parquet") for step in missing
+            )
+            for row in self._rows(
+                f"SELECT {ITER_FROM_FILE} AS iter, * EXCLUDE (filename) FROM read_parquet([{globs}], "
+                "hive_partitioning=false, union_by_name=true, filename=true)"
+            ):
+                cached[row["iter"]] = row
+        self._metrics = {step: (wanted[step], row) for step, row in cached.items() if step in wanted}
+        return {step: row for step, (_, row) in self._metrics.items()}
 
     # -- samples ---------------------------------------------------------------------------------
 
