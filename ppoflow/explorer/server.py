@@ -111,15 +111,17 @@ def explorer_app(
         def endpoint(request: Request) -> Response:
             try:
                 body, status = _json_safe(handler(request)), 200
-            except (ExplorerError, ValueError, FileNotFoundError) as exc:
+            except (ValueError, FileNotFoundError) as exc:  # ExplorerError, and DuckDB's explained
                 body, status = {"error": str(exc)}, 400
             return JSONResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
         return endpoint
 
+    package = resources.files("ppoflow.explorer").joinpath("static")
+    files = {path: (package.joinpath(name).read_bytes(), media) for path, (name, media) in STATIC.items()}
+
     def static(request: Request) -> Response:
-        name, media_type = STATIC[request.url.path]
-        content = resources.files("ppoflow.explorer").joinpath("static", name).read_bytes()
+        content, media_type = files[request.url.path]
         return Response(content, media_type=media_type, headers=SECURITY_HEADERS)
 
     routes = [Route(path, static) for path in STATIC]

@@ -81,8 +81,7 @@ class SampleFilter:
     page_rows: int = 50
 
     def checked(self) -> SampleFilter:
-        if self.kind not in KINDS:
-            raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {self.kind!r}")
+        check_kind(self.kind)
         if self.sort not in SORTABLE:
             raise ExplorerError(f"sort must be one of {', '.join(SORTABLE)}, not {self.sort!r}")
         if not 1 <= self.page_rows <= MAX_PAGE_ROWS:
@@ -189,9 +188,12 @@ class RunExplorer:
         return self._con
 
     def _present_tables(self) -> list[str]:
-        present = [t for t in EXPLORED_VIEWS if t not in DATA_FILES and self._steps.steps_with(t)]
-        files = {t: [self.run_dir / f for f in DATA_FILES.get(t, ())] for t in EXPLORED_VIEWS}
-        return present + [t for t, paths in files.items() if any(p.is_file() for p in paths)]
+        def present(table: str) -> bool:
+            if table in DATA_FILES:
+                return any((self.run_dir / name).is_file() for name in DATA_FILES[table])
+            return bool(self._steps.steps_with(table))
+
+        return [table for table in EXPLORED_VIEWS if present(table)]
 
     def _step(self, table: str, step: int) -> str:
         """A FROM item of `table`'s rows of one step: its folder's files, with `iter`; the view
@@ -236,6 +238,7 @@ class RunExplorer:
             "default_metrics": defaults,
             "multi_turn": "turns" in self._tables,
             "flow_runs": read_flow_runs(self.run_dir),
+            "token_columns": TOKEN_COLUMNS,
         }
 
     def _metric_columns(self) -> list[str]:
@@ -255,7 +258,7 @@ class RunExplorer:
         steps = sorted(rows)
         return {
             "iterations": steps,
-            "series": {n: [_number(rows[step].get(n)) for step in steps] for n in names},
+            "series": {n: [rows[step].get(n) for step in steps] for n in names},
         }
 
     def _metric_rows(self) -> dict[int, dict]:
@@ -265,8 +268,8 @@ class RunExplorer:
         wanted: dict[int, tuple] = {}
         for step in self._steps.steps_with("metrics"):
             folder = iteration_dir(self.run_dir, step) / "metrics"
-            files = sorted(folder.glob("*.parquet"))
-            wanted[step] = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+            stats = [(f.name, f.stat()) for f in sorted(folder.glob("*.parquet"))]
+            wanted[step] = tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
         cached = {step: row for step, (stamp, row) in self._metrics.items() if wanted.get(step) == stamp}
         missing = [step for step in wanted if step not in cached]
         if missing:
@@ -319,7 +322,6 @@ class RunExplorer:
             total = self._rows(f"SELECT count(*) AS n FROM {source} WHERE {clause}", params)[0]["n"]
         for row in rows:
             del row["total"]
-            row["score"] = _number(row["score"])
         return {"total": total, "page": f.page, "page_rows": f.page_rows, "rows": rows}
 
     def sample(self, kind: str, iteration: int, prompt_id: str, sample_idx: int) -> dict:
@@ -333,7 +335,7 @@ class RunExplorer:
             f"left(r.response_text, {SHOWN_TEXT_CHARS}) AS response_text, "
             f"left({by}.ground_truth, {SHOWN_TEXT_CHARS}) AS ground_truth, "
             f"left({by}.error, {SHOWN_TEXT_CHARS}) AS error, "
-            f"{by}.score, map_entries({by}.components) AS components"
+            f"{_score(kind)} AS score, map_entries({by}.components) AS components"
         )
         if kind == "val":
             rows = self._rows(
@@ -377,8 +379,7 @@ class RunExplorer:
             )
         sample = rows[0]
         sample["kind"] = kind
-        sample["score"] = _number(sample["score"])
-        sample["components"] = {e["key"]: _number(e["value"]) for e in sample["components"] or []}
+        sample["components"] = {e["key"]: e["value"] for e in sample["components"] or []}
         return sample
 
     def _turns(self, iteration: int, key: list) -> list[dict]:
@@ -407,8 +408,6 @@ class RunExplorer:
                 "ORDER BY r.sample_idx LIMIT 256",
                 [prompt_id],
             )
-            for row in rows:
-                row["score"] = _number(row["score"])
             shown[str(iteration)] = rows
         return {"prompt_id": prompt_id, "iterations": [r["iter"] for r in found], "responses": shown}
 
@@ -428,15 +427,4 @@ def _ratios(old, rollout) -> list[float | None] | None:
 def _fitted(values: list, length: int) -> list:
     """A per-token list as long as the tokens shown: cut, or filled with nulls (a planted row whose
     lists disagree in length)."""
-    return [_number(v) for v in values[:length]] + [None] * (length - len(values))
-
-
-def _ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _number(value):
-    """A float that JSON can carry: NaN and infinities as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return list(values[:length]) + [None] * (length - len(values))

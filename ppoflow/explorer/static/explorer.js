@@ -278,7 +278,7 @@ async function openSample(kind, iteration, promptId, sampleIdx) {
   $("sample-response").textContent = sample.response_text;
   const columns = Object.keys(sample.token_columns || {});
   for (const id of ["colour-controls", "tokens-title", "tokens"]) $(id).hidden = !sample.tokens;
-  const labels = columns.map((c) => COLUMN_LABELS[c] || c);
+  const labels = columns.map((c) => state.overview.token_columns[c] || c);
   fillSelect($("colour-by"), columns, labels, true);
   renderTokens();
   renderTurns(sample.turns || []);
@@ -294,12 +294,6 @@ async function openSample(kind, iteration, promptId, sampleIdx) {
   section.hidden = false;
   section.scrollIntoView({ block: "start" });
 }
-
-const COLUMN_LABELS = {
-  old_log_probs: "log-prob (old)", rollout_log_probs: "log-prob (rollout)",
-  ratio_old_to_rollout: "ratio old / rollout", ref_log_probs: "log-prob (ref)", kl: "KL to ref",
-  values: "value", advantages: "advantage", returns: "return", token_level_rewards: "token reward",
-};
 
 function colour(value, centre, scale) {
   if (value === null || scale === 0) return "transparent";
@@ -344,7 +338,7 @@ function tokenDetail(i) {
   const sample = state.sample;
   const rows = [["token", `${i}: ${JSON.stringify(sample.tokens[i])}`]];
   if (sample.response_mask) rows.push(["from", sample.response_mask[i] ? "model" : "tool"]);
-  for (const [name, values] of Object.entries(sample.token_columns)) rows.push([COLUMN_LABELS[name] || name, values[i]]);
+  for (const [name, values] of Object.entries(sample.token_columns)) rows.push([state.overview.token_columns[name] || name, values[i]]);
   $("token-detail").replaceChildren(...rows.map(([k, v]) => {
     const tr = el("tr");
     tr.append(el("th", k), el("td", typeof v === "number" ? fmt(v, 6) : v, { "data-name": k }));
