@@ -64,7 +64,8 @@ def run_and_report(args, run_dir: Path) -> None:
         io_at_commits = _sample_io_at_commits(iteration)
         summary = train.ppo_train(None, overrides)
     finished = time.time()
-    summary["io_between_stages"] = [a + b for a, b in zip(*io_between.values(), strict=True)]
+    trained = sorted(io_between["trainer state"])  # one a training step
+    summary["io_between_stages"] = [io_between["commit"][k] + io_between["trainer state"][k] for k in trained]
     summary["io_per_step"] = [
         {kind: b.get(kind, 0.0) - a.get(kind, 0.0) for kind in b}
         for a, b in zip(io_at_commits, io_at_commits[1:], strict=False)
@@ -79,19 +80,19 @@ def run_and_report(args, run_dir: Path) -> None:
     report(args, summary, run_dir, launched, finished, summary["io_seconds"], query)
 
 
-def _count_io_between_stages(iteration, train) -> dict[str, list[float]]:
+def _count_io_between_stages(iteration, train) -> dict[str, dict[int, float]]:
     """The file IO of each step's commit (the fsync wait, the manifest, the catalog) and trainer
-    state, one value a step each: it happens between stages, and is counted once, as IO, not again
-    in the time between stages."""
-    seconds: dict[str, list[float]] = {"commit": [], "trainer state": []}
+    state, by step: it happens between stages, and is counted once, as IO, not again in the time
+    between stages. (Step 0, the validation before training, is committed too, with no trainer state.)"""
+    seconds: dict[str, dict[int, float]] = {"commit": {}, "trainer state": {}}
 
     def counted(fn, what: str):
-        def wrapper(run, *args, **kwargs):
+        def wrapper(run, step, *args, **kwargs):
             before = run.io.seconds
             try:
-                return fn(run, *args, **kwargs)
+                return fn(run, step, *args, **kwargs)
             finally:
-                seconds[what].append(run.io.seconds - before)
+                seconds[what][step] = run.io.seconds - before
 
         return wrapper
 
