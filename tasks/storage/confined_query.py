@@ -226,7 +226,7 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
         yield
     except duckdb.PermissionException as exc:
         raise ValueError(
-            f"{exc}\nppoflow query may read only the run's files, under {directory} (a relative path "
+            f"{exc}\na query may read only the run's files, under {directory} (a relative path "
             f"is taken from the current directory); {available}"
         ) from exc
     except duckdb.Error as exc:
