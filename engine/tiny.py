@@ -38,8 +38,17 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Qwen2ForCausalLM:
-    """A freshly initialised Qwen2-style causal LM sized for CPU (about 0.45M parameters)."""
+def build_tiny_model(
+    tokenizer: PreTrainedTokenizerFast, *, seed: int, tie_embeddings: bool = False
+) -> Qwen2ForCausalLM:
+    """A freshly initialised Qwen2-style causal LM sized for CPU (about 0.45M parameters).
+
+    The output head has its own weights unless `tie_embeddings`. With one vector per character for
+    reading it (in the prompt) and writing it (in the answer), an RL update that makes an answer
+    digit less likely also moves how that digit is read in every prompt that contains it: on the
+    addition task that interference drives the right answers of problems not yet solved towards
+    zero, and runs stall below 0.90 (docs/MODELS.md, "The built-in tiny model").
+    """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -48,7 +57,7 @@ def build_tiny_model(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> Qwen2F
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=64,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

@@ -53,6 +53,19 @@ def tiny_model_dir():
 
 
 @pytest.fixture(scope="session")
+def tied_tiny_model_dir(tmp_path_factory):
+    """The tiny model with its output head tied to its embedding, as SmolLM2's and the calculator
+    model's are (the embedded default's is not), freshly initialised: for the paths a tied head takes."""
+    from ppoflow.engine.tiny import build_tiny_model, build_tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("tied-tiny-model")
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_model(tokenizer, seed=1, tie_embeddings=True).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def prefect_server(tmp_path_factory):
     """A real (temporary) Prefect API server for flow tests, with its own PREFECT_HOME."""
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect-home"))

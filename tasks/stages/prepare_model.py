@@ -61,7 +61,8 @@ def build_tool_base(seed: int) -> Path:
 
     def build(staging: Path) -> None:
         tokenizer = tiny_tools.build_tiny_tool_tokenizer()
-        model = build_tiny_model(tokenizer, seed=seed)
+        # Tied: the calculator task learns either way, and docs/MULTI_TURN.md's figures are this model's.
+        model = build_tiny_model(tokenizer, seed=seed, tie_embeddings=True)
         report = tiny_tools.warm_start_tools(model, tokenizer, seed=seed)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)

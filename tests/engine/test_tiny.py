@@ -1,5 +1,6 @@
 """The built-in tiny model: tokenizer round trip, size, warm start."""
 
+import torch
 from transformers import PreTrainedTokenizerFast
 
 from ppoflow.engine.models import load_actor, load_tokenizer
@@ -43,3 +44,14 @@ def test_warm_start_reaches_a_plausible_base(tiny_model_dir):
     tokenizer, model = load_tokenizer(tiny_model_dir), load_actor(tiny_model_dir)
     accuracy = greedy_accuracy(model, tokenizer, all_addition_problems())
     assert 0.5 <= accuracy <= 0.75
+
+
+def test_the_head_is_its_own_unless_tied():
+    """The embedded default's output head has its own weights (an answer digit's update must not move
+    how that digit is read in the prompts); the calculator model's is tied to the embedding."""
+    tokenizer = build_tiny_tokenizer()
+    own, tied = (build_tiny_model(tokenizer, seed=0, tie_embeddings=tie) for tie in (False, True))
+    assert own.lm_head.weight.data_ptr() != own.model.embed_tokens.weight.data_ptr()
+    assert not torch.equal(own.lm_head.weight, own.model.embed_tokens.weight)
+    assert tied.lm_head.weight.data_ptr() == tied.model.embed_tokens.weight.data_ptr()
+    assert not own.config.tie_word_embeddings and tied.config.tie_word_embeddings

@@ -96,7 +96,7 @@ def test_one_process_writes_what_torch_distributed_checkpoint_writes_byte_for_by
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["all trained", "first layer frozen"])
-def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tiny_model_dir, frozen):
+def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tied_tiny_model_dir, frozen):
     """A tied embedding, frozen parameters, LoRA adapters: the same names and the same tensors as
     get_optimizer_state_dict, which a save in one process no longer calls."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -105,9 +105,9 @@ def test_one_process_names_the_moments_as_torch_distributed_checkpoint_does(tiny
     from ppoflow.engine.models import load_actor
     from ppoflow.tasks.storage.optimizer_state import _states_by_name
 
-    plain = load_actor(tiny_model_dir)
+    plain = load_actor(tied_tiny_model_dir)
     adapted = add_adapters(
-        load_actor(tiny_model_dir),
+        load_actor(tied_tiny_model_dir),
         LoraSpec(rank=2, alpha=4, target_modules="all-linear", exclude_modules=None, seed=0),
     )
     assert plain.config.tie_word_embeddings

@@ -41,9 +41,16 @@ class CountedSaves:
         monkeypatch.setattr(model, "save_pretrained", counted)
 
 
+@pytest.fixture(params=["own head", "tied head"])
+def model_dir(request, tiny_model_dir, tied_tiny_model_dir):
+    """The embedded default's tiny model (its output head its own) and one whose head is tied to its
+    embedding (SmolLM2's is): a later save must reproduce both."""
+    return tiny_model_dir if request.param == "own head" else tied_tiny_model_dir
+
+
 @pytest.mark.parametrize("load", [load_actor, load_critic], ids=["actor", "critic"])
-def test_later_saves_write_what_transformers_writes_without_it(tiny_model_dir, tmp_path, monkeypatch, load):
-    model, tokenizer = load(tiny_model_dir), load_tokenizer(tiny_model_dir)
+def test_later_saves_write_what_transformers_writes_without_it(model_dir, tmp_path, monkeypatch, load):
+    model, tokenizer = load(model_dir), load_tokenizer(model_dir)
     saves = CountedSaves(model, monkeypatch)
     for step in range(3):
         _train(model, seed=step)
@@ -58,10 +65,10 @@ def test_later_saves_write_what_transformers_writes_without_it(tiny_model_dir, t
     assert all(torch.equal(a, b) for a, b in pairs)
 
 
-def test_a_changed_config_or_dtype_goes_through_transformers_again(tiny_model_dir, tmp_path, monkeypatch):
-    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+def test_a_changed_config_or_dtype_goes_through_transformers_again(model_dir, tmp_path, monkeypatch):
+    model, tokenizer = load_actor(model_dir), load_tokenizer(model_dir)
     saves = CountedSaves(model, monkeypatch)
-    other_tokenizer = load_tokenizer(tiny_model_dir)
+    other_tokenizer = load_tokenizer(model_dir)
     steps = [  # (what changes before the save, whether it goes through transformers)
         ("first save", lambda: None, True),
         ("weights only", lambda: _train(model, seed=1), False),
@@ -86,10 +93,10 @@ def test_a_changed_config_or_dtype_goes_through_transformers_again(tiny_model_di
 
 
 def test_a_model_whose_save_is_not_reproduced_always_goes_through_transformers(
-    tiny_model_dir, tmp_path, monkeypatch
+    model_dir, tmp_path, monkeypatch
 ):
     """Weights of two dtypes, which safetensors orders by dtype first: no recipe."""
-    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_actor(model_dir), load_tokenizer(model_dir)
     model.model.norm.to(torch.bfloat16)
     saves = CountedSaves(model, monkeypatch)
     for step in range(2):
@@ -102,10 +109,12 @@ def test_a_model_whose_save_is_not_reproduced_always_goes_through_transformers(
 
 
 @pytest.mark.parametrize("change", ["untied head", "added buffer", "added layer"])
-def test_a_changed_state_dict_goes_through_transformers_again(tiny_model_dir, tmp_path, monkeypatch, change):
+def test_a_changed_state_dict_goes_through_transformers_again(
+    tied_tiny_model_dir, tmp_path, monkeypatch, change
+):
     """Entries the first save did not hold, or a head no longer tied to the embedding (its own memory:
     transformers then writes it), are written as transformers writes them."""
-    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_actor(tied_tiny_model_dir), load_tokenizer(tied_tiny_model_dir)
     saves = CountedSaves(model, monkeypatch)
     (tmp_path / "first").mkdir()
     save_model_files(model, tokenizer, tmp_path / "first")
@@ -158,9 +167,9 @@ def _another_weights_file(directory):
     ids=["other bytes", "names its folder", "another weights file"],
 )
 def test_a_first_save_ppoflow_does_not_reproduce_leaves_every_save_to_transformers(
-    tiny_model_dir, tmp_path, monkeypatch, rewrite
+    model_dir, tmp_path, monkeypatch, rewrite
 ):
-    model, tokenizer = load_actor(tiny_model_dir), load_tokenizer(tiny_model_dir)
+    model, tokenizer = load_actor(model_dir), load_tokenizer(model_dir)
     _rewrites_weights(model, monkeypatch, rewrite)
     for step in range(3):
         _train(model, seed=step)
