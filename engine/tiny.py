@@ -46,8 +46,8 @@ def build_tiny_model(
     The output head has its own weights unless `tie_embeddings`. With one vector per character for
     reading it (in the prompt) and writing it (in the answer), an RL update that makes an answer
     digit less likely also moves how that digit is read in every prompt that contains it: on the
-    addition task that interference drives the right answers of problems not yet solved towards
-    zero, and runs stall below 0.90 (docs/MODELS.md, "The built-in tiny model").
+    addition task that interference drove the right answers of problems not yet solved towards zero,
+    and some seeds stalled below 0.90 (docs/MODELS.md, "The built-in tiny model").
     """
     config = Qwen2Config(
         vocab_size=len(tokenizer),
