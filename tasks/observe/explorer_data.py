@@ -22,7 +22,7 @@ from pathlib import Path
 import duckdb
 
 from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts
-from ppoflow.tasks.storage.catalog import DATA_FILES, ITER_FROM_FILE, checked_dir, sql_literal
+from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, sql_literal, step_files_sql
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
 from ppoflow.tasks.storage.tables import iteration_dir
@@ -273,13 +273,8 @@ class RunExplorer:
         cached = {step: row for step, (stamp, row) in self._metrics.items() if wanted.get(step) == stamp}
         missing = [step for step in wanted if step not in cached]
         if missing:
-            globs = ", ".join(
-                sql_literal(f"{iteration_dir(self.run_dir, step) / 'metrics'}/*.parquet") for step in missing
-            )
-            for row in self._rows(
-                f"SELECT {ITER_FROM_FILE} AS iter, * EXCLUDE (filename) FROM read_parquet([{globs}], "
-                "hive_partitioning=false, union_by_name=true, filename=true)"
-            ):
+            globs = [f"{iteration_dir(self.run_dir, step) / 'metrics'}/*.parquet" for step in missing]
+            for row in self._rows(step_files_sql(globs)):
                 cached[row["iter"]] = row
         self._metrics = {step: (wanted[step], row) for step, row in cached.items() if step in wanted}
         return {step: row for step, (_, row) in self._metrics.items()}

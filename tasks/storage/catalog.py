@@ -54,7 +54,7 @@ CATALOG_TABLES = ".catalog-tables.json"
 """Which tables had files at the last refresh (see refresh_catalog_if_stale)."""
 VIEWS: tuple[str, ...] = (*TABLES, "updates")
 _ALIAS = "catalog"
-ITER_FROM_FILE = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
+_ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
 UPDATES_DOC = (
     "A view: the rows of actor_update and critic_update together, with `role` ('actor' or 'critic') "
     "first; their columns: `ppoflow schema actor_update`, `ppoflow schema critic_update`."
@@ -280,9 +280,15 @@ def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
     patterns = [p for p in patterns if any(run_dir.glob(p))]  # read_parquet errors on a glob matching none
     if not patterns:
         return _empty_sql(con, name, with_iter=True)
-    sources = ", ".join(sql_literal(f"{run_dir}/{pattern}") for pattern in patterns)
+    return step_files_sql([f"{run_dir}/{pattern}" for pattern in patterns])
+
+
+def step_files_sql(globs: list[str]) -> str:
+    """A SELECT of the rows of the step files that `globs` match (`…/iter=…/<table>/*.parquet`, each
+    glob matching at least one file), each row with the iteration its file's folder names."""
+    sources = ", ".join(sql_literal(glob) for glob in globs)
     return (
-        f"SELECT {ITER_FROM_FILE} AS iter, * EXCLUDE (filename) FROM read_parquet([{sources}], "
+        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet([{sources}], "
         "hive_partitioning=false, union_by_name=true, filename=true)"
     )
 
