@@ -93,16 +93,16 @@ def test_panels_plot_the_runs_numbers(runs):
     (val_ax,) = figures["validation"].axes
     val = column(run_dir, "SELECT avg(score) FROM validation GROUP BY iter ORDER BY iter")
     val_line = next(line for line in val_ax.lines if line.get_label().startswith("validation"))
-    assert list(val_line.get_xdata()) == [0, 1, 2, 3, 4] and list(val_line.get_ydata()) == pytest.approx(val)
+    assert list(val_line.get_xdata()) == list(range(6)) and list(val_line.get_ydata()) == pytest.approx(val)
     # Each reward component beside the score (the addition task's correctness and format).
     for component in ("correctness", "format"):
         (line,) = [line for line in val_ax.lines if line.get_label() == f"ppoflow/addition {component}"]
         means = column(
             run_dir, f"SELECT avg(components['{component}']) FROM validation GROUP BY iter ORDER BY iter"
         )
-        assert list(line.get_xdata()) == [0, 1, 2, 3, 4] and list(line.get_ydata()) == pytest.approx(means)
-    assert list(val_ax.get_xticks()) == [0, 1, 2, 3, 4]  # a tick at each iteration
-    assert list(actor["actor/ppo_kl"].get_xticks()) == [1, 2, 3, 4]
+        assert list(line.get_xdata()) == [0, 1, 2, 3, 4, 5] and list(line.get_ydata()) == pytest.approx(means)
+    assert list(val_ax.get_xticks()) == [0, 1, 2, 3, 4, 5]  # a tick at each iteration
+    assert list(actor["actor/ppo_kl"].get_xticks()) == [1, 2, 3, 4, 5]
     (timing_ax,) = figures["timings"].axes
     stages = {t.get_text() for t in timing_ax.get_legend().get_texts()}
     assert {
@@ -174,14 +174,14 @@ def test_summary_markdown_quotes_the_runs_numbers_and_findings(runs):
     assert f"{val[0]:.4g} → {val[-1]:.4g}" in text and f"`{sparkline(val)}`" in text
     for iteration, score in enumerate(val):
         assert f"| {iteration} | {score:.4g} |" in text
-    last = query(run_dir, 'SELECT "critic/score/mean", "actor/entropy" FROM metrics WHERE iter = 4')[1][0]
-    assert "(iteration 4)" in text
+    last = query(run_dir, 'SELECT "critic/score/mean", "actor/entropy" FROM metrics WHERE iter = 5')[1][0]
+    assert "(iteration 5)" in text
     assert (
         f"| `critic/score/mean` | {last[0]:.4g} |" in text and f"| `actor/entropy` | {last[1]:.4g} |" in text
     )
     assert "**warning** `validation_diverges`" in text
     assert "change `data.train_max_samples`: 32 → raise it, or -1 for every prompt" in text
-    assert f"{run_dir.resolve()}/checkpoints/iter=000004/actor" in text
+    assert f"{run_dir.resolve()}/checkpoints/iter=000005/actor" in text
     assert f"ppoflow query {run_dir.resolve()}" in text
 
 
