@@ -98,8 +98,10 @@ def test_passes_by_token_budget_and_packed_equal_fixed_padded_ones(tiny_model_di
     ):
         log_probs = compute_log_probs(model, batch, temperature=1.0, batching=batching)
         torch.testing.assert_close(log_probs, fixed_log_probs, rtol=0, atol=1e-5)
+        # The random score head gives values near 7.7, 1.3e-5 apart between pass shapes: float32
+        # rounding (1.7e-6 of the value).
         torch.testing.assert_close(
-            compute_values(critic, batch, batching=batching), fixed_values, rtol=0, atol=1e-5
+            compute_values(critic, batch, batching=batching), fixed_values, rtol=1e-5, atol=1e-5
         )
 
 

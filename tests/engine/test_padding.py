@@ -78,7 +78,8 @@ def test_each_micro_batch_runs_at_its_own_width_with_the_same_log_probs_and_valu
 
 def test_updates_without_padding_columns_equal_updates_with_them(tiny_model_dir, monkeypatch):
     """Micro-batches of 2 rows trimmed (rows 0-1 to 5 of 12 columns) against the same micro-batches
-    at the batch's width: every parameter within 1e-6 after two epochs of SGD (token-mean), the
+    at the batch's width: every parameter within 1e-6 absolute or 1e-5 relative after two epochs of
+    SGD (token-mean; an embedding entry of 1.4 ends 1.4e-6 apart, its float32 rounding), the
     metrics within 1e-5, absolute or relative (ppo_kl is a mean of differences of nearly equal
     log-probs; grad_norm a sum over every parameter). AdamW would turn the rounding differences of
     parameters whose gradient is about 0 into steps of the learning rate: its first steps are
@@ -121,7 +122,7 @@ def test_updates_without_padding_columns_equal_updates_with_them(tiny_model_dir,
     assert widths == [[5, 12] * 2, [12, 12] * 2]  # two epochs of two micro-batches
     for first, second in ((actors[0], actors[1]), (critics[0], critics[1])):
         for (name, a), b in zip(first.named_parameters(), second.parameters(), strict=True):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     assert not torch.equal(next(actors[0].parameters()), next(actor_base.parameters()))
     for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss"):
         assert metrics[0][key] == pytest.approx(metrics[1][key], rel=1e-5, abs=1e-5), key
