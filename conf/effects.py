@@ -90,10 +90,14 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "they tune verl's clip_cov and kl_cov policy losses; this run's is vanilla",
         except_keys=("actor_rollout_ref.actor.policy_loss.loss_mode",),
     ),
-    NoEffect(
-        ("*.optim.total_training_steps",),
-        "verl sets it to the run's training steps before training (trainer.total_training_steps, or "
-        "total_epochs × steps per epoch), and so does ppoflow",
+    *(
+        NoEffect(
+            (f"{section}.optim.total_training_steps",),
+            "it is the horizon of a cosine decay or of a warm-up given as a ratio, and this "
+            f"{section}.optim schedule has neither",
+            lambda cfg, section=section: not get_key(cfg, f"{section}.optim").spans_steps,
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
     ),
     *(
         NoEffect(

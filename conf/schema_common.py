@@ -212,8 +212,15 @@ class OptimConfig(Section):
     """AdamW decoupled weight decay."""
     betas: tuple[Beta, Beta] = (0.9, 0.999)
     """AdamW moment coefficients (β1, β2), each in [0, 1)."""
-    total_training_steps: int = -1
-    """Steps the LR schedule (cosine decay, warm-up ratio) spans; -1 follows the run's training steps."""
+    total_training_steps: int = Field(-1, ge=-1)
+    """Steps the LR schedule (cosine decay, warm-up ratio) spans; -1 (verl's value) follows the run's
+    training steps. Set, it fixes the horizon: a longer run keeps every step's learning rate and runs
+    its extra steps at the schedule's last value (verl always overwrites it with the run's length)."""
+
+    @property
+    def spans_steps(self) -> bool:
+        """A cosine decay or a warm-up given as a ratio: a schedule whose shape depends on its horizon."""
+        return self.warmup_style == "cosine" or (self.lr_warmup_steps <= 0 and self.lr_warmup_steps_ratio > 0)
 
 
 class FsdpConfig(Section):

@@ -105,11 +105,10 @@ def optim_settings(optim: OptimConfig, total_steps: int) -> OptimSettings:
 
 def schedule(optim: OptimConfig) -> Schedule:
     """How an `*.optim` section's LR schedule depends on the run's length: through cosine decay or a
-    warmup given as a ratio (optim.total_training_steps is set to the length, as verl does)."""
-    depends = optim.warmup_style == "cosine" or (
-        optim.lr_warmup_steps <= 0 and optim.lr_warmup_steps_ratio > 0
-    )
-    return Schedule(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, depends)
+    warmup given as a ratio. Its horizon is the run's length, as verl sets optim.total_training_steps
+    (ppoflow: unless the user set it, which fixes the horizon)."""
+    fixed = max(optim.total_training_steps, 0)
+    return Schedule(optim.lr_warmup_steps, optim.lr_warmup_steps_ratio, optim.spans_steps, fixed)
 
 
 def schedule_horizon(optim: OptimConfig, total_steps: int) -> int:

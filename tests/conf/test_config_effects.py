@@ -216,8 +216,11 @@ def test_a_token_budget_has_effect_exactly_where_its_switch_is_on():
         (["algorithm.kl_ctrl.kl_coef=0.01"], "use_kl_in_reward=false"),
         (["actor_rollout_ref.actor.kl_loss_type=mse"], "use_kl_loss=false"),
         (
-            ["actor_rollout_ref.actor.optim.total_training_steps=100"],
-            "verl sets it to the run's training steps",
+            [  # a constant schedule, whatever the base config sets
+                "actor_rollout_ref.actor.optim.warmup_style=constant",
+                "actor_rollout_ref.actor.optim.total_training_steps=100",
+            ],
+            "this actor_rollout_ref.actor.optim schedule has neither",
         ),
         (["trainer.project_name=gsm8k"], "trainer.logger has no wandb"),
         (["actor_rollout_ref.rollout.load_format=auto"], "vLLM settings"),
@@ -244,6 +247,17 @@ def test_a_setting_of_a_feature_this_run_does_not_use_is_named(overrides, why):
     cfg = load_config(None, overrides, check_paths=False)
     key = overrides[-1].split("=")[0]
     assert dict(cfg.settings_without_effect())[key].find(why) >= 0
+
+
+def test_a_set_lr_horizon_has_effect_where_the_schedule_spans_steps():
+    sections = ("actor_rollout_ref.actor", "critic")
+    horizon = [f"{section}.optim.total_training_steps=30" for section in sections]
+    spans = ["actor_rollout_ref.actor.optim.warmup_style=cosine", "critic.optim.lr_warmup_steps_ratio=0.1"]
+    assert load_config(None, [*spans, *horizon], check_paths=False).settings_without_effect() == []
+    constant = load_config(
+        None, ["actor_rollout_ref.actor.optim.warmup_style=constant", *horizon], check_paths=False
+    )
+    assert [key for key, _ in constant.settings_without_effect()] == [o.split("=")[0] for o in horizon]
 
 
 def test_every_key_is_read_by_ppoflow_or_accounted_for():

@@ -60,10 +60,14 @@ def test_a_critic_model_with_another_tokenizer_is_refused_before_training(
     ("optim", "total", "horizon"),
     [
         ({"warmup_style": "cosine", "total_training_steps": -1}, 40, 40),
-        ({"warmup_style": "cosine", "total_training_steps": 100}, 40, 40),  # verl overwrites it with 40
+        # Set by the user, it fixes the horizon (verl overwrites it with the run's 40): a run
+        # extended to 60 steps keeps the learning rate of its first 40.
+        ({"warmup_style": "cosine", "total_training_steps": 40}, 60, 40),
+        ({"warmup_style": "cosine", "total_training_steps": 100}, 40, 100),
+        ({"warmup_style": "constant", "lr_warmup_steps_ratio": 0.1, "total_training_steps": 20}, 40, 20),
         ({"warmup_style": "constant", "total_training_steps": 100}, 40, 0),  # a constant LR has none
     ],
 )
-def test_the_lr_schedule_spans_the_runs_training_steps(optim, total, horizon):
-    section = OptimConfig(lr=1e-6, lr_warmup_steps=-1, lr_warmup_steps_ratio=0.0, **optim)
+def test_the_lr_schedule_spans_the_runs_training_steps_unless_set(optim, total, horizon):
+    section = OptimConfig(lr=1e-6, lr_warmup_steps=-1, **optim)
     assert schedule_horizon(section, total) == horizon

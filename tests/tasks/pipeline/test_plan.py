@@ -15,6 +15,11 @@ CONFIGS = {
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1",
         "critic.optim.lr_warmup_steps=3",
     ],
+    "cosine over a set horizon": [
+        "actor_rollout_ref.actor.optim.warmup_style=cosine",
+        "actor_rollout_ref.actor.optim.total_training_steps=30",
+        "critic.optim.lr_warmup_steps_ratio=0.2",
+    ],
     "grpo, no critic, LoRA": [
         "algorithm.adv_estimator=grpo",
         "actor_rollout_ref.rollout.n=4",
