@@ -49,9 +49,9 @@ def test_each_prompt_runs_once_and_the_logits_are_those_of_whole_rows(tiny_model
 
 
 def test_gradients_and_entropy_equal_those_of_whole_rows(tiny_model_dir, monkeypatch):
-    """In float64, with float64 logits (the engine would round them to float32): within 1e-7 of
-    each tensor's largest gradient (measured 6e-8: transformers computes the rotary angles in
-    float32, and other shapes round them differently); float32 differs by about 1e-5."""
+    """In float64, with float64 logits (the engine would round them to float32): within 3e-7 of
+    each tensor's largest gradient (measured 1.5e-7 on a 2-core Intel Xeon: transformers computes the
+    rotary angles in float32, and other shapes round them differently); float32 differs by about 1e-5."""
     monkeypatch.setattr(forward, "_scaled", lambda logits, temperature: logits / temperature)
     model, batch = load_actor(tiny_model_dir).double(), _batch()
     weights = torch.randn(
@@ -69,7 +69,7 @@ def test_gradients_and_entropy_equal_those_of_whole_rows(tiny_model_dir, monkeyp
     for got, expected in zip(outputs[1], outputs[0], strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
     for name, expected in grads[0].items():
-        assert (grads[1][name] - expected).abs().max() <= 1e-7 * expected.abs().max(), name
+        assert (grads[1][name] - expected).abs().max() <= 3e-7 * expected.abs().max(), name
     assert any(bool(g.abs().sum() > 0) for g in grads[1].values())
 
 

@@ -43,13 +43,13 @@ def test_addition_problems():
 
 
 def test_warm_start_reaches_a_plausible_base(tiny_model_dir):
-    """It stops at the first check at or above its target of 0.65 (checks are 10 steps apart, so a
+    """It stops at the first check at or above its target of 0.75 (checks are 10 steps apart, so a
     base may land above it), well before its step limit; the saved weights score what it reported."""
     tokenizer, model = load_tokenizer(tiny_model_dir), load_actor(tiny_model_dir)
     accuracy = greedy_accuracy(model, tokenizer, all_addition_problems())
     report = json.loads((tiny_model_dir / "warm_start.json").read_text())
-    assert accuracy == report["accuracy"] and 0.65 <= accuracy <= 0.85
-    assert report["steps"] < 1000
+    assert accuracy == report["accuracy"] and 0.75 <= accuracy <= 0.95
+    assert report["steps"] < 1000  # seeds 1-32: 130-710 steps
 
 
 def test_the_head_is_its_own_unless_tied():

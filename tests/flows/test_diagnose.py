@@ -42,14 +42,15 @@ RUNS = {
     # max_response_length 2 cuts every two-digit sum.
     "still": [
         "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.optim.warmup_style=constant",
         "actor_rollout_ref.actor.ppo_epochs=2",
         "critic.optim.lr=3.0",
         "data.max_response_length=2",
         "trainer.total_training_steps=3",
         *NO_VALIDATION,
     ],
-    # Actor lr 0.1 with a KL loss: one iteration jumps, the policy turns deterministic and every
-    # answer runs to the length limit.
+    # Actor lr 0.1 with a KL loss: one iteration jumps and the policy turns deterministic (what it
+    # collapses to depends on the base: seed 1's answers "555" to most prompts).
     "collapse": [
         "actor_rollout_ref.actor.optim.lr=0.1",
         "actor_rollout_ref.actor.use_kl_loss=true",
@@ -71,12 +72,13 @@ RUNS = {
         "actor_rollout_ref.actor.ppo_epochs=1",
         *NO_VALIDATION,
     ],
-    # The same 32 prompts every iteration at lr 7e-4: training reward up, validation down (5 steps:
-    # the one warning for seeds 1-4, training reward fitted +0.18 to +0.35, validation -0.11 to -0.26;
-    # seed 5's base neither rose nor fell; at lr 1e-3 seed 1 also warned of aggressive updates).
+    # The same 32 prompts every iteration at lr 5e-4: training reward up, validation down (5 steps:
+    # validation_diverges for seeds 1-5, training reward fitted +0.045 to +0.29, validation -0.14 to
+    # -0.24; beside it seed 1 warns of its critic, seed 5 of truncation; at 7e-4 seed 1's first step
+    # alone took validation from 0.775 to 0.505 while training reward barely rose).
     "overfit": [
         "data.train_max_samples=32",
-        "actor_rollout_ref.actor.optim.lr=7e-4",
+        "actor_rollout_ref.actor.optim.lr=5e-4",
         "trainer.total_training_steps=5",
     ],
     # Validation only (verl's trainer.val_only): validation rows and their metrics row at iteration 0.
@@ -145,8 +147,6 @@ def test_lr_01_aggressive_updates_collapse_and_kl_to_reference(runs):
     assert kl[0] > 1.0 and found["aggressive_updates"].severity == "critical"
     assert min(entropy[1:]) < 1e-3 and found["entropy_collapse"].severity == "critical"
     assert "too large" in found["learning_rate"].title
-    lengths = metric(run_dir, "response_length/mean")
-    assert lengths[-1] == 4.0 and "up to 100% of responses" in found["response_truncation"].title
     kl_loss = metric(run_dir, "actor/kl_loss")
     assert min(kl_loss) > 1.0  # the collapsed policy is far from the reference from the first update on
     # Whether it still rises after that jump depends on the CPU's rounding (on an AMD EPYC it falls
@@ -201,10 +201,12 @@ def test_training_on_32_prompts_rises_while_validation_falls(runs):
         v for _, v in query(run_dir, "SELECT iter, avg(score) FROM validation GROUP BY iter ORDER BY iter")[1]
     ]
     assert train_reward[-1] > train_reward[0] and val[-1] < val[0]
-    (finding,) = [f for f in diagnose(load_run(run_dir)) if f.severity != "info"]
-    assert finding.check == "validation_diverges" and "validation falls" in finding.title
+    found = by_check(diagnose(load_run(run_dir)))
+    finding = found["validation_diverges"]
+    assert finding.severity == "warning" and "validation falls" in finding.title
+    assert not any(f.severity == "critical" for f in found.values())
     assert evidence(finding, "validation/score_mean") == pytest.approx(val, rel=1e-5)
-    # 100 validation prompts: the fall (0.712 → 0.469) is several standard errors (≈ 0.044) deep.
+    # 100 validation prompts: the fall (0.775 → 0.532) is several standard errors (≈ 0.044) deep.
     sem = query(
         run_dir, "SELECT stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter ORDER BY iter"
     )[1]

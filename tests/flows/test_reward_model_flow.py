@@ -44,7 +44,7 @@ def with_reward_model(path) -> list[str]:
 @pytest.fixture(scope="module")
 def reward_dir(tiny_model_dir, tmp_path_factory):
     directory = tmp_path_factory.mktemp("rm") / "addition-rm"
-    report = train_reward_model_dir(directory, RewardModelRecipe(steps=150))
+    report = train_reward_model_dir(directory, RewardModelRecipe(steps=200))
     assert report["loss_last"] < report["loss_first"]
     return directory
 

@@ -76,10 +76,11 @@ def _table(run_dir: Path, name: str, iteration: int | None = None) -> list:
     ).fetchall()
 
 
-WEIGHTS_TOLERANCE = 1e-3
+WEIGHTS_TOLERANCE = 3e-3
 """The largest difference allowed between two runs' weights after two steps: AdamW moves a weight by
-up to its learning rate (3e-4 here) a step whatever the gradient's size, so a rounding difference in
-a gradient near zero can move it that far."""
+up to its learning rate (3e-4 here) an optimizer step whatever the gradient's size (8 optimizer steps
+an iteration here), so a rounding difference in a gradient near zero can move it several times that.
+Measured: 1.9e-3 (the ZeRO-3 actor at step 2, 2-core Intel Xeon)."""
 TABLE_TOLERANCE = 1e-3
 """The largest difference allowed between two runs' float columns (token ids and lengths: none)."""
 
