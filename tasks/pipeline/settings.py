@@ -280,10 +280,10 @@ class Schedule:
 
     lr_warmup_steps: int
     lr_warmup_steps_ratio: float
-    depends_on_length: bool
-    """Cosine decay or a warmup given as a ratio: the horizon is the run's length (or `fixed_horizon`);
-    else 0, so that training longer does not invalidate the cached updates of a constant schedule
-    (resuming at an epoch boundary with more epochs reuses every finished step)."""
+    spans_steps: bool
+    """Cosine decay or a warmup given as a ratio (`OptimConfig.spans_steps`): the horizon is the run's
+    length, or `fixed_horizon`; else 0, so that training longer does not invalidate the cached updates
+    of a constant schedule (resuming at an epoch boundary with more epochs reuses every finished step)."""
     fixed_horizon: int = 0
     """`optim.total_training_steps` when the user set it (> 0): the schedule spans that many steps
     whatever the run's length, so adding steps to a run keeps every finished step's learning rate
@@ -291,7 +291,7 @@ class Schedule:
 
     def horizon(self, total_steps: int) -> int:
         """OptimSettings.total_steps for a run of `total_steps` training steps."""
-        if not self.depends_on_length:
+        if not self.spans_steps:
             return 0
         return self.fixed_horizon or total_steps
 
