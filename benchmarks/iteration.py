@@ -146,7 +146,8 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
         json.loads((run_dir / f"iter={i:06d}/_manifest.json").read_text())["stages"]
         for i in range(1, args.iterations + 1)
     ]
-    timing = {s: [m[s]["seconds"] for m in manifests] for s in STAGES}
+    stages = [s for s in STAGES if s in manifests[0]]  # the DAG the overrides give (GRPO: no critic)
+    timing = {s: [m[s]["seconds"] for m in manifests] for s in stages}
     tokens = [
         r[0]
         for r in query(run_dir, "SELECT sum(response_length) FROM rollouts GROUP BY iter ORDER BY iter")[1]
@@ -164,11 +165,13 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     )
     print("\nstage            median s   share of iteration")
     median_wall = statistics.median(iteration_walls)
-    for stage in STAGES:
+    for stage in stages:
         median = statistics.median(timing[stage])
         print(f"  {stage:<15}{median:>8.3f}   {median / median_wall:>6.1%}")
-    stage_total = [sum(timing[s][i] for s in STAGES) for i in range(len(iteration_walls))]
-    io_between = summary["io_between_stages"]  # one a step
+    # without validation before training there is no step 0: the walls then time steps 2 on
+    timed = range(args.iterations - len(iteration_walls), args.iterations)
+    stage_total = [sum(timing[s][i] for s in stages) for i in timed]
+    io_between = summary["io_between_stages"][-len(iteration_walls) :]  # one a step
     outside = [w - s - io for w, s, io in zip(iteration_walls, stage_total, io_between, strict=True)]
     io_per_iteration = io_seconds / max(1, args.iterations)
     print(f"  {'iteration':<15}{median_wall:>8.3f}")
@@ -197,7 +200,9 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
             f"({server / median_wall:.0%} of one core)"
         )
     gen = sum(tokens) / sum(timing["rollouts"])
-    epochs = 4
+    from ppoflow.conf import load_config
+
+    epochs = load_config(None, args.overrides).actor_rollout_ref.actor.ppo_epochs
     train = sum(tokens) * epochs / sum(timing["actor_update"])
     print(f"\ngeneration: {gen:,.0f} response tokens/s (sampling + old/ref log-probs)")
     print(f"actor training: {train:,.0f} tokens/s ({epochs} PPO epochs over each batch)")
@@ -205,16 +210,17 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak RSS: {rss:.0f} MB (trainer process), {children:.0f} MB (largest child: Prefect server)")
     reached = next(((i, a) for i, a in accuracy if a >= args.target), None)
-    base = accuracy[0][1]
-    if reached:
+    if not accuracy:
+        print("\nno validation (trainer.test_freq)")
+    elif reached:
         step, value = reached
         print(
-            f"\ngreedy accuracy {base:.2f} → {value:.2f} at step {step}: "
+            f"\ngreedy accuracy {accuracy[0][1]:.2f} → {value:.2f} at step {step}: "
             f"{walls[step] - launched:.1f} s after launch"
         )
     else:
         print(
-            f"\ngreedy accuracy {base:.2f} → best {max(a for _, a in accuracy):.2f}; "
+            f"\ngreedy accuracy {accuracy[0][1]:.2f} → best {max(a for _, a in accuracy):.2f}; "
             f"{args.target:.0%} not reached in {args.iterations} steps"
         )
 
