@@ -10,9 +10,11 @@ import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -87,12 +89,6 @@ class _Client:
         self.settings.__exit__(*exc)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -111,27 +107,29 @@ def _group_alive(pgid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def stack(tiny_model_dir, tmp_path_factory):
-    """The documented local stack on a free loopback port, with its own PREFECT_HOME. The worker
+    """The documented local stack on a loopback port the kernel picks as the server binds it
+    (PPOFLOW_STACK_PORT=0; never probed beforehand), with its own PREFECT_HOME. The worker
     inherits PPOFLOW_CACHE, so flow runs find the tiny base model built by the session."""
     stack_dir = tmp_path_factory.mktemp("stack")
-    port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env |= {
         "PPOFLOW_STACK_DIR": str(stack_dir),
-        "PPOFLOW_STACK_PORT": str(port),
+        "PPOFLOW_STACK_PORT": "0",
         "PREFECT_WORKER_QUERY_SECONDS": "1",
         "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2",  # a resumed schedule queues runs soon
     }
     up = subprocess.run(
         ["bash", "scripts/stack", "up"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
     )
+    port_file = stack_dir / "port"
+    port = int(port_file.read_text()) if port_file.exists() else 0
     api = f"http://127.0.0.1:{port}/api"
     client_env = env | {"PREFECT_API_URL": api, "PREFECT_HOME": str(stack_dir / "prefect-home")}
     stack = Stack(stack_dir, client_env, api, up.stdout)
     pgids = list(stack.pids().values())
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        assert f"http://127.0.0.1:{port}" in up.stdout
+        assert port > 0 and f"UI            http://127.0.0.1:{port}\n" in up.stdout
         yield stack
     finally:  # a safety net: the last test stops the stack and checks it
         subprocess.run(["bash", "scripts/stack", "down"], cwd=REPO, env=env, capture_output=True, timeout=120)
@@ -291,12 +289,13 @@ def test_retrain_deployment_is_scheduled_paused_and_runs_through_the_worker(stac
 
 
 def test_stack_down_stops_every_process_it_started(stack, tmp_path):
+    port = urlsplit(stack.api).port  # a second stack asked for the first one's port is refused
     pids = stack.pids()
     assert set(pids) == {"server", "worker"} and all(_alive(p) for p in pids.values())
     second = subprocess.run(
         ["bash", "scripts/stack", "up"],
         cwd=REPO,
-        env=stack.env | {"PPOFLOW_STACK_DIR": str(tmp_path / "second")},
+        env=stack.env | {"PPOFLOW_STACK_DIR": str(tmp_path / "second"), "PPOFLOW_STACK_PORT": str(port)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -312,4 +311,46 @@ def test_stack_down_stops_every_process_it_started(stack, tmp_path):
     )
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(_alive(pid) or _group_alive(pid) for pid in pids.values())
-    assert not list(stack.dir.glob("*.pid"))
+    assert not list(stack.dir.glob("*.pid")) and not (stack.dir / "port").exists()
+
+
+def test_the_stack_refuses_a_port_that_is_not_a_number(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    for port in ("http", "-1", "65536", "4200x"):
+        up = subprocess.run(
+            ["bash", "scripts/stack", "up"],
+            cwd=REPO,
+            env=env | {"PPOFLOW_STACK_DIR": str(tmp_path / "stack"), "PPOFLOW_STACK_PORT": port},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert up.returncode == 2, (port, up.stdout, up.stderr)
+        assert f"PPOFLOW_STACK_PORT={port}: expected a port number, 0 to 65535" in up.stderr
+        assert not (tmp_path / "stack" / "server.pid").exists()
+
+
+def test_the_stack_server_says_which_port_it_cannot_listen_on(tmp_path):
+    """A port another socket listens on (this test's own, held throughout) is refused before Prefect
+    starts, and no port file is written."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ppoflow.stack_server",
+                "--port",
+                str(port),
+                "--port-file",
+                str(tmp_path / "port"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert server.returncode == 1
+    assert f"stack server: cannot listen on 127.0.0.1:{port}: Address already in use" in server.stderr
+    assert not (tmp_path / "port").exists()
