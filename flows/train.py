@@ -76,7 +76,7 @@ def train(plan: RunPlan) -> dict:
     for warning in plan.warnings:
         say(f"ppoflow: {warning}")
     if run.config_changes:
-        say(f"ppoflow: {changes_line(list(run.config_changes))}")
+        say(f"ppoflow: {changes_line(list(run.config_changes), validation_only=plan.start.val_only)}")
     try:
         return _train(run, plan)
     finally:

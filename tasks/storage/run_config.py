@@ -150,14 +150,19 @@ def _suggested_name(model_path: Any) -> str:
     return name[:64] or "another-run"
 
 
-def changes_line(changes: list[str]) -> str:
-    """One line naming the changed keys (the first few)."""
+def changes_line(changes: list[str], *, validation_only: bool = False) -> str:
+    """One line naming the changed keys (the first few) and what follows: a training start computes
+    again each stage whose settings changed; a validation-only start (trainer.val_only) trains
+    nothing, so no step is computed again."""
     shown = "; ".join(changes[:SHOWN_CHANGES])
     more = f"; and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
-    return (
-        f"the config differs from this run's last start ({shown}{more}): a stage whose settings changed "
-        f"is computed again, with every stage after it ({PREVIOUS_CONFIG} holds the config before)"
+    effect = (
+        "a validation-only start trains nothing, so no step is computed again"
+        if validation_only
+        else "a stage whose settings changed is computed again, with every stage after it"
     )
+    before = f"{PREVIOUS_CONFIG} holds the config before"
+    return f"the config differs from this run's last start ({shown}{more}): {effect} ({before})"
 
 
 def _read_previous(path: Path) -> str | None:

@@ -31,8 +31,13 @@ def test_a_changed_config_names_its_changed_keys_and_keeps_the_one_before(tmp_pa
     line = changes_line([f"k{i}: 0 → 1" for i in range(8)])
     assert (
         line.startswith("the config differs from this run's last start (k0: 0 → 1; ")
-        and "; and 2 more)" in line
+        and "; and 2 more): a stage whose settings changed is computed again" in line
     )
+    validating = changes_line(["trainer.val_only: false → true"], validation_only=True)
+    assert (
+        "(trainer.val_only: false → true): a validation-only start trains nothing, so no step" in validating
+    )
+    assert "computed again, with" not in validating
 
 
 def test_what_is_not_a_config_ppoflow_wrote_is_replaced_without_comparing(tmp_path):
