@@ -46,6 +46,7 @@ ROW_STATS = {
     "rewards/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM rewards GROUP BY iter",
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
     "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
+    "validation/score_range": "SELECT iter, max(score) - min(score) FROM validation GROUP BY iter",
     "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
     "turns/tool_error_rate": (
         "SELECT iter, avg((error IS NOT NULL)::DOUBLE) FROM turns WHERE role = 'tool' GROUP BY iter"

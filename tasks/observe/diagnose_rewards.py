@@ -38,9 +38,10 @@ TRUNCATION_HIGH = 0.1
 """Share of responses stopped by max_response_length above which the limit cuts real answers
 (healthy tiny runs: ≤ 2%)."""
 REWARD_RISE = 0.05
-"""A fitted rise of training reward by this fraction of the reward range counts as rising."""
+"""A fitted rise of training reward by this fraction of the reward range counts as rising (or, while
+validation falls beyond its noise, a rise beyond the training reward's own noise)."""
 VAL_FLAT = 0.01
-"""A fitted validation change within ± this fraction of the reward range counts as flat."""
+"""A fitted validation change within ± this fraction of the validation score's range counts as flat."""
 NOISE_SIGMAS = 2.0
 """A change counts only beyond this many standard errors of a mean (about 5% two-sided for one
 estimate). A healthy 3-step run on 100 validation prompts (standard error ≈ 0.045 per iteration)
@@ -171,17 +172,27 @@ def check_validation_vs_reward(run: RunData) -> list[Finding]:
     validation must fall by more than NOISE_SIGMAS standard errors (or stay within the flat band),
     and the gap between the two trends must widen by more than NOISE_SIGMAS of their joint standard
     error. With a flat validation that asks the training rise alone to exceed it; with a validation
-    fall beyond noise, a training rise the size of its own noise suffices (the gap is the finding)."""
+    fall beyond noise, a training rise the size of its own noise suffices (the gap is the finding).
+
+    Each series is read on its own scale: the training reward's range (a reward model's scores span
+    several units) and the validation score's (validation is rule-scored: about 0 to 1). Rising
+    means REWARD_RISE of the training range, or, while validation falls beyond its noise, a rise
+    beyond NOISE_SIGMAS of the training reward's own standard error."""
     val, train = run.series("validation/score_mean"), run.series("critic/score/mean")
     if len(val) < VAL_MIN_POINTS or len(train) < TREND_MIN_POINTS:
         return []
     scale = max([*values_of(run.series("rewards/score_range")), 1e-9])
+    val_ranges = values_of(run.series("validation/score_range"))
+    val_scale = max([*val_ranges, 1e-9]) if val_ranges else scale
     rise, val_change = fitted_change(train), fitted_change(val)
     train_se, val_se = typical_sem(run, "rewards/score_sem"), typical_sem(run, "validation/score_sem")
-    falls = val_change < -max(NOISE_SIGMAS * val_se, VAL_FLAT * scale)
-    flat = abs(val_change) <= VAL_FLAT * scale
+    falls = val_change < -max(NOISE_SIGMAS * val_se, VAL_FLAT * val_scale)
+    flat = abs(val_change) <= VAL_FLAT * val_scale
+    rising = REWARD_RISE * scale
+    if falls and train_se:
+        rising = min(rising, NOISE_SIGMAS * train_se)
     gap, gap_noise = rise - val_change, NOISE_SIGMAS * math.hypot(train_se, val_se)
-    if rise < REWARD_RISE * scale or not (falls or flat) or gap <= gap_noise:
+    if rise < rising or not (falls or flat) or gap <= gap_noise:
         return []
 
     def noise(se: float) -> str:
@@ -203,8 +214,12 @@ def check_validation_vs_reward(run: RunData) -> list[Finding]:
             "raise it, or -1 for every prompt" if capped else "more distinct prompts"
         ),
         LR: "lower it",
-        "custom_reward_function.path": "check the reward cannot be gamed",
     }
+    if run.setting("reward_model.enable", False):  # a learned reward: the likeliest thing gamed
+        keys["reward_model.model.path"] = "a reward model trained on more labelled answers"
+        keys["reward.weights.rm_score"] = "a small weight beside the rule reward"
+    else:
+        keys["custom_reward_function.path"] = "check the reward cannot be gamed"
     evidence = tuple(
         evidence_of(name, run.series(name))
         for name in (

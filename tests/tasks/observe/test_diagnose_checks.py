@@ -187,13 +187,17 @@ def test_validation_vs_reward_edges():
     assert check_validation_vs_reward(hand(train_up, rows=scale | short)) == []
 
 
-def diverging(train, val, *, train_sem=None, val_sem=None, score_range=1.0) -> RunData:
+def diverging(train, val, *, train_sem=None, val_sem=None, score_range=1.0, val_range=None) -> RunData:
     """Training reward at iterations 1…, validation from iteration 0 (before training), each with a
-    per-iteration standard error as ROW_STATS computes it from the raw rows."""
+    per-iteration standard error as ROW_STATS computes it from the raw rows. `score_range`: one
+    value for every iteration, or one per iteration."""
+    ranges = score_range if isinstance(score_range, list) else [score_range] * len(train)
     rows = {
         "validation/score_mean": dict(enumerate(val)),
-        "rewards/score_range": {i + 1: score_range for i in range(len(train))},
+        "rewards/score_range": {i + 1: r for i, r in enumerate(ranges)},
     }
+    if val_range is not None:
+        rows["validation/score_range"] = dict.fromkeys(range(len(val)), val_range)
     if train_sem is not None:
         rows["rewards/score_sem"] = {i + 1: s for i, s in enumerate(train_sem)}
     if val_sem is not None:
@@ -244,6 +248,41 @@ def test_validation_vs_reward_noise_edges():
     assert "the gap widens by" in gap.title
     # Three validation points are too few, however clear the fall.
     assert check_validation_vs_reward(diverging(rising, [0.9, 0.5, 0.1])) == []
+
+
+def test_validation_vs_reward_reads_a_reward_models_scores_on_their_own_scale():
+    # Training scored by a reward model alone (scores span ~7 units an iteration, 11 in one), validation
+    # by the rule reward (0 to 1.1): the docs/MODELS.md run, validation 0.78 → 0.41 over 40 steps while
+    # the mean reward-model score rose 0.40 → 0.89. 5% of the training range (0.55) asks more than
+    # that rise (+0.36), but validation falls far beyond its noise and the rise is beyond its own.
+    train = [0.40 + 0.36 * i / 39 for i in range(40)]
+    val = [0.78 - 0.26 * i / 40 for i in range(41)]
+    ranges = [6.7] * 39 + [11.0]
+    (finding,) = check_validation_vs_reward(
+        diverging(train, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.1)
+    )
+    assert "validation falls (fitted -0.26" in finding.title and "rises (fitted +0.36" in finding.title
+    # A rise within its own noise (2 × 0.058) and under 5% of the range is no divergence.
+    slow = [0.40 + 0.11 * i / 39 for i in range(40)]
+    assert (
+        check_validation_vs_reward(
+            diverging(
+                slow, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.1
+            )
+        )
+        == []
+    )
+    # Without its standard errors the training rise must reach 5% of its range, as before.
+    assert check_validation_vs_reward(diverging(train, val, score_range=ranges, val_range=1.1)) == []
+
+
+def test_validation_flat_band_is_a_share_of_the_validation_range():
+    # Training on a 0..5 scale rising +0.5; validation (0..1) falls 0.03: flat on the training
+    # scale (±0.05), a fall on its own (±0.01).
+    train, val = [0.0, 0.25, 0.5], [0.5, 0.49, 0.48, 0.47]
+    assert "stays flat" in check_validation_vs_reward(diverging(train, val, score_range=5.0))[0].title
+    (fall,) = check_validation_vs_reward(diverging(train, val, score_range=5.0, val_range=1.0))
+    assert "validation falls (fitted -0.03)" in fall.title
 
 
 def test_group_spread_edges():
