@@ -73,7 +73,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--port {args.port}: expected 0 to 65535")
     listener = listen(args.host, args.port)
     port = listener.getsockname()[1]
-    write_port(args.port_file, port)
+    try:
+        write_port(args.port_file, port)
+    except OSError as error:
+        raise SystemExit(
+            f"stack server: cannot write the port to {args.port_file}: {error.strerror}"
+        ) from None
     print(f"Prefect server on http://{args.host}:{port}", flush=True)
     serve(listener)
 

@@ -354,3 +354,15 @@ def test_the_stack_server_says_which_port_it_cannot_listen_on(tmp_path):
     assert server.returncode == 1
     assert f"stack server: cannot listen on 127.0.0.1:{port}: Address already in use" in server.stderr
     assert not (tmp_path / "port").exists()
+
+
+def test_the_stack_server_says_where_it_cannot_write_its_port(tmp_path):
+    port_file = tmp_path / "missing" / "port"
+    server = subprocess.run(
+        [sys.executable, "-m", "ppoflow.stack_server", "--port", "0", "--port-file", str(port_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert server.returncode == 1
+    assert f"stack server: cannot write the port to {port_file}: No such file or directory" in server.stderr
