@@ -13,7 +13,6 @@ to the trainer's terminal: the server's own shutdown notes would follow the trai
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from ppoflow.prefect_serving import tcp_listener
 from ppoflow.tasks.models.processes import exit_with_parent
 from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV
 from ppoflow.tasks.storage.regular_files import open_regular_file
@@ -180,16 +180,13 @@ def _last_line(output) -> str:
 def _start(listener: socket.socket, output) -> subprocess.Popen:
     """uvicorn serving Prefect's API on `listener`, a socket bound and listening in this process: the
     port is the server's from the start (a free port picked here and bound by uvicorn later could be
-    taken meanwhile by another run's server, whose health check would then answer for it)."""
-    prefect_dir = Path(importlib.util.find_spec("prefect").origin).parent
+    taken meanwhile by another run's server, whose health check would then answer for it). The
+    process serves it as a TCP socket (ppoflow/prefect_serving.py: with TCP_NODELAY on each
+    connection, which uvicorn's own --fd leaves off)."""
     parent = os.getpid()
     env = SERVER_DEFAULTS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
     descriptor = listener.fileno()
-    command = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
-        "prefect.server.api.server:create_app", "--fd", str(descriptor),
-        "--log-level", "error", "--lifespan", "on",
-    ]  # fmt: skip
+    command = [sys.executable, "-m", "ppoflow.prefect_serving", "--fd", str(descriptor)]
     return subprocess.Popen(
         command,
         env=env,
@@ -206,10 +203,8 @@ def _start(listener: socket.socket, output) -> subprocess.Popen:
 def _listening_socket() -> Iterator[socket.socket]:
     """A TCP socket on a port of 127.0.0.1 that the kernel picks, listening; closed here on leaving
     (the server keeps its own copy)."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = tcp_listener("127.0.0.1", 0)
     try:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(socket.SOMAXCONN)
         yield listener
     finally:
         listener.close()

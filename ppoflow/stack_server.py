@@ -6,30 +6,18 @@ port is written to a file before the server answers.
 
 Binding first is what makes port 0 safe: a port found free and bound later by the server could be
 taken meanwhile by another process (a second stack, another test run), whose server would then
-answer for this one.
+answer for this one. The server's PREFECT_API_URL is set to the bound address, which the UI reads
+(`/ui-settings`) to reach the API.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from pathlib import Path
 
-
-def listen(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on host:port (port 0: one the kernel picks)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as `prefect server start`
-        listener.bind((host.strip("[]"), port))
-        listener.listen(socket.SOMAXCONN)
-    except OSError as error:
-        listener.close()
-        raise SystemExit(f"stack server: cannot listen on {host}:{port}: {error.strerror}") from None
-    return listener
+from ppoflow.prefect_serving import serve, tcp_listener
 
 
 def write_port(path: Path, port: int) -> None:
@@ -39,12 +27,9 @@ def write_port(path: Path, port: int) -> None:
     staging.replace(path)
 
 
-def serve(listener: socket.socket) -> None:
+def serve_prefect(listener) -> None:
     """Prefect's server on `listener`, as `prefect server start` runs it in the foreground with one
     worker (its settings come from the environment: PREFECT_HOME, PREFECT_SERVER_*)."""
-    import prefect
-    import uvicorn
-    from prefect.server.api.server import create_app
     from prefect.settings import (
         PREFECT_SERVER_API_KEEPALIVE_TIMEOUT,
         PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL,
@@ -52,14 +37,13 @@ def serve(listener: socket.socket) -> None:
         PREFECT_SERVER_LOGGING_LEVEL,
     )
 
-    uvicorn.run(
-        app=create_app(final=True),
-        app_dir=str(Path(prefect.__file__).parent.parent),
-        fd=listener.fileno(),
+    os.environ["PREFECT__SERVER_FINAL"] = "1"  # create_app(final=True), as `prefect server start`
+    serve(
+        listener,
+        log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower(),
         timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
         ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),
         ws_ping_timeout=PREFECT_SERVER_API_WEBSOCKET_PING_TIMEOUT.value(),
-        log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower(),
     )
 
 
@@ -71,16 +55,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: expected 0 to 65535")
-    listener = listen(args.host, args.port)
+    try:
+        listener = tcp_listener(args.host, args.port, reuse_address=True)  # as `prefect server start`
+    except OSError as error:
+        where = f"{args.host}:{args.port}"
+        raise SystemExit(f"stack server: cannot listen on {where}: {error.strerror}") from None
     port = listener.getsockname()[1]
     try:
         write_port(args.port_file, port)
     except OSError as error:
-        raise SystemExit(
-            f"stack server: cannot write the port to {args.port_file}: {error.strerror}"
-        ) from None
-    print(f"Prefect server on http://{args.host}:{port}", flush=True)
-    serve(listener)
+        where = args.port_file
+        raise SystemExit(f"stack server: cannot write the port to {where}: {error.strerror}") from None
+    host = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
+    os.environ["PREFECT_API_URL"] = f"http://{host}:{port}/api"  # before prefect reads its settings
+    print(f"Prefect server on http://{host}:{port}", flush=True)
+    serve_prefect(listener)
 
 
 if __name__ == "__main__":

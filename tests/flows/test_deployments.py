@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -288,10 +290,22 @@ def test_retrain_deployment_is_scheduled_paused_and_runs_through_the_worker(stac
     assert query(root, "SELECT count(*) FROM promotions")[1] == [(0,)]
 
 
+def test_the_ui_reaches_the_api_at_the_port_the_server_bound(stack):
+    """Asked for port 0, the server tells its UI the port it bound (the UI reads /ui-settings)."""
+    with urllib.request.urlopen(stack.api.removesuffix("/api") + "/ui-settings", timeout=30) as answer:
+        assert json.load(answer)["api_url"] == stack.api
+
+
+def _stack(command: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/stack", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_stack_down_stops_every_process_it_started(stack, tmp_path):
     port = urlsplit(stack.api).port  # a second stack asked for the first one's port is refused
-    pids = stack.pids()
-    assert set(pids) == {"server", "worker"} and all(_alive(p) for p in pids.values())
+    first = stack.pids()
+    assert set(first) == {"server", "worker"} and all(_alive(p) for p in first.values())
     second = subprocess.run(
         ["bash", "scripts/stack", "up"],
         cwd=REPO,
@@ -301,6 +315,26 @@ def test_stack_down_stops_every_process_it_started(stack, tmp_path):
         timeout=60,
     )
     assert second.returncode == 1 and "already serves a Prefect API" in second.stderr
+    # A server that died is started again (on another port: 0 asks for any) and the worker follows it.
+    os.killpg(first["server"], signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while _alive(first["server"]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    again = _stack("up", stack.env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    pids = stack.pids()
+    assert pids["server"] != first["server"] and pids["worker"] != first["worker"]
+    assert not _alive(first["worker"])
+    new_api = f"http://127.0.0.1:{int((stack.dir / 'port').read_text())}/api"
+    assert f"PREFECT_API_URL={new_api}".encode() in Path(
+        f"/proc/{pids['worker']}/environ"
+    ).read_bytes().split(b"\0")
+    # A port file that holds no port stops `up`, and neither `status` nor `down`.
+    (stack.dir / "port").write_text("4200'; x\n")
+    tampered = _stack("up", stack.env, timeout=60)
+    assert tampered.returncode == 1 and "port holds no port number" in tampered.stderr
+    status = _stack("status", stack.env, timeout=60)
+    assert status.returncode == 0 and "server running" in status.stdout
     down = subprocess.run(
         ["bash", "scripts/stack", "down"],
         cwd=REPO,
@@ -310,7 +344,7 @@ def test_stack_down_stops_every_process_it_started(stack, tmp_path):
         timeout=120,
     )
     assert down.returncode == 0, down.stdout + down.stderr
-    assert not any(_alive(pid) or _group_alive(pid) for pid in pids.values())
+    assert not any(_alive(pid) or _group_alive(pid) for pid in [*first.values(), *pids.values()])
     assert not list(stack.dir.glob("*.pid")) and not (stack.dir / "port").exists()
 
 

@@ -4,15 +4,18 @@ one Ctrl-C stops it in seconds, nothing it started outlives it, and a rerun says
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shlex
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -313,6 +316,29 @@ def test_the_temporary_servers_settings_unless_the_environment_says_otherwise(mo
     assert (recorder["batch_size"], recorder["flush_interval"]) == (100, 3.0)
     assert settings["server"]["services"]["event_persister"]["enabled"] is False
     assert settings["server"]["ui"]["enabled"] is False
+
+
+def test_the_temporary_server_answers_a_kept_alive_connection_without_a_delayed_ack():
+    """Served on a TCP socket object (ppoflow/prefect_serving.py), each accepted connection gets
+    TCP_NODELAY: uvicorn's own --fd served it as a Unix socket, and every response on a kept-alive
+    connection then waited for the client's delayed ACK, 40 ms or more (a median 44 ms here)."""
+    from ppoflow.prefect_server import TemporaryServer
+
+    with TemporaryServer() as url:
+        address = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
+        seconds = []
+        for _ in range(21):
+            started = time.perf_counter()
+            connection.request(
+                "POST", "/api/flows/filter", body=b"{}", headers={"Content-Type": "application/json"}
+            )
+            answer = connection.getresponse()
+            answer.read()
+            seconds.append(time.perf_counter() - started)
+            assert answer.status == 200
+        connection.close()
+    assert statistics.median(seconds) < 0.025, seconds
 
 
 @pytest.mark.slow
