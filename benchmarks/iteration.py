@@ -140,14 +140,18 @@ def _after_each_commit(iteration, sample) -> None:
 
 
 def report(args, summary, run_dir, launched, finished, io_seconds, query) -> None:
-    walls = summary["wall_times"]  # one per reported step, step 0 (validation before training) first
-    iteration_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+    walls = summary["wall_times"]  # when each reported step ended: step 0 (validation before training) first
+    first_step = args.iterations + 1 - len(walls)  # 1 without validation before training
+    wall_at = {first_step + i: wall for i, wall in enumerate(walls)}  # step → when it ended
+    iteration_walls = [b - a for a, b in zip(walls, walls[1:], strict=False)]  # steps first_step + 1 on
     manifests = [
         json.loads((run_dir / f"iter={i:06d}/_manifest.json").read_text())["stages"]
         for i in range(1, args.iterations + 1)
     ]
-    stages = [s for s in STAGES if s in manifests[0]]  # the DAG the overrides give (GRPO: no critic)
-    timing = {s: [m[s]["seconds"] for m in manifests] for s in stages}
+    # the DAG the overrides give: GRPO has no critic, validation runs every test_freq steps
+    present = set().union(*manifests)
+    stages = [s for s in STAGES if s in present] + sorted(present - set(STAGES))
+    timing = {s: [m[s]["seconds"] if s in m else 0.0 for m in manifests] for s in stages}
     tokens = [
         r[0]
         for r in query(run_dir, "SELECT sum(response_length) FROM rollouts GROUP BY iter ORDER BY iter")[1]
@@ -161,15 +165,18 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     )
     print(
         f"iterations: {args.iterations}   wall total: {finished - launched:.1f} s   "
-        f"first step after launch: {walls[0] - launched:.1f} s (Prefect server start, model and data)"
+        f"first step after launch: {walls[0] - launched:.1f} s (Prefect server start, model and data"
+        + (")" if first_step == 0 else ", and step 1)")
     )
     print("\nstage            median s   share of iteration")
     median_wall = statistics.median(iteration_walls)
     for stage in stages:
-        median = statistics.median(timing[stage])
-        print(f"  {stage:<15}{median:>8.3f}   {median / median_wall:>6.1%}")
+        ran = [t for t, m in zip(timing[stage], manifests, strict=True) if stage in m]
+        median = statistics.median(ran)
+        some = "" if len(ran) == len(manifests) else f"   (in {len(ran)} of {len(manifests)} steps)"
+        print(f"  {stage:<15}{median:>8.3f}   {median / median_wall:>6.1%}{some}")
     # without validation before training there is no step 0: the walls then time steps 2 on
-    timed = range(args.iterations - len(iteration_walls), args.iterations)
+    timed = range(args.iterations - len(iteration_walls), args.iterations)  # manifests' indexes
     stage_total = [sum(timing[s][i] for s in stages) for i in timed]
     io_between = summary["io_between_stages"][-len(iteration_walls) :]  # one a step
     outside = [w - s - io for w, s, io in zip(iteration_walls, stage_total, io_between, strict=True)]
@@ -210,17 +217,19 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak RSS: {rss:.0f} MB (trainer process), {children:.0f} MB (largest child: Prefect server)")
     reached = next(((i, a) for i, a in accuracy if a >= args.target), None)
+    if accuracy:  # the base model's, or the first step's without validation before training
+        base = f"{accuracy[0][1]:.2f}" + (f" (step {accuracy[0][0]})" if accuracy[0][0] else "")
     if not accuracy:
         print("\nno validation (trainer.test_freq)")
     elif reached:
         step, value = reached
         print(
-            f"\ngreedy accuracy {accuracy[0][1]:.2f} → {value:.2f} at step {step}: "
-            f"{walls[step] - launched:.1f} s after launch"
+            f"\ngreedy accuracy {base} → {value:.2f} at step {step}: "
+            f"{wall_at[step] - launched:.1f} s after launch"
         )
     else:
         print(
-            f"\ngreedy accuracy {accuracy[0][1]:.2f} → best {max(a for _, a in accuracy):.2f}; "
+            f"\ngreedy accuracy {base} → best {max(a for _, a in accuracy):.2f}; "
             f"{args.target:.0%} not reached in {args.iterations} steps"
         )
 

@@ -43,7 +43,11 @@ ROW_STATS = {
     "advantages/returns_var": (
         "SELECT iter, var_pop(r) FROM (SELECT iter, unnest(returns) AS r FROM advantages) GROUP BY iter"
     ),
-    "rewards/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM rewards GROUP BY iter",
+    # over prompts: a prompt's n responses (GRPO's group) share it, so they are one draw, not n
+    "rewards/score_sem": (
+        "SELECT iter, stddev_samp(m) / sqrt(count(*)) FROM "
+        "(SELECT iter, avg(score) AS m FROM rewards GROUP BY iter, prompt_id) GROUP BY iter"
+    ),
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
     "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
     "validation/score_range": "SELECT iter, max(score) - min(score) FROM validation GROUP BY iter",

@@ -153,11 +153,13 @@ def _suggested_name(model_path: Any) -> str:
 def changes_line(changes: list[str], *, validation_only: bool = False) -> str:
     """One line naming the changed keys (the first few) and what follows: a training start computes
     again each stage whose settings changed; a validation-only start (trainer.val_only) trains
-    nothing, so no step is computed again."""
+    nothing: only the validation of its step runs again, and replaces that step's validation rows
+    when its settings changed."""
     shown = "; ".join(changes[:SHOWN_CHANGES])
     more = f"; and {len(changes) - SHOWN_CHANGES} more" if len(changes) > SHOWN_CHANGES else ""
     effect = (
-        "a validation-only start trains nothing, so no step is computed again"
+        "a validation-only start trains nothing: only the validation of its step runs, computed again "
+        "if its settings changed"
         if validation_only
         else "a stage whose settings changed is computed again, with every stage after it"
     )

@@ -4,9 +4,10 @@ exit code. tests/flows/test_diagnose.py runs them on small real runs of the tiny
 
 from __future__ import annotations
 
+import duckdb
 import pytest
 
-from ppoflow.tasks.observe.diagnose import exit_code
+from ppoflow.tasks.observe.diagnose import ROW_STATS, exit_code
 from ppoflow.tasks.observe.diagnose_checks import CHECKS
 from ppoflow.tasks.observe.diagnose_policy import (
     check_aggressive_updates,
@@ -252,14 +253,14 @@ def test_validation_vs_reward_noise_edges():
 
 def test_validation_vs_reward_reads_a_reward_models_scores_on_their_own_scale():
     # Training scored by a reward model alone (scores span ~7 units an iteration, 11 in one), validation
-    # by the rule reward (0 to 1.1): the docs/MODELS.md run, validation 0.78 → 0.41 over 40 steps while
+    # by the rule reward (0 to 1): the docs/MODELS.md run, validation 0.78 → 0.41 over 40 steps while
     # the mean reward-model score rose 0.40 → 0.89. 5% of the training range (0.55) asks more than
     # that rise (+0.36), but validation falls far beyond its noise and the rise is beyond its own.
     train = [0.40 + 0.36 * i / 39 for i in range(40)]
     val = [0.78 - 0.26 * i / 40 for i in range(41)]
     ranges = [6.7] * 39 + [11.0]
     (finding,) = check_validation_vs_reward(
-        diverging(train, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.1)
+        diverging(train, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.0)
     )
     assert "validation falls (fitted -0.26" in finding.title and "rises (fitted +0.36" in finding.title
     # A rise within its own noise (2 × 0.058) and under 5% of the range is no divergence.
@@ -267,13 +268,44 @@ def test_validation_vs_reward_reads_a_reward_models_scores_on_their_own_scale():
     assert (
         check_validation_vs_reward(
             diverging(
-                slow, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.1
+                slow, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.0
             )
         )
         == []
     )
     # Without its standard errors the training rise must reach 5% of its range, as before.
-    assert check_validation_vs_reward(diverging(train, val, score_range=ranges, val_range=1.1)) == []
+    assert check_validation_vs_reward(diverging(train, val, score_range=ranges, val_range=1.0)) == []
+    # A run scored by a reward model is pointed at the reward model, a rule-scored one at its reward.
+    assert "custom_reward_function.path" in finding.config_keys
+    scored = diverging(
+        train, val, train_sem=[0.058] * 40, val_sem=[0.045] * 41, score_range=ranges, val_range=1.0
+    )
+    scored.config["reward_model"] = {"enable": True, "model": {"path": "models/addition-rm"}}
+    (by_model,) = check_validation_vs_reward(scored)
+    assert by_model.config_keys["reward_model.model.path"].startswith("models/addition-rm → ")
+    assert "reward.weights.rm_score" in by_model.config_keys
+    assert "custom_reward_function.path" not in by_model.config_keys
+
+
+def test_the_training_score_standard_error_counts_prompts_not_responses():
+    # Two prompts, two responses each: prompt a scores 1 and 1, prompt b 0 and 0. A prompt's responses
+    # share it, so the mean's standard error is that of two per-prompt means (1 and 0): 0.7071 / √2 =
+    # 0.5; counted as four independent responses it would be 0.5774 / 2 = 0.2887.
+    connection = duckdb.connect()
+    connection.execute("CREATE TABLE rewards (iter INT, prompt_id VARCHAR, sample_idx INT, score DOUBLE)")
+    connection.executemany(
+        "INSERT INTO rewards VALUES (?, ?, ?, ?)",
+        [
+            (1, "a", 0, 1.0),
+            (1, "a", 1, 1.0),
+            (1, "b", 0, 0.0),
+            (1, "b", 1, 0.0),
+            (2, "a", 0, 1.0),
+            (2, "b", 0, 0.0),
+        ],
+    )
+    rows = sorted(connection.execute(ROW_STATS["rewards/score_sem"]).fetchall())
+    assert rows == [(1, pytest.approx(0.5)), (2, pytest.approx(0.5))]
 
 
 def test_validation_flat_band_is_a_share_of_the_validation_range():

@@ -35,7 +35,8 @@ def test_a_changed_config_names_its_changed_keys_and_keeps_the_one_before(tmp_pa
     )
     validating = changes_line(["trainer.val_only: false → true"], validation_only=True)
     assert (
-        "(trainer.val_only: false → true): a validation-only start trains nothing, so no step" in validating
+        "(trainer.val_only: false → true): a validation-only start trains nothing: only the validation "
+        "of its step runs, computed again if its settings changed" in validating
     )
     assert "computed again, with" not in validating
 
