@@ -186,7 +186,8 @@ def _start(listener: socket.socket, output) -> subprocess.Popen:
     parent = os.getpid()
     env = SERVER_DEFAULTS | {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | SERVER_ENV
     descriptor = listener.fileno()
-    command = [sys.executable, "-m", "ppoflow.prefect_serving", "--fd", str(descriptor)]
+    # -P: the installed ppoflow, not a folder of that name in the working directory
+    command = [sys.executable, "-P", "-m", "ppoflow.prefect_serving", "--fd", str(descriptor)]
     return subprocess.Popen(
         command,
         env=env,

@@ -8,7 +8,7 @@ kept-alive connection waits for the client's delayed ACK (Nagle's algorithm). uv
 wraps the descriptor as a Unix socket and so never sets it: a health check on a kept-alive
 connection took a median 44 ms that way, under 1 ms this way.
 
-    python -m ppoflow.prefect_serving --fd N [--log-level error]   # the temporary server's process
+    python -P -m ppoflow.prefect_serving --fd N [--log-level error]   # the temporary server's process
 """
 
 from __future__ import annotations
@@ -32,13 +32,21 @@ def tcp_listener(host: str, port: int, *, reuse_address: bool = False) -> socket
     return listener
 
 
-def serve(listener: socket.socket, *, log_level: str, **options) -> None:
-    """Prefect's server (`create_app()`, which reads PREFECT__SERVER_* and the other settings from the
-    environment) on `listener` until SIGTERM or SIGINT; `options` go to uvicorn.Config."""
-    import uvicorn
-    from prefect.server.api.server import create_app
+APP_FACTORY = "prefect.server.api.server:create_app"
+"""Prefect's server app, made by uvicorn after it has set up its logging (as uvicorn's command line
+does: Prefect's own logging setup then has the last word); create_app reads PREFECT__SERVER_* and the
+other settings from the environment."""
 
-    config = uvicorn.Config(create_app(), log_level=log_level, **options)
+
+def serve(listener: socket.socket, *, log_level: str, app=None, **options) -> None:
+    """Prefect's server on `listener` until SIGTERM or SIGINT: `app` (`prefect server start` makes
+    its app first), else APP_FACTORY's. `options` go to uvicorn.Config."""
+    import uvicorn
+
+    if app is None:
+        config = uvicorn.Config(APP_FACTORY, factory=True, log_level=log_level, **options)
+    else:
+        config = uvicorn.Config(app, log_level=log_level, **options)
     uvicorn.Server(config).run(sockets=[listener])
 
 

@@ -30,6 +30,7 @@ def write_port(path: Path, port: int) -> None:
 def serve_prefect(listener) -> None:
     """Prefect's server on `listener`, as `prefect server start` runs it in the foreground with one
     worker (its settings come from the environment: PREFECT_HOME, PREFECT_SERVER_*)."""
+    from prefect.server.api.server import create_app
     from prefect.settings import (
         PREFECT_SERVER_API_KEEPALIVE_TIMEOUT,
         PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL,
@@ -37,9 +38,9 @@ def serve_prefect(listener) -> None:
         PREFECT_SERVER_LOGGING_LEVEL,
     )
 
-    os.environ["PREFECT__SERVER_FINAL"] = "1"  # create_app(final=True), as `prefect server start`
     serve(
         listener,
+        app=create_app(final=True),  # made first, as `prefect server start` does
         log_level=PREFECT_SERVER_LOGGING_LEVEL.value().lower(),
         timeout_keep_alive=PREFECT_SERVER_API_KEEPALIVE_TIMEOUT.value(),
         ws_ping_interval=PREFECT_SERVER_API_WEBSOCKET_PING_INTERVAL.value(),

@@ -49,7 +49,10 @@ ROW_STATS = {
         "(SELECT iter, avg(score) AS m FROM rewards GROUP BY iter, prompt_id) GROUP BY iter"
     ),
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
-    "validation/score_sem": "SELECT iter, stddev_samp(score) / sqrt(count(*)) FROM validation GROUP BY iter",
+    "validation/score_sem": (  # over prompts as well: val_kwargs.n samples of a prompt are one draw
+        "SELECT iter, stddev_samp(m) / sqrt(count(*)) FROM "
+        "(SELECT iter, avg(score) AS m FROM validation GROUP BY iter, prompt_id) GROUP BY iter"
+    ),
     "validation/score_range": "SELECT iter, max(score) - min(score) FROM validation GROUP BY iter",
     "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
     "turns/tool_error_rate": (

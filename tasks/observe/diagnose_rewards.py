@@ -162,7 +162,7 @@ def check_truncation(run: RunData) -> list[Finding]:
 
 def typical_sem(run: RunData, name: str) -> float:
     """The median per-iteration standard error of a mean score (0 when the rows give none: a single
-    row per iteration, or hand-built data)."""
+    prompt per iteration, or hand-built data)."""
     sems = values_of(run.series(name))
     return statistics.median(sems) if sems else 0.0
 

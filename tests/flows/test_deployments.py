@@ -346,6 +346,7 @@ def test_stack_down_stops_every_process_it_started(stack, tmp_path):
     assert down.returncode == 0, down.stdout + down.stderr
     assert not any(_alive(pid) or _group_alive(pid) for pid in [*first.values(), *pids.values()])
     assert not list(stack.dir.glob("*.pid")) and not (stack.dir / "port").exists()
+    assert not (stack.dir / "worker.api").exists()
 
 
 def test_the_stack_refuses_a_port_that_is_not_a_number(tmp_path):

@@ -306,6 +306,10 @@ def test_the_training_score_standard_error_counts_prompts_not_responses():
     )
     rows = sorted(connection.execute(ROW_STATS["rewards/score_sem"]).fetchall())
     assert rows == [(1, pytest.approx(0.5)), (2, pytest.approx(0.5))]
+    # Validation likewise (val_kwargs.n samples of a prompt).
+    connection.execute("CREATE TABLE validation AS SELECT * FROM rewards")
+    rows = sorted(connection.execute(ROW_STATS["validation/score_sem"]).fetchall())
+    assert rows == [(1, pytest.approx(0.5)), (2, pytest.approx(0.5))]
 
 
 def test_validation_flat_band_is_a_share_of_the_validation_range():
