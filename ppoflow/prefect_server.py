@@ -25,7 +25,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from ppoflow.prefect_serving import tcp_listener
+from ppoflow.listening import tcp_listener
 from ppoflow.tasks.models.processes import exit_with_parent
 from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV
 from ppoflow.tasks.storage.regular_files import open_regular_file

@@ -2,11 +2,10 @@
 `ppoflow train` (ppoflow/prefect_server.py, in a process of its own) and the server of
 `scripts/stack` (ppoflow/stack_server.py).
 
-The socket is a TCP socket object whose `proto` is IPPROTO_TCP, handed to uvicorn as a socket: asyncio
-sets TCP_NODELAY only on connections accepted from such a socket, and without it each response on a
-kept-alive connection waits for the client's delayed ACK (Nagle's algorithm). uvicorn's own `--fd`
-wraps the descriptor as a Unix socket and so never sets it: a health check on a kept-alive
-connection took a median 44 ms that way, under 1 ms this way.
+The socket is handed to uvicorn as a TCP socket object (ppoflow/listening.py: asyncio then sets
+TCP_NODELAY on each connection). uvicorn's own `--fd` wraps the descriptor as a Unix socket and so
+never sets it: a health check on a kept-alive connection took a median 44 ms that way, under 1 ms
+this way.
 
     python -P -m ppoflow.prefect_serving --fd N [--log-level error]   # the temporary server's process
 """
@@ -15,22 +14,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-
-
-def tcp_listener(host: str, port: int, *, reuse_address: bool = False) -> socket.socket:
-    """A TCP socket listening on host:port (port 0: one the kernel picks)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        if reuse_address:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host.strip("[]"), port))
-        listener.listen(socket.SOMAXCONN)
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
 
 APP_FACTORY = "prefect.server.api.server:create_app"
 """Prefect's server app, made by uvicorn after it has set up its logging (as uvicorn's command line

@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from ppoflow.prefect_serving import serve, tcp_listener
+from ppoflow.listening import tcp_listener
+from ppoflow.prefect_serving import serve
 
 
 def write_port(path: Path, port: int) -> None:

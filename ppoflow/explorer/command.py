@@ -18,6 +18,7 @@ from pathlib import Path
 import uvicorn
 
 from ppoflow.explorer.server import explorer_app, is_loopback_host
+from ppoflow.listening import tcp_listener
 
 __all__ = ["explore"]
 
@@ -31,7 +32,8 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         )
         return 2
     try:
-        listener = _listen(host, port)
+        # a fixed port is reused at once after a restart; 64 waiting connections, as limit_concurrency
+        listener = tcp_listener(host, port, reuse_address=bool(port), backlog=64)
     except OSError as exc:
         print(f"ppoflow: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -92,17 +94,3 @@ class _StoppingServer(uvicorn.Server):
     def handle_exit(self, sig, frame) -> None:
         self._on_exit()
         super().handle_exit(sig, frame)
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        if port:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host.strip("[]"), port))
-        listener.listen(64)
-    except OSError:
-        listener.close()
-        raise
-    return listener

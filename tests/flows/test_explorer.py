@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -280,6 +281,23 @@ def test_a_planted_response_is_shown_as_text_and_runs_nothing(browser, run_dir, 
         page.wait_for_selector("#tokens .tok")
         assert all(re.fullmatch(r"<\d+>", t) for t in page.locator("#tokens .tok").all_text_contents())
         context.close()
+
+
+def test_a_kept_alive_connection_gets_each_answer_without_a_delayed_ack(explorer):
+    """The explorer listens on a TCP socket object (ppoflow/listening.py), so each connection gets
+    TCP_NODELAY: on a socket made with protocol 0 every answer on a kept-alive connection waited for
+    the browser's delayed ACK, 40 ms or more (a median 44 ms)."""
+    connection = http.client.HTTPConnection("127.0.0.1", explorer.port, timeout=30)
+    seconds = []
+    for _ in range(21):
+        started = time.perf_counter()
+        connection.request("GET", "/", headers={"Host": f"127.0.0.1:{explorer.port}"})
+        answer = connection.getresponse()
+        answer.read()
+        seconds.append(time.perf_counter() - started)
+        assert answer.status == 200
+    connection.close()
+    assert statistics.median(seconds) < 0.025, seconds
 
 
 def test_links_out_of_the_run_are_refused_before_serving(run_dir, tmp_path):
