@@ -216,12 +216,14 @@ def report(args, summary, run_dir, launched, finished, io_seconds, query) -> Non
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(f"peak RSS: {rss:.0f} MB (trainer process), {children:.0f} MB (largest child: Prefect server)")
-    reached = next(((i, a) for i, a in accuracy if a >= args.target), None)
-    if accuracy:  # the base model's, or the first step's without validation before training
-        base = f"{accuracy[0][1]:.2f}" + (f" (step {accuracy[0][0]})" if accuracy[0][0] else "")
     if not accuracy:
         print("\nno validation (trainer.test_freq)")
-    elif reached:
+        return
+    # the base model's accuracy, or the first validated step's without validation before training
+    first, first_accuracy = accuracy[0]
+    base = f"{first_accuracy:.2f}" + (f" (step {first})" if first else "")
+    reached = next(((i, a) for i, a in accuracy if a >= args.target), None)
+    if reached:
         step, value = reached
         print(
             f"\ngreedy accuracy {base} → {value:.2f} at step {step}: "

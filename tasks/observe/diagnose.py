@@ -29,6 +29,15 @@ class ValidationOnlyRun(RunDirError):
     """A run that validated a model and trained nothing (trainer.val_only): no metrics to diagnose."""
 
 
+def _standard_error_over_prompts(table: str) -> str:
+    """Per iteration, the standard error of the mean score with each prompt one draw: a prompt's n
+    responses (GRPO's group, validation's val_kwargs.n) share it, so they are not n draws."""
+    return (
+        "SELECT iter, stddev_samp(m) / sqrt(count(*)) FROM "
+        f"(SELECT iter, avg(score) AS m FROM {table} GROUP BY iter, prompt_id) GROUP BY iter"
+    )
+
+
 ROW_STATS = {
     "rewards/score_std": "SELECT iter, stddev_pop(score) FROM rewards GROUP BY iter",
     "rewards/score_mean": "SELECT iter, avg(score) FROM rewards GROUP BY iter",
@@ -43,16 +52,9 @@ ROW_STATS = {
     "advantages/returns_var": (
         "SELECT iter, var_pop(r) FROM (SELECT iter, unnest(returns) AS r FROM advantages) GROUP BY iter"
     ),
-    # over prompts: a prompt's n responses (GRPO's group) share it, so they are one draw, not n
-    "rewards/score_sem": (
-        "SELECT iter, stddev_samp(m) / sqrt(count(*)) FROM "
-        "(SELECT iter, avg(score) AS m FROM rewards GROUP BY iter, prompt_id) GROUP BY iter"
-    ),
+    "rewards/score_sem": _standard_error_over_prompts("rewards"),
     "validation/score_mean": "SELECT iter, avg(score) FROM validation GROUP BY iter",
-    "validation/score_sem": (  # over prompts as well: val_kwargs.n samples of a prompt are one draw
-        "SELECT iter, stddev_samp(m) / sqrt(count(*)) FROM "
-        "(SELECT iter, avg(score) AS m FROM validation GROUP BY iter, prompt_id) GROUP BY iter"
-    ),
+    "validation/score_sem": _standard_error_over_prompts("validation"),
     "validation/score_range": "SELECT iter, max(score) - min(score) FROM validation GROUP BY iter",
     "actor_update/steps": "SELECT iter, count(*) FROM actor_update GROUP BY iter",
     "turns/tool_error_rate": (
