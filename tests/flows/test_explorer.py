@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ import pytest
 from playwright.sync_api import expect
 
 from ppoflow.tasks.storage.confined_query import query
+
+from .conftest import kept_alive_median_seconds
 
 pytestmark = pytest.mark.slow
 
@@ -287,17 +288,10 @@ def test_a_kept_alive_connection_gets_each_answer_without_a_delayed_ack(explorer
     """The explorer listens on a TCP socket object (ppoflow/listening.py), so each connection gets
     TCP_NODELAY: on a socket made with protocol 0 every answer on a kept-alive connection waited for
     the browser's delayed ACK, 40 ms or more (a median 44 ms)."""
-    connection = http.client.HTTPConnection("127.0.0.1", explorer.port, timeout=30)
-    seconds = []
-    for _ in range(21):
-        started = time.perf_counter()
-        connection.request("GET", "/", headers={"Host": f"127.0.0.1:{explorer.port}"})
-        answer = connection.getresponse()
-        answer.read()
-        seconds.append(time.perf_counter() - started)
-        assert answer.status == 200
-    connection.close()
-    assert statistics.median(seconds) < 0.025, seconds
+    median = kept_alive_median_seconds(
+        explorer.port, "GET", "/", headers={"Host": f"127.0.0.1:{explorer.port}"}
+    )
+    assert median < 0.025, median
 
 
 def test_links_out_of_the_run_are_refused_before_serving(run_dir, tmp_path):

@@ -4,14 +4,12 @@ one Ctrl-C stops it in seconds, nothing it started outlives it, and a rerun says
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shlex
 import shutil
 import signal
 import sqlite3
-import statistics
 import subprocess
 import sys
 import time
@@ -23,7 +21,7 @@ import pytest
 
 from ppoflow.tasks.models.reaper import descendants
 
-from .conftest import SMALL
+from .conftest import SMALL, kept_alive_median_seconds
 
 ONE_THREAD = ["trainer.num_threads=1"]
 
@@ -325,20 +323,10 @@ def test_the_temporary_server_answers_a_kept_alive_connection_without_a_delayed_
     from ppoflow.prefect_server import TemporaryServer
 
     with TemporaryServer() as url:
-        address = urllib.parse.urlsplit(url)
-        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=30)
-        seconds = []
-        for _ in range(21):
-            started = time.perf_counter()
-            connection.request(
-                "POST", "/api/flows/filter", body=b"{}", headers={"Content-Type": "application/json"}
-            )
-            answer = connection.getresponse()
-            answer.read()
-            seconds.append(time.perf_counter() - started)
-            assert answer.status == 200
-        connection.close()
-    assert statistics.median(seconds) < 0.025, seconds
+        port = urllib.parse.urlsplit(url).port
+        json_body = {"body": b"{}", "headers": {"Content-Type": "application/json"}}
+        median = kept_alive_median_seconds(port, "POST", "/api/flows/filter", **json_body)
+    assert median < 0.025, median
 
 
 @pytest.mark.slow
