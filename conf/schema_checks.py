@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from ppoflow.engine.names import (
     BUILTIN_REWARD_COMPONENTS,
+    OVERLONG_REWARD,
     RM_SCORE,
     TOOL_REWARD,
     VLLM_LOAD_FORMATS,
@@ -229,7 +230,7 @@ def _check_reward_weights(cfg: "PPOFlowConfig") -> None:
     other name would fail every row of the first rewards stage, after the first rollouts."""
     if cfg.custom_reward_function.path is not None:
         return
-    known = (*BUILTIN_REWARD_COMPONENTS, RM_SCORE, TOOL_REWARD)
+    known = (*BUILTIN_REWARD_COMPONENTS, RM_SCORE, TOOL_REWARD, OVERLONG_REWARD)
     unknown = [name for name in cfg.reward.weights if name not in known]
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)

@@ -143,8 +143,9 @@ def test_unknown_key_without_a_close_match_lists_valid_keys():
 def test_unknown_estimator_lists_the_valid_ones():
     assert error_of("algorithm.adv_estimator=ppo") == (
         "invalid value 'ppo' for 'algorithm.adv_estimator' (command-line override #1 "
-        "'algorithm.adv_estimator=ppo'): expected one of 'gae', 'grpo', 'rloo', 'reinforce_plus_plus', "
-        "'reinforce_plus_plus_baseline' or 'remax'"
+        "'algorithm.adv_estimator=ppo'): expected one of 'gae', 'grpo', 'grpo_vectorized', 'gdpo', "
+        "'grpo_passk', 'rloo', 'rloo_vectorized', 'opo', 'gpg', 'reinforce_plus_plus', "
+        "'reinforce_plus_plus_baseline', 'remax', 'optimal_token_baseline' or 'tir_optimal_token_baseline'"
     )
 
 
