@@ -113,6 +113,12 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         for section in ("actor_rollout_ref.actor", "critic")
     ),
     NoEffect(
+        ("algorithm.norm_adv_by_std_in_grpo",),
+        "verl's trainer hands it to grpo and grpo_passk only (grpo_vectorized and gdpo always divide by "
+        "the group's std); this run's estimator is another (algorithm.adv_estimator)",
+        lambda cfg: cfg.algorithm.adv_estimator not in ("grpo", "grpo_passk"),
+    ),
+    NoEffect(
         ("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"),
         "they are gdpo's; this run's estimator is another (algorithm.adv_estimator)",
         lambda cfg: cfg.algorithm.adv_estimator != "gdpo",

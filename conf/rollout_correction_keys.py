@@ -55,7 +55,7 @@ def parse_rs_thresholds(
     criterion; *_k1 criteria take 'lower_upper' ratio bounds (u alone: 1/u to u), the others an upper
     bound."""
     if spec is None:
-        raise ValueError("rollout_rs needs algorithm.rollout_correction.rollout_rs_threshold")
+        raise ValueError("it is not set: give a bound for every criterion (or one for all)")
     parts = (
         [str(spec)] if isinstance(spec, int | float) else [p.strip() for p in spec.split(",") if p.strip()]
     )

@@ -3,7 +3,7 @@
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, field_validator
 
 from ppoflow.engine.names import (
     AdvEstimator,
@@ -84,12 +84,6 @@ class RolloutCorrectionConfig(Section):
         if value is not None:
             rs_options(value)
         return value
-
-    @model_validator(mode="after")
-    def _rs_thresholds(self) -> "RolloutCorrectionConfig":
-        if self.rollout_rs is not None:
-            parse_rs_thresholds(rs_options(self.rollout_rs), self.rollout_rs_threshold)
-        return self
 
     @property
     def is_bounds(self) -> tuple[float, float | None]:

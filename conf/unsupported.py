@@ -124,6 +124,12 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         "algorithm.rollout_correction.bypass_mode=false",
     ),
     Unsupported(
+        "actor_rollout_ref.actor.calculate_sum_pi_squared",
+        lambda value, cfg: value and cfg.algorithm.rollout_correction.bypass_mode,
+        "Σπ² is read off the old-log-prob pass, which bypass mode skips: set "
+        "algorithm.rollout_correction.bypass_mode=false, or leave it false",
+    ),
+    Unsupported(
         "algorithm.adv_estimator",
         lambda value, cfg: value == "grpo_passk" and cfg.actor_rollout_ref.rollout.n < 2,
         "grpo_passk compares the best two responses to a prompt: set actor_rollout_ref.rollout.n ≥ 2",

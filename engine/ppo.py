@@ -198,15 +198,15 @@ def generate_rollouts(
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """token_level_scores (N, T): each sequence's scalar score at its last valid token (the last 1
     of `response_mask`: in a multi-turn response, the model's last token, never a tool's), 0
-    elsewhere."""
+    elsewhere; a row without a valid token has its score in the last column, as verl's reward
+    managers place it (at valid_response_length − 1 = −1): the group estimators count it, the
+    token-wise ones (GAE, REINFORCE++) skip a masked position."""
     token_level = torch.zeros_like(response_mask, dtype=torch.float32)
-    has_tokens = response_mask.sum(-1) > 0
-    if not bool(has_tokens.any()):
+    if token_level.shape[1] == 0:
         return token_level
     positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    last = ((response_mask != 0).long() * positions).amax(dim=-1) - 1
-    rows = torch.arange(len(scores))[has_tokens]
-    token_level[rows, last[has_tokens]] = scores[has_tokens].float()
+    last = ((response_mask != 0).long() * positions).amax(dim=-1) - 1  # −1 for a row without tokens
+    token_level[torch.arange(len(scores)), last] = scores.float()
     return token_level
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ppoflow.tasks.faults import inject_fault
+from ppoflow.tasks.observe.console import say
 from ppoflow.tasks.pipeline.cache_keys import code_hash, digest_of
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import DataSettings, RolloutSettings
@@ -93,13 +95,17 @@ def sample_dynamically(
     while True:
         seed = request.seed if number == 0 else (request.seed * 1_000_003 + number) % 2**62
         batch = _staged(run, staging, number)
-        if batch is None:
+        if batch is not None:
+            say(f"step {request.step} generation batch {number + 1}: kept from an earlier attempt")
+        else:
             rows = prompts.take(rows_ids).to_pylist()
             label = "generate" if number == 0 else f"generate (batch {number + 1})"
             batch = generate(
                 run, request.step, request.actor, request.reference, rows, request.settings, seed, label
             )
             _stage(run, staging, number, batch)
+            if number == 1:  # PPOFLOW_FAULT=filter_groups@<step>: a kill between generation batches
+                inject_fault("filter_groups", request.step)
         for phase, value in batch.seconds.items():
             seconds[phase] = seconds.get(phase, 0.0) + value
         room = wanted - _count(kept)
