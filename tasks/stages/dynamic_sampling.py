@@ -257,14 +257,22 @@ def _staged(run: Run, staging: Path, number: int) -> GeneratedBatch | None:
     if not isinstance(entry, dict):
         return None
     try:
-        rollouts = read_table(run.path, ArtifactRef(**entry["rollouts"]))
-        turns = read_table(run.path, ArtifactRef(**entry["turns"])) if "turns" in entry else None
+        refs = {name: ArtifactRef(**entry[name]) for name in ("rollouts", "turns") if name in entry}
+        if any(_outside(run, staging, ref) for ref in refs.values()):
+            return None  # a batch is a file of its own staging folder, never one named elsewhere
+        rollouts = read_table(run.path, refs["rollouts"])
+        turns = read_table(run.path, refs["turns"]) if "turns" in refs else None
         seconds = {str(k): float(v) for k, v in entry["seconds"].items()}
     except (ArtifactCorrupt, OSError, TypeError, KeyError, ValueError, AttributeError):
         return None
     if rollouts.schema != SCHEMAS["rollouts"]:
         return None
     return GeneratedBatch(rollouts, turns, seconds)
+
+
+def _outside(run: Run, staging: Path, ref: ArtifactRef) -> bool:
+    path = Path(run.path) / str(ref.path)
+    return path.parent != staging or path.is_symlink()
 
 
 def _index(staging: Path) -> dict:
