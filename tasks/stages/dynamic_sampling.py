@@ -87,7 +87,9 @@ def sample_dynamically(
     references = prompts.select(["prompt_id", "ground_truth", "extra_info"]).to_pylist()
     by_id = {row["prompt_id"]: row for row in references}
     staging = _staging_dir(run, request)
-    used, rows_ids = set(first_rows), list(first_rows)
+    row_of = {prompt_id: i for i, prompt_id in enumerate(prompts["prompt_id"].to_pylist())}
+    draws = PromptDraws(prompts.num_rows, first_rows, request.data.seed, request.step)
+    rows_ids = list(first_rows)
     kept: list[GeneratedBatch] = []
     groups: list[dict] = []
     seconds: dict[str, float] = {}
@@ -123,16 +125,15 @@ def sample_dynamically(
                 f"{filter_groups.metric!r} differs. The data may be too hard or too easy for the model; set "
                 "max_num_gen_batches=0 for no limit (the batches generated so far are kept and reused)"
             )
-        rows_ids = further_rows(
-            prompts.num_rows, used, filter_groups.gen_batch_size, request.data.seed, request.step, number
-        )
+        kept_rows = {row_of[g["prompt_id"]] for g in groups if g["kept"]}
+        rows_ids = draws.next(filter_groups.gen_batch_size, kept_rows)
         if not rows_ids:
             raise DynamicSamplingError(
-                f"step {request.step} drew every training prompt and only {_count(kept)} of "
-                f"data.train_batch_size={wanted} had responses whose {filter_groups.metric!r} differs: "
-                "use more data, a smaller data.train_batch_size, or another filter_groups.metric"
+                f"step {request.step} drew every training prompt not kept yet (pass {draws.pass_number + 1}) "
+                f"and none had responses whose {filter_groups.metric!r} differs; {_count(kept)} of "
+                f"data.train_batch_size={wanted} were kept: use more data, a smaller data.train_batch_size, "
+                "or another filter_groups.metric"
             )
-        used.update(rows_ids)
     joined = _joined(kept, request.settings.n)
     table = pa.Table.from_pylist(groups, schema=SCHEMAS["filter_groups"])
     reasons = [g["reason"] for g in groups]
@@ -144,13 +145,37 @@ def sample_dynamically(
     return dataclasses.replace(joined, seconds=seconds), table, metrics
 
 
-def further_rows(n_rows: int, used: set[int], size: int, seed: int, step: int, number: int) -> list[int]:
-    """`size` training rows the step has not drawn yet, for its generation batch `number` (≥ 1): a
-    permutation seeded by (data.seed, step, number), so a step's batches are known without the
-    steps before it (verl's DAPO trainer takes the dataloader's next batches instead)."""
-    order = list(range(n_rows))
-    random.Random(f"{seed}/{step}/{number}").shuffle(order)
-    return [row for row in order if row not in used][:size]
+class PromptDraws:
+    """Which training rows each further generation batch of a step takes: rows the step has not
+    drawn in this pass, in a permutation seeded by (data.seed, step, pass), so a step's batches are
+    known without the steps before it. Once every row is drawn, a new pass over the rows not kept
+    (as verl's DAPO trainer goes on into the dataloader's next epoch, a small data set does not run
+    out while its groups still give signal); a pass that keeps no group ends the draws."""
+
+    def __init__(self, n_rows: int, first_rows: list[int], seed: int, step: int):
+        self.n_rows, self.seed, self.step = n_rows, seed, step
+        self.pass_number = 0
+        self.drawn = set(first_rows)
+        self.kept_at_pass_start = 0
+
+    def next(self, size: int, kept: set[int]) -> list[int]:
+        """Up to `size` rows for the next batch (fewer at a pass's end), never a kept one; [] when the
+        pass just ended kept no group."""
+        rows = self._undrawn(kept)
+        if not rows:
+            if len(kept) == self.kept_at_pass_start:
+                return []
+            self.pass_number += 1
+            self.drawn, self.kept_at_pass_start = set(), len(kept)
+            rows = self._undrawn(kept)
+        taken = rows[:size]
+        self.drawn.update(taken)
+        return taken
+
+    def _undrawn(self, kept: set[int]) -> list[int]:
+        order = list(range(self.n_rows))
+        random.Random(f"{self.seed}/{self.step}/pass-{self.pass_number}").shuffle(order)
+        return [row for row in order if row not in self.drawn and row not in kept]
 
 
 def metric_values(scored: pa.Table, metric: str) -> list[float]:

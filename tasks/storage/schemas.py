@@ -189,7 +189,8 @@ SCHEMAS: dict[str, pa.Schema] = {
         doc_field(
             "gen_batch",
             pa.int32(),
-            "The generation batch that drew it: 0 is the step's own batch, 1… the further ones.",
+            "The generation batch that drew it: 0 is the step's own batch, 1… the further ones (a "
+            "prompt not kept can be drawn again once the step has drawn every prompt).",
         ),
         doc_field("data_source", pa.string(), "Dataset name of the prompt."),
         doc_field("metric", pa.string(), "algorithm.filter_groups.metric: what must differ in the group."),
@@ -550,7 +551,8 @@ INVARIANTS: dict[str, list[str]] = {
         "<> (len(rollout_rs_rejected_by) > 0)",
     ],
     "filter_groups": [
-        _unique("filter_groups", "iter", "prompt_id"),
+        _unique("filter_groups", "iter", "gen_batch", "prompt_id"),
+        _unique("(SELECT * FROM filter_groups WHERE kept)", "iter", "prompt_id"),  # kept once a step
         "SELECT iter, prompt_id FROM filter_groups WHERE kept <> (reason = 'kept') "
         "OR reason NOT IN ('kept', 'no spread', 'surplus') OR len(metric_values) <> len(response_texts)",
         "SELECT iter, prompt_id FROM filter_groups WHERE reason = 'no spread' "

@@ -63,3 +63,24 @@ def test_a_damaged_index_is_no_batch(tmp_path):
     for text in ("[]", "{", '{"0": 3}', '{"0": {"rollouts": {"path": 1}}}', "null"):
         (staging / "batches.json").write_text(text)
         assert _staged(run, staging, 0) is None, text
+
+
+def test_further_batches_draw_each_prompt_once_a_pass_and_never_a_kept_one():
+    """10 prompts, the step's own batch rows 0–3, batches of 4: the first pass draws the 6 others
+    (4 then 2), each once; the next pass draws again only the rows not kept; a pass that keeps nothing
+    ends the draws; the same seed and step draw the same rows."""
+    from ppoflow.tasks.stages.dynamic_sampling import PromptDraws
+
+    draws = PromptDraws(10, [0, 1, 2, 3], seed=7, step=3)
+    first, second = draws.next(4, kept={1}), draws.next(4, kept={1})
+    assert len(first) == 4 and len(second) == 2
+    assert sorted(first + second) == [4, 5, 6, 7, 8, 9] and draws.pass_number == 0
+    kept = {1, first[0], second[0]}
+    again = draws.next(4, kept)  # pass 1: every row but the kept ones
+    assert draws.pass_number == 1 and len(again) == 4 and not set(again) & kept
+    rest = draws.next(4, kept) + draws.next(4, kept)
+    assert sorted(again + rest) == sorted(set(range(10)) - kept)
+    assert draws.next(4, kept) == []  # pass 1 kept nothing more: no pass 2
+    replay = PromptDraws(10, [0, 1, 2, 3], seed=7, step=3)
+    assert replay.next(4, kept={1}) == first
+    assert PromptDraws(10, [0, 1, 2, 3], seed=7, step=4).next(6, kept=set()) != first + second
