@@ -32,7 +32,7 @@ TABLES = ("rollouts", "filter_groups", "rewards", "advantages")
 
 
 def rows_of(run_dir, table: str) -> list[tuple]:
-    order = "iter, prompt_id" + (", sample_idx" if table != "filter_groups" else "")
+    order = "iter, gen_batch, prompt_id" if table == "filter_groups" else "iter, prompt_id, sample_idx"
     return query(run_dir, f"SELECT * FROM {table} ORDER BY {order}")[1]
 
 
