@@ -10,7 +10,9 @@ reported; keys left at their defaults say nothing.
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from ppoflow.engine.names import AdvEstimator
 
 from .schema_checks import TOKEN_BUDGETS, get_key
 
@@ -346,20 +348,11 @@ NO_EFFECT: tuple[NoEffect, ...] = (
 )
 
 
-GROUP_BASELINES = (
-    "grpo",
-    "grpo_vectorized",
-    "gdpo",
-    "grpo_passk",
-    "rloo",
-    "rloo_vectorized",
-    "opo",
-    "gpg",
-    "reinforce_plus_plus_baseline",
-    "optimal_token_baseline",
-    "tir_optimal_token_baseline",
+GROUP_BASELINES = tuple(
+    name for name in get_args(AdvEstimator) if name not in ("gae", "reinforce_plus_plus", "remax")
 )
-"""Estimators whose baseline is the mean score of the prompt's other responses."""
+"""Estimators whose baseline comes from the prompt's other responses (every one but GAE's critic,
+REINFORCE++'s batch whitening and ReMax's greedy response)."""
 
 
 def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:
