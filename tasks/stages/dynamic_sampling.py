@@ -78,7 +78,9 @@ Generate = Callable[..., GeneratedBatch]
 def sample_dynamically(
     run: Run, request: SamplingRequest, prompts: pa.Table, first_rows: list[int], generate: Generate
 ) -> tuple[GeneratedBatch, pa.Table, dict[str, float]]:
-    """Generate and score batches until data.train_batch_size groups have a spread of the metric.
+    """Generate and score batches of data.gen_batch_size prompts (the first: the step's own
+    `first_rows`, cut or topped up from the draws) until data.train_batch_size groups have a spread
+    of the metric.
     Returns the kept rows, the filter_groups table and verl's metrics (train/num_gen_batches,
     training/filter_groups/evicted_samples and discarded_surplus_samples)."""
     filter_groups = request.settings.filter_groups
@@ -88,8 +90,10 @@ def sample_dynamically(
     by_id = {row["prompt_id"]: row for row in references}
     staging = _staging_dir(run, request)
     row_of = {prompt_id: i for i, prompt_id in enumerate(prompts["prompt_id"].to_pylist())}
-    draws = PromptDraws(prompts.num_rows, first_rows, request.data.seed, request.step)
-    rows_ids = list(first_rows)
+    size = filter_groups.gen_batch_size
+    draws = PromptDraws(prompts.num_rows, first_rows[:size], request.data.seed, request.step)
+    top_up = draws.next(size - len(first_rows), set()) if size > len(first_rows) else []
+    rows_ids = first_rows[:size] + top_up
     kept: list[GeneratedBatch] = []
     groups: list[dict] = []
     seconds: dict[str, float] = {}
@@ -126,7 +130,7 @@ def sample_dynamically(
                 "max_num_gen_batches=0 for no limit (the batches generated so far are kept and reused)"
             )
         kept_rows = {row_of[g["prompt_id"]] for g in groups if g["kept"]}
-        rows_ids = draws.next(filter_groups.gen_batch_size, kept_rows)
+        rows_ids = draws.next(size, kept_rows)
         if not rows_ids:
             raise DynamicSamplingError(
                 f"step {request.step} drew every training prompt not kept yet (pass {draws.pass_number + 1}) "

@@ -51,6 +51,8 @@ def test_dynamic_sampling_keeps_a_full_batch_of_groups_with_a_spread_and_resumes
         "FROM filter_groups",
     )[1]
     assert kept == 8 and batches >= 2 and no_spread > 0 and groups == kept + no_spread + surplus
+    sizes = query(whole, "SELECT count(*) FROM filter_groups GROUP BY gen_batch ORDER BY gen_batch")[1]
+    assert all(n == 4 for (n,) in sizes[:-1])  # data.gen_batch_size prompts a batch, the first one too
     [(trained_groups, responses, flat)] = query(
         whole,
         "SELECT count(*), sum(n), count(*) FILTER (WHERE lo = hi) FROM ("
