@@ -25,7 +25,7 @@ from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts
 from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, sql_literal, step_files_sql
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
-from ppoflow.tasks.storage.tables import iteration_dir
+from ppoflow.tasks.storage.tables import MAX_STEP, iteration_dir
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]
 
@@ -40,7 +40,6 @@ SHOWN_TEXT_CHARS = 20_000
 a planted 10 MB text stays a page."""
 SHOWN_TOKENS = 32_768
 """A response's first tokens shown, with their per-token values (verl's longest are 32k)."""
-MAX_STEP = 10**9
 MAX_PAGE = 10**7
 RECHECK_SECONDS = 2.0
 """How often at most a request looks for tables that got their first files."""

@@ -371,10 +371,13 @@ def test_refresh_failure_leaves_the_previous_catalog(tmp_path):
     assert query(tmp_path, "SELECT count(*) FROM rewards")[1] == [(4,)]
 
 
-@pytest.mark.parametrize("stray", ["iter=000002'", "iter=2", "iter=000002 copy", "iter=0000002", "iter="])
+@pytest.mark.parametrize(
+    "stray", ["iter=000002'", "iter=2", "iter=000002 copy", "iter=0000002", "iter=", "iter=999999999999"]
+)
 def test_a_stray_step_folder_is_never_read(tmp_path, stray):
     # A folder ppoflow did not name (a copy, a typo) once failed every query of the run's tables with
-    # DuckDB's "Could not convert string '' to INT32", naming no folder. Only step folders are read.
+    # DuckDB's "Could not convert string '' to INT32", naming no folder; so did a number of twelve
+    # digits (out of INTEGER's range), also in the explorer and diagnose. Only step folders are read.
     write_run(tmp_path)
     refresh_catalog(tmp_path)
     shutil.copytree(tmp_path / "iter=000002", tmp_path / stray)
