@@ -8,6 +8,7 @@ connection and leaves nothing behind: the explorer writes no file and starts no 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import signal
 import socket
@@ -16,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
+from starlette.types import ASGIApp
 
+from ppoflow.explorer.connections import guarded_protocol
 from ppoflow.explorer.server import explorer_app, is_loopback_host
 from ppoflow.listening import tcp_listener
 
-__all__ = ["explore"]
+__all__ = ["explore", "explorer_server"]
 
 
 def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) -> int:
@@ -32,7 +35,7 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         )
         return 2
     try:
-        # a fixed port is reused at once after a restart; 64 waiting connections, as limit_concurrency
+        # a fixed port is reused at once after a restart; 64 connections waiting to be accepted
         listener = tcp_listener(host, port, reuse_address=bool(port), backlog=64)
     except OSError as exc:
         print(f"ppoflow: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
@@ -58,19 +61,7 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         )
     print(f"ppoflow explore: {Path(run_dir)} at http://{shown}:{bound_port}/#token={token}", flush=True)
     print("press Ctrl-C to stop", flush=True)
-    server = _StoppingServer(
-        uvicorn.Config(
-            app,
-            log_level="error",  # not a line per malformed request from whoever can reach the port
-            access_log=False,
-            lifespan="off",
-            server_header=False,
-            ws="none",  # HTTP only
-            limit_concurrency=64,  # more open requests than a page makes get a 503
-            timeout_graceful_shutdown=5,  # a request still open after Ctrl-C is cut after 5 s
-        ),
-        explorer.stop,
-    )
+    server = explorer_server(app, explorer.stop)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
     try:
         server.run(sockets=[listener])
@@ -81,6 +72,26 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         listener.close()
     print("ppoflow explore: stopped", flush=True)
     return 0
+
+
+def explorer_server(
+    app: ASGIApp, on_exit: Callable[[], None], protocol: type[asyncio.Protocol] | None = None
+) -> uvicorn.Server:
+    """The explorer's uvicorn server: HTTP/1.1 only, over connections with deadlines and a bound
+    that no peer can use to keep the page out (connections.py; `protocol`: other bounds)."""
+    return _StoppingServer(
+        uvicorn.Config(
+            app,
+            http=protocol or guarded_protocol(),
+            log_level="error",  # not a line per malformed request from whoever can reach the port
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            ws="none",  # HTTP only
+            timeout_graceful_shutdown=5,  # a request still open after Ctrl-C is cut after 5 s
+        ),
+        on_exit,
+    )
 
 
 class _StoppingServer(uvicorn.Server):

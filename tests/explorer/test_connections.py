@@ -1,0 +1,121 @@
+"""The explorer's server under connections that never finish a request: idle sockets and request
+heads sent in part, from a process without the token. A real uvicorn server on a real loopback socket
+(ppoflow/explorer/command.py's), its deadlines shortened so that the test takes seconds."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ppoflow.explorer.command import explorer_server
+from ppoflow.explorer.connections import guarded_protocol
+from ppoflow.explorer.server import explorer_app
+from ppoflow.listening import tcp_listener
+
+HEAD_TIMEOUT_S = 1.5
+
+
+@pytest.fixture
+def served(tmp_path: Path):
+    """A running explorer of a run directory without steps: (port, token)."""
+    (tmp_path / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    token = "t" * 32
+    app, explorer = explorer_app(tmp_path, token)
+    listener = tcp_listener("127.0.0.1", 0, backlog=64)
+    protocol = guarded_protocol(head_timeout_s=HEAD_TIMEOUT_S, answer_timeout_s=5.0, max_connections=16)
+    server = explorer_server(app, explorer.stop, protocol)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield listener.getsockname()[1], token
+    server.should_exit = True
+    thread.join(10)
+    explorer.close()
+    listener.close()
+
+
+def ask(port: int, token: str) -> tuple[int, float]:
+    """The status of the page's first call (`/api/run`, with the token) and its seconds."""
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/api/run", headers={"Host": f"127.0.0.1:{port}", "X-Ppoflow-Token": token})
+    status = connection.getresponse().status
+    connection.close()
+    return status, time.perf_counter() - started
+
+
+def attackers(port: int, count: int, sent: bytes) -> list[socket.socket]:
+    opened = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port))
+        if sent:
+            s.sendall(sent)
+        opened.append(s)
+    return opened
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    s.settimeout(0.5)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+HALF_SENT = b"GET /api/run HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pp"
+
+
+@pytest.mark.parametrize("sent", [b"", HALF_SENT], ids=["idle", "half-sent"])
+def test_held_connections_neither_keep_the_page_out_nor_stay_open(served, sent):
+    """64 idle connections, or 64 request heads left unfinished, made every request answer 503 for as
+    long as they stayed open (uvicorn's limit_concurrency=64, and no deadline before a request's head).
+    Now each new connection closes the longest-waiting idle ones beyond the bound, and every such
+    connection is closed at its deadline."""
+    port, token = served
+    held = attackers(port, 64, sent)
+    try:
+        for _ in range(5):
+            status, seconds = ask(port, token)
+            assert status == 200 and seconds < 2.0, (status, seconds)
+        more = attackers(port, 64, sent)  # opened after: the bound closes the oldest ones first
+        held += more
+        assert ask(port, token)[0] == 200
+        time.sleep(HEAD_TIMEOUT_S + 0.5)
+        assert all(closed_by_server(s) for s in held)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_request_head_sent_a_byte_at_a_time_is_closed_at_its_deadline(served):
+    """A head trickled in (slowloris) is closed once it has taken longer than the deadline, however
+    often its bytes come: uvicorn's own timer stopped at the first byte."""
+    port, token = served
+    trickle = socket.create_connection(("127.0.0.1", port))
+    trickle.settimeout(0.05)
+    started, closed_after = time.monotonic(), None
+    try:
+        for byte in b"GET /api/run HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"a" * 100:
+            try:
+                trickle.sendall(bytes([byte]))
+                if trickle.recv(1) == b"":
+                    closed_after = time.monotonic() - started
+            except TimeoutError:
+                pass
+            except OSError:
+                closed_after = time.monotonic() - started
+            if closed_after is not None or time.monotonic() - started > 3 * HEAD_TIMEOUT_S:
+                break
+            time.sleep(0.05)
+        assert closed_after is not None and closed_after < HEAD_TIMEOUT_S + 1.0, closed_after
+        assert ask(port, token)[0] == 200
+    finally:
+        trickle.close()
