@@ -89,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     diagnose.add_argument("run_dir", type=Path)
     diagnose.add_argument("--format", choices=["text", "json"], default="text")
+    diagnose.add_argument(
+        "--last",
+        type=_at_least(0),
+        default=100,
+        metavar="N",
+        help="read the newest N steps (default 100; 0: every step of the run)",
+    )
     report = commands.add_parser("report", help="PNG charts of a run's metrics and a markdown summary")
     report.add_argument("run_dir", type=Path)
     report.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
@@ -109,15 +116,23 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count(text: str) -> int:
-    """An argument that counts something: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
+def _at_least(minimum: int):
+    """An argument type: a whole number of at least `minimum`."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        return value
+
+    return whole_number
+
+
+_count = _at_least(1)
+"""An argument that counts something."""
 
 
 def _reward_model_parser(commands) -> None:
@@ -366,7 +381,7 @@ def _diagnose(args) -> int:
     from ppoflow.tasks.observe.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
 
     try:
-        run = load_run(args.run_dir)
+        run = load_run(args.run_dir, last=args.last or None)
     except RunDirError as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
@@ -374,6 +389,8 @@ def _diagnose(args) -> int:
     code = exit_code(findings)
     if args.format == "json":
         out = {"run_dir": str(args.run_dir), "iterations": run.trained_iterations(), "exit_code": code}
+        if run.window is not None:
+            out["steps_in_run"] = run.window[1]
         print(json.dumps(out | {"findings": [f.to_dict() for f in findings]}, indent=1, default=str))
         return code
     console = _console(200)

@@ -415,3 +415,19 @@ def test_ppoflow_query_notes_the_stray_folders_it_did_not_read(tmp_path):
     assert (out.returncode, out.stdout) == (0, "iter\n1\n2\n"), out.stderr
     note = "ppoflow: note: not read, not a step's folder (iter=NNNNNN): 'iter=000002'', 'iter=2'\n"
     assert out.stderr == note
+
+
+def test_a_query_of_one_step_opens_that_steps_files_only(tmp_path):
+    """A reader's view was bound by reading the footer of every step's file (union_by_name): a query
+    of one step of a run of 5,000 paid for all of them (and failed on a damaged one). A table's files
+    share its columns, so a view is bound from two of them and a filter on `iter` skips the others
+    unopened: a damaged file fails only the queries that read it."""
+    write_run(tmp_path, iterations=(1, 2, 3))
+    for it in (1, 3):
+        (tmp_path / stage_path(it, "rewards")).write_bytes(b"PAR1 not a parquet file PAR1")
+    one_step = "SELECT iter, count(*), min(score) FROM rewards WHERE iter = 2 GROUP BY iter"
+    assert query(tmp_path, one_step)[1] == [(2, 4, 0.9)]
+    joined = "SELECT count(*) FROM rollouts JOIN rewards USING (iter, prompt_id, sample_idx) WHERE iter = 2"
+    assert query(tmp_path, joined)[1] == [(4,)]
+    with pytest.raises(ValueError, match=r"iter=000001/rewards/part-00000\.parquet"):
+        query(tmp_path, "SELECT count(*) FROM rewards")
