@@ -9,10 +9,12 @@ connection and leaves nothing behind: the explorer writes no file and starts no 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -43,7 +45,7 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
     token = secrets.token_urlsafe(24)
     remote = allow_remote and not is_loopback_host(host)  # on loopback, every check stays
     try:
-        app, explorer = explorer_app(run_dir, token, allow_remote=remote)
+        app, explorer = explorer_app(run_dir, token, allow_remote=remote, note=_note)
         explorer.overview()  # a run that cannot be read is said now, not on the page
     except (ValueError, FileNotFoundError) as error:
         listener.close()
@@ -62,6 +64,8 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
     print(f"ppoflow explore: {Path(run_dir)} at http://{shown}:{bound_port}/#token={token}", flush=True)
     print("press Ctrl-C to stop", flush=True)
     server = explorer_server(app, explorer.stop)
+    # every step's metrics row, read while the page loads: the plots of a long run come sooner
+    threading.Thread(target=_quietly, args=(explorer.prefetch,), name="ppoflow-prefetch", daemon=True).start()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM stops as Ctrl-C does
     try:
         server.run(sockets=[listener])
@@ -72,6 +76,17 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         listener.close()
     print("ppoflow explore: stopped", flush=True)
     return 0
+
+
+def _note(line: str) -> None:
+    print(f"ppoflow explore: {line}", file=sys.stderr, flush=True)
+
+
+def _quietly(read: Callable[[], None]) -> None:
+    """Run `read`; what stops it (the server stopping, a run removed meanwhile) the page's own
+    requests meet and say."""
+    with contextlib.suppress(Exception):
+        read()
 
 
 def explorer_server(
