@@ -56,13 +56,25 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 
 @flow(name="ppo-train", log_prints=False, validate_parameters=False)
-def ppo_train_planned(plan: RunPlan) -> dict:
-    """Train the run `plan` describes (`ppoflow train`, which has loaded the config already)."""
-    return train(plan)
+def ppo_train_planned(plan: RunPlan, user_code_checked: bool = False) -> dict:
+    """Train the run `plan` describes (`ppoflow train`, which has loaded the config already, and
+    checked the user's reward function and tools when `user_code_checked`)."""
+    return train(plan, user_code_checked=user_code_checked)
 
 
-def train(plan: RunPlan) -> dict:
+def check_user_code(plan: RunPlan) -> None:
+    """Import the custom reward function and every user tool once, each in a worker as the stages
+    will: a RewardFunctionError or ToolLoadError now, before the run directory is touched."""
+    settings = plan.settings
+    check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
+    if settings.rollout.multi_turn is not None:
+        check_tools(settings.rollout.multi_turn.tools, settings.rollout.multi_turn.tool_timeout_s)
+
+
+def train(plan: RunPlan, *, user_code_checked: bool = False) -> dict:
     require_machine(plan.placement.device, plan.rollout_engine)  # before the run directory
+    if not user_code_checked:
+        check_user_code(plan)
     set_torch_threads(plan.num_threads)
     run = open_run(
         plan.run_dir,
@@ -111,9 +123,6 @@ def _train(run: Run, plan: RunPlan) -> dict:
     first, state = _starting_state(run, start, base, critic_base)
     total = first - 1 if val_only else total_training_steps(plan.data, data.train.ref.rows)
     settings = plan.with_total_steps(total).settings
-    check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
-    if settings.rollout.multi_turn is not None:
-        check_tools(settings.rollout.multi_turn.tools, settings.rollout.multi_turn.tool_timeout_s)
     require_builtin_rewards(run, settings.reward, data.prompt_tables())
     tracking = Tracking(plan.tracking, run.path, total)
     history = []

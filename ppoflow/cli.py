@@ -265,6 +265,8 @@ def _train(args) -> int:
         print(f"ppoflow: {problem}", file=sys.stderr)
         return 2
     from ppoflow.engine.models import ModelLoadError
+    from ppoflow.flows.train import check_user_code
+    from ppoflow.tasks.models.tool_runner import ToolLoadError
     from ppoflow.tasks.pipeline.plan import run_plan
     from ppoflow.tasks.pipeline.settings import RewardFunctionError
     from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
@@ -272,7 +274,8 @@ def _train(args) -> int:
     try:  # before the run's logs or server: a refused start changes nothing in the run
         plan = run_plan(cfg)  # the config is read once: the flow is given this plan
         require_same_run(cfg.run_dir.resolve(), plan.config_yaml)
-    except (AnotherRun, RewardFunctionError, ModelLoadError) as error:
+        check_user_code(plan)  # imports the user's reward function and tools, each in a worker
+    except (AnotherRun, RewardFunctionError, ModelLoadError, ToolLoadError) as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     from ppoflow.train_command import run_training

@@ -81,7 +81,7 @@ def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) ->
     from ppoflow.tasks.storage.lock import RunLocked
 
     try:
-        ppo_train_planned(plan)
+        ppo_train_planned(plan, user_code_checked=True)  # (by the command, before the run was touched)
     except (RunLocked, StateUnavailable) as error:
         _say(f"ppoflow: {error}")
         return EXIT_LOCKED
