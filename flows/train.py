@@ -37,6 +37,7 @@ from ppoflow.tasks.stages.prepare_model import (
 from ppoflow.tasks.stages.prompts import prompts, require_full_batch, source_digest
 from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
+from ppoflow.tasks.storage.data_sources import data_changed, record_sources
 from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV, record_flow_run
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
@@ -171,15 +172,22 @@ def _datasets(run: Run, plan: RunPlan, base: ModelState) -> Datasets:
     sources = plan.data
 
     def ingest(files: str | list[str], split: str) -> StageResult:
+        digest = source_digest(files)
+        if split == "val" and (content := data_changed(run.path, split, files, digest)) is not None:
+            say(
+                f"ppoflow: data.val_files were edited since this run's last start ({content}): each "
+                "validation is computed again"
+            )
         result, _ = run_stage(
             prompts,
             run,
             files=files,
             split=split,
-            source_digest=source_digest(files),
+            source_digest=digest,
             data=sources.train if split == "train" else sources.val,
             tokenizer_state=base,
         )
+        record_sources(run.path, split, files, digest)
         return result
 
     train = None if sources.train_files is None else ingest(sources.train_files, "train")

@@ -10,7 +10,6 @@ more than data.max_reject_fraction of the rows are rejected.
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, prompt_token_ids, raw_text, rendered_prompt
+from ppoflow.tasks.storage.data_sources import content_digest
 from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
@@ -95,13 +95,9 @@ def require_full_batch(train: StageResult, files: str | list[str], batch_size: i
 
 
 def source_digest(files: str | list[str]) -> str:
-    """Identity of the input files (their bytes), so an edited data file is a cache miss."""
-    if files == BUILTIN_DATA:
-        return BUILTIN_DATA
-    h = hashlib.sha256()
-    for name in [files] if isinstance(files, str) else files:
-        h.update(_read_bytes(Path(name)))
-    return h.hexdigest()
+    """Identity of the input files (their bytes, read a MiB at a time), so an edited data file is a
+    cache miss (and named at start: data_sources.py)."""
+    return content_digest(files)
 
 
 def _builtin_prompts(split: str) -> list[dict]:

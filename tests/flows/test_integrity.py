@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from ppoflow.tasks.storage import tables
 from ppoflow.tasks.storage.confined_query import query
+from ppoflow.tasks.storage.run_config import AnotherRun
 
 from .conftest import train
 from .test_train_flow import task_states
@@ -125,6 +126,21 @@ def test_a_run_resumed_at_an_epoch_boundary_trains_the_remaining_steps(
     ]
     ran = [name for name, state in task_states(flow_run_id).items() if state == "Completed"]
     assert len([n for n in ran if n.startswith("actor_update")]) == 2  # steps 3 and 4 only
+    # The data file edited in place (the same path): another run, refused before anything changes. It
+    # was taken in again without a word, and every step computed again and rewritten in place.
+    trained = data.read_text()
+    data.write_text(trained.replace('"ground_truth": "0"', '"ground_truth": "1"', 1))
+    before = {
+        p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and "logs" not in p.parts
+    }
+    with pytest.raises(
+        AnotherRun, match=r"data\.train_files: .*sums\.jsonl, edited since the run's last start"
+    ):
+        train(tmp_path / "run", *files, "trainer.total_epochs=2")
+    assert {p: p.read_bytes() for p in before} == before
+    data.write_text(trained)  # put back: the run is as it was, every stage served from cache
+    _, flow_run_id = train(tmp_path / "run", *files, "trainer.total_epochs=2")
+    assert "Completed" not in set(task_states(flow_run_id).values())
 
 
 def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp_path):
