@@ -259,6 +259,18 @@ def _train(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
+    from ppoflow.tasks.storage.lock import RunLocked
+    from ppoflow.train_command import EXIT_LOCKED, held_if_a_run
+
+    try:
+        with held_if_a_run(cfg.run_dir):  # a run in progress is refused now, not after the checks
+            return _checked_and_trained(cfg, args)
+    except RunLocked as error:
+        print(f"ppoflow: {error}", file=sys.stderr)
+        return EXIT_LOCKED
+
+
+def _checked_and_trained(cfg, args) -> int:
     from ppoflow.tasks.models.machine import machine_problem
 
     if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:

@@ -188,6 +188,22 @@ def _finished(run_dir: Path) -> str:
 
 
 @contextlib.contextmanager
+def held_if_a_run(run_dir: Path) -> Iterator[None]:
+    """The lock of a run that exists (its `.lock` is there), taken as soon as the config names it: a
+    second `ppoflow train` of a run in progress is refused (RunLocked) before the seconds that the
+    checks and imports before training take. Nothing is made for a new run here."""
+    path = run_dir.resolve()
+    if not (path / ".lock").is_file():
+        yield
+        return
+    acquire_run_lock(path)
+    try:
+        yield
+    finally:
+        release_run_lock(path)
+
+
+@contextlib.contextmanager
 def _run_lock(run_dir: Path) -> Iterator[None]:
     """The run's lock (tasks/storage/lock.py) for the whole command, taken before its logs are
     opened or its server started: a second `ppoflow train` of a run in progress writes nothing
