@@ -61,6 +61,12 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
             "token travel unencrypted (plain HTTP)",
             file=sys.stderr,
         )
+    if _open_to_others(Path(run_dir)):
+        print(
+            f"ppoflow explore: note: the token keeps other users of this machine out of this server only; "
+            f"they can read {run_dir}'s files directly (chmod go-rwx {run_dir} keeps them to you)",
+            file=sys.stderr,
+        )
     print(f"ppoflow explore: {Path(run_dir)} at http://{shown}:{bound_port}/#token={token}", flush=True)
     print("press Ctrl-C to stop", flush=True)
     server = explorer_server(app, explorer.stop)
@@ -76,6 +82,18 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         listener.close()
     print("ppoflow explore: stopped", flush=True)
     return 0
+
+
+def _open_to_others(run_dir: Path) -> bool:
+    """Whether users other than the owner can reach the run's files: every folder above it lets them
+    through, and the run directory lets them in (its files are written 0644 under the usual umask)."""
+    try:
+        path = run_dir.resolve()
+        if not path.stat().st_mode & 0o011:
+            return False
+        return all(folder.stat().st_mode & 0o011 for folder in path.parents)
+    except OSError:
+        return False
 
 
 def _note(line: str) -> None:

@@ -119,3 +119,37 @@ def test_a_request_head_sent_a_byte_at_a_time_is_closed_at_its_deadline(served):
         assert ask(port, token)[0] == 200
     finally:
         trickle.close()
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o700])
+def test_explore_says_when_the_runs_files_are_open_to_other_users(mode):
+    """Run files are 0644 in 0755 folders: another user could read the parquet while the docs said the
+    token keeps other users out. `explore` says so when that is the case (the token guards its server)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="ppoflow-permissions-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        run = base / "run"
+        run.mkdir(mode=mode)
+        run.chmod(mode)
+        (run / "config.yaml").write_text("trainer:\n  val_only: false\n")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "ppoflow", "explore", str(run)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert "#token=" in process.stdout.readline()  # (the note comes before the URL)
+        process.kill()
+        _, err = process.communicate(timeout=30)
+    finally:
+        shutil.rmtree(base)
+    note = (
+        "ppoflow explore: note: the token keeps other users of this machine out of this server only; "
+        f"they can read {run}'s files directly (chmod go-rwx {run} keeps them to you)\n"
+    )
+    assert err == (note if mode == 0o755 else "")
