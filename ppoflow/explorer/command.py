@@ -25,7 +25,7 @@ from ppoflow.explorer.connections import guarded_protocol
 from ppoflow.explorer.server import explorer_app, is_loopback_host
 from ppoflow.listening import tcp_listener
 
-__all__ = ["explore", "explorer_server"]
+__all__ = ["explore", "explorer_server", "reachable_name"]
 
 
 def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) -> int:
@@ -52,8 +52,8 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
     bound_host, bound_port = listener.getsockname()[:2]
-    if remote and bound_host in ("0.0.0.0", "::"):  # every address: the machine's name reaches one
-        bound_host = socket.getfqdn()
+    if remote and bound_host in ("0.0.0.0", "::"):  # every address: one that others can reach
+        bound_host = reachable_name(socket.AF_INET6 if bound_host == "::" else socket.AF_INET) or bound_host
     shown = f"[{bound_host}]" if ":" in bound_host else bound_host
     if remote:
         print(
@@ -82,6 +82,29 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
         listener.close()
     print("ppoflow explore: stopped", flush=True)
     return 0
+
+
+def reachable_name(family: int = socket.AF_INET) -> str | None:
+    """A name or address of this machine that another one can reach: its fully qualified name when
+    that is not loopback (a machine whose name resolves to 127.0.0.1 printed http://localhost:PORT),
+    else the address of the interface it would send from (a UDP socket's connect sends nothing);
+    None when there is none."""
+    name = socket.getfqdn()
+    try:
+        resolved = {info[4][0] for info in socket.getaddrinfo(name, None, family)}
+    except OSError:
+        resolved = set()
+    if resolved and not any(is_loopback_host(address) for address in resolved | {name}):
+        return name
+    probe = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1" if family == socket.AF_INET else "2001:db8::1", 9))  # documentation
+        address = probe.getsockname()[0]  # addresses: no route is asked of anyone
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None if is_loopback_host(address) or address in ("0.0.0.0", "::") else address
 
 
 def _open_to_others(run_dir: Path) -> bool:

@@ -153,3 +153,34 @@ def test_explore_says_when_the_runs_files_are_open_to_other_users(mode):
         f"they can read {run}'s files directly (chmod go-rwx {run} keeps them to you)\n"
     )
     assert err == (note if mode == 0o755 else "")
+
+
+def test_allow_remote_prints_an_address_other_machines_can_reach(tmp_path):
+    """On a machine whose name resolves to 127.0.0.1, `--host 0.0.0.0 --allow-remote` printed
+    http://localhost:PORT, which reaches nobody but this machine."""
+    import re
+    import subprocess
+    import sys
+
+    from ppoflow.explorer.command import reachable_name
+    from ppoflow.explorer.server import is_loopback_host
+
+    (tmp_path / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    command = [
+        sys.executable,
+        "-m",
+        "ppoflow",
+        "explore",
+        str(tmp_path),
+        "--host",
+        "0.0.0.0",
+        "--allow-remote",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+    finally:
+        process.kill()
+        process.communicate(timeout=30)
+    host = re.search(r"at http://([^/]+):\d+/#token=", line).group(1)
+    assert not is_loopback_host(host) and host == (reachable_name() or "0.0.0.0")
