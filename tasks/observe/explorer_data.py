@@ -15,17 +15,16 @@ read gives less to show: its step is left out of the plots, named in one line (`
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 
-from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts, fitted, ratios
+from ppoflow.tasks.observe.explorer_files import StepFolders, TextSizes, TokenTexts, fitted, ratios
 from ppoflow.tasks.observe.explorer_metrics import MetricRows
+from ppoflow.tasks.observe.explorer_requests import ExplorerError, SampleFilter, check_kind, check_step
 from ppoflow.tasks.storage.catalog import (
     DATA_FILES,
     checked_dir,
@@ -36,14 +35,11 @@ from ppoflow.tasks.storage.catalog import (
 )
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
-from ppoflow.tasks.storage.tables import MAX_STEP
+from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]
 
 EXPLORED_VIEWS = ("prompts", "rollouts", "rewards", "advantages", "validation", "metrics", "turns")
-KINDS = ("train", "val")
-SORTABLE = ("score", "response_length", "prompt_id", "sample_idx", "data_source", "finish_reason")
-MAX_PAGE_ROWS = 200
 LISTED_RESPONSE_CHARS = 160
 LISTED_PROMPT_CHARS = 100
 SHOWN_TEXT_CHARS = 20_000
@@ -51,7 +47,18 @@ SHOWN_TEXT_CHARS = 20_000
 a planted 10 MB text stays a page."""
 SHOWN_TOKENS = 32_768
 """A response's first tokens shown, with their per-token values (verl's longest are 32k)."""
-MAX_PAGE = 10**7
+MAX_TEXT_BYTES = 128 * 2**20
+"""A step's text column larger than this (uncompressed) is not read: see _require_texts_fit."""
+TEXT_COLUMNS = (
+    "prompt_text",
+    "response_text",
+    "ground_truth",
+    "error",
+    "pred",
+    "text",
+    "arguments",
+    "result",
+)
 RECHECK_SECONDS = 2.0
 """How often at most a request looks for tables that got their first files."""
 TOKEN_COLUMNS = {
@@ -69,43 +76,6 @@ TOKEN_COLUMNS = {
 DEFAULT_METRICS = ("critic/score/mean", "actor/ppo_kl", "response_length/mean")
 
 
-class ExplorerError(ValueError):
-    """A request the run cannot answer (an unknown iteration, a bad filter): said to the page."""
-
-
-@dataclass(frozen=True)
-class SampleFilter:
-    """Which samples a page lists; every value is bound as a parameter."""
-
-    kind: str = "train"
-    iteration: int = 0
-    data_source: str | None = None
-    min_score: float | None = None
-    max_score: float | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    truncated: bool | None = None
-    sort: str = "score"
-    descending: bool = False
-    page: int = 0
-    page_rows: int = 50
-
-    def checked(self) -> SampleFilter:
-        check_kind(self.kind)
-        if self.sort not in SORTABLE:
-            raise ExplorerError(f"sort must be one of {', '.join(SORTABLE)}, not {self.sort!r}")
-        if not 1 <= self.page_rows <= MAX_PAGE_ROWS:
-            raise ExplorerError(f"page_rows must be 1–{MAX_PAGE_ROWS}, not {self.page_rows}")
-        if not 0 <= self.page <= MAX_PAGE:
-            raise ExplorerError(f"page must be 0–{MAX_PAGE:,}, not {self.page}")
-        check_step(self.iteration)
-        for name in ("min_score", "max_score"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ExplorerError(f"{name} must be a finite number, not {value}")
-        return self
-
-
 _ROW_KEY = "USING (iter, prompt_id, sample_idx)"
 _WHERE_KEY = "WHERE r.prompt_id = ? AND r.sample_idx = ?"
 _SCORED_BY = {"train": "w", "val": "r"}
@@ -119,16 +89,6 @@ def _score(kind: str) -> str:
     false on a parquet column whose statistics leave NaN out."""
     score = f"{_SCORED_BY[kind]}.score"
     return f"CASE WHEN isfinite({score}) THEN {score} END"
-
-
-def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {kind[:40]!r}")
-
-
-def check_step(step: int) -> None:
-    if not 0 <= step <= MAX_STEP:
-        raise ExplorerError(f"iteration must be 0–{MAX_STEP:,}, not {str(step)[:40]}")
 
 
 class RunExplorer:
@@ -153,6 +113,7 @@ class RunExplorer:
         self._stopping = False
         self._steps = StepFolders(self.run_dir)
         self._tokens = TokenTexts(self.run_dir)
+        self._text_sizes = TextSizes(self.run_dir, MAX_TEXT_BYTES)
         self._metrics = MetricRows(self.run_dir, self._rows, note)
         self._stubs: dict[str, str] = {}
 
@@ -204,11 +165,23 @@ class RunExplorer:
         check_step(step)
         found = step_sql(self.run_dir, table, step)
         if found is not None:
+            self._require_texts_fit(table, step)
             return found
         if table not in self._stubs:
             with duckdb.connect(":memory:") as con:  # (an empty table of the declared columns: no file)
                 self._stubs[table] = empty_table_sql(con, table)
         return f"({self._stubs[table]})"
+
+    def _require_texts_fit(self, table: str, step: int) -> None:
+        """An ExplorerError when a text column of the step's files holds more than MAX_TEXT_BYTES once
+        read (explorer_files.TextSizes)."""
+        folder = iteration_dir(self.run_dir, step) / table
+        column, size = self._text_sizes.largest([str(f) for f in folder.glob("*.parquet")], TEXT_COLUMNS)
+        if size > MAX_TEXT_BYTES:
+            raise ExplorerError(
+                f"iter={step:06d}/{table}: its {column} holds {size / 2**20:,.0f} MiB of text once read, "
+                f"more than the explorer reads ({MAX_TEXT_BYTES // 2**20} MiB); ppoflow query reads it"
+            )
 
     def _columns(self, source: str) -> list[str]:
         return [row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {source})")]

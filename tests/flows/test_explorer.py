@@ -583,3 +583,27 @@ def test_planted_values_are_shown_as_no_value_not_as_an_error(run_dir, tmp_path)
         assert columns["advantages"][-2:] == [None, None]
     finally:
         reader.close()
+
+
+def test_a_step_of_huge_texts_is_refused_by_its_size_not_read(run_dir, tmp_path):
+    """A planted file of long texts, small on disk (each value stored once), took the explorer from
+    144 MB to 1.6 GB: DuckDB reads a column's values whole even to show their first characters. The
+    step's page is refused with its size, found without reading the texts; the explorer stays small."""
+    planted = tmp_path / "huge"
+    shutil.copytree(run_dir, planted)
+    rollouts = next((planted / "iter=000002/rollouts").glob("*.parquet"))
+    table = pq.read_table(rollouts)
+    at = table.schema.get_field_index("response_text")
+    texts = pa.array(["x" * 10_000_000] * table.num_rows)
+    pq.write_table(table.set_column(at, table.schema.field(at), texts), rollouts, compression="zstd")
+    assert rollouts.stat().st_size < 2_000_000
+    with Explorer(planted) as served:
+        status, body = served.get("/api/samples?kind=train&iter=2")
+        assert status == 400
+        assert json.loads(body)["error"] == (
+            "iter=000002/rollouts: its response_text holds 305 MiB of text once read, more than the "
+            "explorer reads (128 MiB); ppoflow query reads it"
+        )
+        assert served.get("/api/samples?kind=train&iter=3")[0] == 200
+        status_file = Path(f"/proc/{served.process.pid}/status").read_text()
+        assert int(status_file.split("VmHWM:")[1].split()[0]) < 400_000  # kB: the peak stays small
