@@ -206,7 +206,7 @@ def _names(request: Request, name: str) -> list[str]:
 
 def _integers(request: Request, name: str) -> list[int]:
     values = _names(request, name)
-    if not all(v.isdigit() and len(v) <= 12 for v in values):
+    if not all(v.isascii() and v.isdigit() and len(v) <= 12 for v in values):  # (not "²": a digit to str)
         raise ExplorerError(f"every {name} must be a whole number of at most 12 digits")
     return [int(v) for v in values]
 

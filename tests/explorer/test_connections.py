@@ -5,9 +5,11 @@ heads sent in part, from a process without the token. A real uvicorn server on a
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -184,3 +186,17 @@ def test_allow_remote_prints_an_address_other_machines_can_reach(tmp_path):
         process.communicate(timeout=30)
     host = re.search(r"at http://([^/]+):\d+/#token=", line).group(1)
     assert not is_loopback_host(host) and host == (reachable_name() or "0.0.0.0")
+
+
+def test_a_number_of_another_script_is_refused_as_every_other_non_number(served):
+    """`iters=²` (a digit to Python's str.isdigit, not to int) answered Python's own int() error."""
+    port, token = served
+    for value in ("²", "٣", "1²"):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        query = f"/api/across?kind=train&prompt_id=p&iters={urllib.parse.quote(value)}"
+        connection.request("GET", query, headers={"Host": f"127.0.0.1:{port}", "X-Ppoflow-Token": token})
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (
+            400,
+            {"error": "every iters must be a whole number of at most 12 digits"},
+        )
