@@ -255,12 +255,15 @@ def _parsed(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         return Rejected("malformed JSON", f"malformed JSON: {exc}")
-    except RecursionError:
-        return Rejected("malformed JSON", "malformed JSON: nested too deeply")
+    except RecursionError:  # valid JSON, nested deeper than Python's parser goes
+        return Rejected(
+            "JSON beyond Python's limits",
+            f"JSON nested deeper than Python reads (about {sys.getrecursionlimit():,} levels)",
+        )
     except ValueError:  # json's only other error: an integer longer than Python reads
         digits = sys.get_int_max_str_digits()
         return Rejected(
-            "malformed JSON", f"malformed JSON: a number of more than {digits} digits (Python's limit)"
+            "JSON beyond Python's limits", f"JSON with a number of more than {digits} digits (Python's limit)"
         )
 
 
