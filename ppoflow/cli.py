@@ -59,11 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("overrides", nargs="*", help="dotted key=value overrides, as in verl")
     train.add_argument("-v", "--verbose", action="store_true", help="show Prefect's and transformers' logs")
     query = commands.add_parser("query", help="run SQL over a run's tables (read-only DuckDB)")
-    query.add_argument("run_dir", type=Path)
+    query.add_argument("run_dir", type=_user_path)
     query.add_argument("sql")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     show = commands.add_parser("show", help="responses of one iteration with rewards and per-token values")
-    show.add_argument("run_dir", type=Path)
+    show.add_argument("run_dir", type=_user_path)
     show.add_argument("--iter", type=int, default=None, help="iteration (default: the last)")
     which = show.add_mutually_exclusive_group()
     which.add_argument("--best", type=_count, metavar="N", help="the N highest-scoring responses")
@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     explore = commands.add_parser(
         "explore", help="browse a run's samples, tokens and metrics in the browser (a loopback web server)"
     )
-    explore.add_argument("run_dir", type=Path)
+    explore.add_argument("run_dir", type=_user_path)
     explore.add_argument(
         "--port", type=_port, default=0, help="port to serve on (default: one the system picks)"
     )
@@ -87,7 +87,7 @@ def _parser() -> argparse.ArgumentParser:
         "diagnose",
         help="health checks over a run's metrics and rows: findings, causes, config keys to change",
     )
-    diagnose.add_argument("run_dir", type=Path)
+    diagnose.add_argument("run_dir", type=_user_path)
     diagnose.add_argument("--format", choices=["text", "json"], default="text")
     diagnose.add_argument(
         "--last",
@@ -97,8 +97,10 @@ def _parser() -> argparse.ArgumentParser:
         help="read the newest N steps (default 100; 0: every step of the run)",
     )
     report = commands.add_parser("report", help="PNG charts of a run's metrics and a markdown summary")
-    report.add_argument("run_dir", type=Path)
-    report.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
+    report.add_argument("run_dir", type=_user_path)
+    report.add_argument(
+        "--out", type=_user_path, default=None, help="output folder (default: RUN_DIR/report)"
+    )
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
     _reward_model_parser(commands)
@@ -106,14 +108,21 @@ def _parser() -> argparse.ArgumentParser:
         "export",
         help="an actor checkpoint as Hugging Face directories: OUT/model (merged), OUT/adapter (LoRA)",
     )
-    export.add_argument("source", type=Path, help="a run directory (its newest actor) or a checkpoint folder")
-    export.add_argument("out", type=Path, help="folder to write model/ (and adapter/) into")
+    export.add_argument(
+        "source", type=_user_path, help="a run directory (its newest actor) or a checkpoint folder"
+    )
+    export.add_argument("out", type=_user_path, help="folder to write model/ (and adapter/) into")
     export.add_argument(
         "--unverified",
         action="store_true",
         help="export a run's checkpoint whose recorded digest (trainer_state.json) is gone, unchecked",
     )
     return parser
+
+
+def _user_path(text: str) -> Path:
+    """A path argument, `~` expanded as a shell would have (a quoted '~/x' reached ppoflow as is)."""
+    return Path(os.path.expanduser(text))
 
 
 def _at_least(minimum: int):
@@ -145,7 +154,9 @@ def _reward_model_parser(commands) -> None:
         description="Train a reward model for reward_model.model.path: a base model's backbone with a new "
         "score head, fitted to responses labelled 1 (good) or 0 (bad), checked on held-out responses.",
     )
-    rm.add_argument("--out", type=Path, required=True, help="folder to write the model to (new or empty)")
+    rm.add_argument(
+        "--out", type=_user_path, required=True, help="folder to write the model to (new or empty)"
+    )
     rm.add_argument(
         "--data",
         default=default.data,

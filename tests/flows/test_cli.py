@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -205,3 +206,18 @@ def test_a_tool_that_cannot_be_built_is_refused_before_the_run_is_touched(tmp_pa
     assert not new.exists()
     assert sorted(p.name for p in existing.iterdir()) == [".lock", "config.yaml"]
     assert (existing / "config.yaml").read_text() == "# the config of this run's last start\n"
+
+
+def test_a_quoted_tilde_in_a_path_is_the_home_folder(tmp_path):
+    """`ppoflow query '~/x'` (quoted: the shell leaves `~` alone) looked for a folder named `~`."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "query", "~/run", "SELECT 42 AS answer", "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"HOME": str(tmp_path)},
+        cwd=tmp_path.parent,
+    )
+    assert (out.returncode, out.stdout) == (0, "answer\n42\n"), out.stderr
