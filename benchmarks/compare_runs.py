@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 TABLES = {  # table → the folder names it has had
     "rollouts": ("rollouts", "rollout"),
+    "turns": ("turns",),
     "rewards": ("rewards", "reward"),
     "advantages": ("advantages", "advantage"),
     "critic_update": ("critic_update",),
