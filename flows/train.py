@@ -14,9 +14,9 @@ from ppoflow.conf import load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.placement import place_models
-from ppoflow.tasks.models.tool_runner import check_tools
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
+from ppoflow.tasks.pipeline.model_files import verified_dir
 from ppoflow.tasks.pipeline.plan import run_plan, total_training_steps
 from ppoflow.tasks.pipeline.results import run_stage
 from ppoflow.tasks.pipeline.run import Run, close_run, finish_run, open_run, set_torch_threads
@@ -35,8 +35,8 @@ from ppoflow.tasks.stages.prepare_model import (
     require_same_tokenizer,
 )
 from ppoflow.tasks.stages.prompts import prompts, require_full_batch, source_digest
-from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
+from ppoflow.tasks.stages.user_code import check_user_code
 from ppoflow.tasks.storage.data_sources import data_changed, record_sources
 from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV, record_flow_run
 from ppoflow.tasks.storage.run_config import changes_line
@@ -61,15 +61,6 @@ def ppo_train_planned(plan: RunPlan, user_code_checked: bool = False) -> dict:
     """Train the run `plan` describes (`ppoflow train`, which has loaded the config already, and
     checked the user's reward function and tools when `user_code_checked`)."""
     return train(plan, user_code_checked=user_code_checked)
-
-
-def check_user_code(plan: RunPlan) -> None:
-    """Import the custom reward function and every user tool once, each in a worker as the stages
-    will: a RewardFunctionError or ToolLoadError now, before the run directory is touched."""
-    settings = plan.settings
-    check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
-    if settings.rollout.multi_turn is not None:
-        check_tools(settings.rollout.multi_turn.tools, settings.rollout.multi_turn.tool_timeout_s)
 
 
 def train(plan: RunPlan, *, user_code_checked: bool = False) -> dict:
@@ -252,6 +243,9 @@ def _starting_state(
         where = f"the run's newest checkpoint, {checkpoint} (trainer.val_only, resume_mode auto)"
     if checkpoint is None:
         return 1, state
-    return resume_state(
+    first, state = resume_state(
         checkpoint, state, run_dir=run.path, train=not start.val_only, lora=dict(start.lora), where=where
     )
+    if start.val_only:  # its validation may come from cache: the model it names is checked all the same
+        verified_dir(run, state.actor)
+    return first, state

@@ -288,10 +288,10 @@ def _checked_and_trained(cfg, args) -> int:
         print(f"ppoflow: {problem}", file=sys.stderr)
         return 2
     from ppoflow.engine.models import ModelLoadError
-    from ppoflow.flows.train import check_user_code
     from ppoflow.tasks.models.tool_runner import ToolLoadError
     from ppoflow.tasks.pipeline.plan import run_plan
     from ppoflow.tasks.pipeline.settings import RewardFunctionError
+    from ppoflow.tasks.stages.user_code import check_user_code
     from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
 
     try:  # before the run's logs or server: a refused start changes nothing in the run

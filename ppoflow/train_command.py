@@ -76,6 +76,7 @@ def _run_training(plan: RunPlan, run_dir: Path, log_file: Path, verbose: bool) -
 
 
 def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) -> int:
+    from ppoflow.flows.iteration import ValidatedOtherwise
     from ppoflow.flows.train import ppo_train_planned
     from ppoflow.tasks.storage.checkpoints import StateUnavailable
     from ppoflow.tasks.storage.lock import RunLocked
@@ -85,6 +86,9 @@ def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) ->
     except (RunLocked, StateUnavailable) as error:
         _say(f"ppoflow: {error}")
         return EXIT_LOCKED
+    except ValidatedOtherwise as error:  # refused: a validation-only start changes no step
+        _say(f"ppoflow: {error}")
+        return 2
     except BrokenPipeError:
         raise
     except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug

@@ -11,7 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ppoflow.flows.iteration import ValidatedOtherwise
 from ppoflow.tasks.storage import tables
+from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.confined_query import query
 from ppoflow.tasks.storage.run_config import AnotherRun
 
@@ -202,6 +204,11 @@ def test_val_only_on_a_trained_run_validates_its_newest_checkpoint(small_run, tm
     assert summary["val_scores"][-1] != summary["val_scores"][0]
     assert _ran(flow_run_id) == set()  # step 2's validation and metrics: both already there
     assert {path: path.read_bytes() for path in copy.rglob("*.parquet")} == files
+    # Other validation settings rewrote step 2's validation rows under its metrics row (the tables
+    # disagreed): refused before anything is validated.
+    with pytest.raises(ValidatedOtherwise, match="validates step 2, which this run trained with other"):
+        train(copy, "trainer.val_only=true", "actor_rollout_ref.rollout.val_kwargs.top_k=5")
+    assert {path: path.read_bytes() for path in copy.rglob("*.parquet")} == files
     base, _ = train(copy, "trainer.val_only=true", "trainer.resume_mode=disable")
     assert base["val_scores"] == [summary["val_scores"][0]]
 
@@ -217,6 +224,10 @@ def test_val_only_on_a_copied_run_never_validates_the_originals_checkpoint(small
     ):
         train(copy, "trainer.val_only=true")
     assert (run_dir / "checkpoints/iter=000002/actor").is_dir()  # the original's, which it did not take
+    weights_gone = _copy(run_dir, tmp_path / "weights")
+    (weights_gone / "checkpoints/iter=000002/actor/model.safetensors").unlink()
+    with pytest.raises(StateUnavailable, match=r"checkpoints/iter=000002/actor was altered or truncated"):
+        train(weights_gone, "trainer.val_only=true")  # (ppoflow train: one line, exit 3)
 
 
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(
