@@ -329,6 +329,47 @@ def test_the_temporary_server_answers_a_kept_alive_connection_without_a_delayed_
     assert median < 0.025, median
 
 
+def test_servers_of_one_prefect_home_start_one_at_a_time():
+    """Eight `ppoflow train` started together on a Prefect home without a database raced its
+    migrations: three servers exited ("duplicate column name: block_type_name"). A server's startup
+    (migrations, block registrations) waits while another server of the same home starts."""
+    import fcntl
+    import threading
+    import urllib.error
+
+    from ppoflow.prefect_server import TemporaryServer
+    from ppoflow.prefect_serving import STARTUP_LOCK
+
+    home = Path(os.environ["PREFECT_HOME"])  # (this test process's own, tests/conftest.py)
+    home.mkdir(parents=True, exist_ok=True)
+    starting = os.open(home / STARTUP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(starting, fcntl.LOCK_EX)  # as another server starting on this home holds it
+    server, seen = TemporaryServer(), []
+
+    def look_then_release() -> None:  # (the server is started by the main thread: its parent-death
+        deadline = time.monotonic() + 60  # signal follows the thread that started it)
+        while not server.url and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # its process has started, and waits
+        try:
+            urllib.request.urlopen(f"{server.url}/health", timeout=2)
+            seen.append("answered")
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            seen.append("no answer")
+        os.close(starting)  # the other server is up: this one starts
+
+    looking = threading.Thread(target=look_then_release, daemon=True)
+    looking.start()
+    try:
+        url = server.__enter__()
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        server.stop()
+        looking.join(10)
+    assert seen == ["no answer"]
+
+
 @pytest.mark.slow
 def test_the_temporary_server_records_every_task_run_and_stores_no_events(one_step_program):
     """What the Prefect UI shows of a run comes from its flow run, task runs and states, which are
