@@ -30,6 +30,7 @@ from ppoflow.tasks.storage.catalog import (
     checked_dir,
     empty_table_sql,
     listed_files_sql,
+    parquet_files,
     step_sql,
     table_files,
 )
@@ -175,8 +176,8 @@ class RunExplorer:
     def _require_texts_fit(self, table: str, step: int) -> None:
         """An ExplorerError when a text column of the step's files holds more than MAX_TEXT_BYTES once
         read (explorer_files.TextSizes)."""
-        folder = iteration_dir(self.run_dir, step) / table
-        column, size = self._text_sizes.largest([str(f) for f in folder.glob("*.parquet")], TEXT_COLUMNS)
+        files = parquet_files(iteration_dir(self.run_dir, step) / table)
+        column, size = self._text_sizes.largest(files, TEXT_COLUMNS)
         if size > MAX_TEXT_BYTES:
             raise ExplorerError(
                 f"iter={step:06d}/{table}: its {column} holds {size / 2**20:,.0f} MiB of text once read, "

@@ -8,6 +8,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from stat import S_ISREG
 
 from ppoflow.tasks.storage.manifests import MANIFEST_NAME
 from ppoflow.tasks.storage.schemas import ITERATION_TABLES
@@ -94,6 +95,8 @@ class TextSizes:
             if not path.resolve().is_relative_to(self._run_dir):  # a link out: DuckDB refuses it
                 return {}
             stat = path.stat()
+            if not S_ISREG(stat.st_mode):  # a FIFO would block the read
+                return {}
         except OSError:
             return {}
         key = (str(path), stat.st_size, stat.st_mtime_ns)

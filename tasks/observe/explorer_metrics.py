@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ppoflow.tasks.storage.catalog import listed_files_sql
+from ppoflow.tasks.storage.catalog import listed_files_sql, parquet_files
 from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["MetricRows"]
@@ -64,12 +64,14 @@ class MetricRows:
         return [line for _, (_, line) in sorted(self._left_out.items())]
 
     def _stamp(self, step: int) -> Stamp:
-        try:
-            with os.scandir(iteration_dir(self._run_dir, step) / "metrics") as entries:
-                found = [(e.name, e.stat()) for e in entries if e.name.endswith(".parquet")]
-        except OSError:
-            return ()
-        return tuple(sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in found))
+        found = []
+        for file in parquet_files(iteration_dir(self._run_dir, step) / "metrics"):
+            try:
+                stat = os.stat(file)
+            except OSError:
+                continue
+            found.append((os.path.basename(file), stat.st_size, stat.st_mtime_ns))
+        return tuple(found)
 
     def _files(self, step: int, stamp: Stamp) -> list[str]:
         folder = iteration_dir(self._run_dir, step) / "metrics"

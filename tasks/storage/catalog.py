@@ -46,6 +46,7 @@ __all__ = [
     "define_run_views",
     "empty_table_sql",
     "listed_files_sql",
+    "parquet_files",
     "step_folders",
     "step_sql",
     "table_files",
@@ -190,25 +191,27 @@ def table_files(run_dir: Path, table: str, steps: Collection[int] | None = None)
     oldest step first: one listing of each step folder's table folder."""
     files = []
     for step, folder in step_folders(run_dir):
-        if steps is not None and step not in steps:
-            continue
-        try:
-            with os.scandir(os.path.join(folder, table)) as entries:
-                files += sorted(e.path for e in entries if e.name.endswith(".parquet"))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+        if steps is None or step in steps:
+            files += parquet_files(os.path.join(folder, table))
     return files
+
+
+def parquet_files(folder: str | Path) -> list[str]:
+    """The parquet files of a folder, by name: regular files only (a FIFO planted as one would block
+    every reader that opened it), links to one included (one that leads out of the run is refused by
+    the readers' confinement); none when the folder is not there."""
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(e.path for e in entries if e.name.endswith(".parquet") and e.is_file())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def step_sql(run_dir: Path, table: str, step: int) -> str | None:
     """A FROM item of one step's rows of an iteration table, read from its folder alone (a step of a
     run of thousands costs what it costs in a run of ten), with `iter`; None when the folder holds
     no file of it."""
-    try:
-        with os.scandir(iteration_dir(run_dir, step) / table) as entries:
-            files = sorted(e.path for e in entries if e.name.endswith(".parquet"))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    files = parquet_files(iteration_dir(run_dir, step) / table)
     if not files:
         return None
     sources = ", ".join(sql_literal(f) for f in files)
