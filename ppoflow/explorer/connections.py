@@ -19,7 +19,6 @@ at a time, from any local process kept the page out for as long as they stayed o
 from __future__ import annotations
 
 import asyncio
-import time
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -30,6 +29,16 @@ ANSWER_TIMEOUT_S = 120.0
 MAX_CONNECTIONS = 64
 
 
+class _Room:
+    """A server's guarded connections: how many are open, and those waiting for a request, the one
+    that has waited longest first (a dict keeps insertion order): making room costs the same with ten
+    connections or with thousands."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.waiting: dict[GuardedH11Protocol, None] = {}
+
+
 class GuardedH11Protocol(H11Protocol):
     """One connection; the class attributes are set by `guarded_protocol`."""
 
@@ -37,19 +46,28 @@ class GuardedH11Protocol(H11Protocol):
     answer_timeout_s = ANSWER_TIMEOUT_S
     max_connections = MAX_CONNECTIONS
 
-    _waiting_since: float | None = None
-    """When it began to wait for a request head; None while a request is in progress."""
+    _counted = False
     _deadline: asyncio.TimerHandle | None = None
+
+    @property
+    def _room(self) -> _Room:
+        room = getattr(self.server_state, "ppoflow_room", None)
+        if room is None:
+            room = _Room()
+            self.server_state.ppoflow_room = room  # type: ignore[attr-defined]
+        return room
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._counted = True
+        self._room.open += 1
         self._await_request()
         self._make_room()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._waiting_since is not None and self._answering():
-            self._waiting_since = None
+        if self in self._room.waiting and self._answering():
+            del self._room.waiting[self]
             self._arm(self.answer_timeout_s)
 
     def on_response_complete(self) -> None:
@@ -58,6 +76,7 @@ class GuardedH11Protocol(H11Protocol):
             self._await_request()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._uncount()
         self._disarm()
         super().connection_lost(exc)
 
@@ -65,36 +84,39 @@ class GuardedH11Protocol(H11Protocol):
         return self.cycle is not None and not self.cycle.response_complete
 
     def _await_request(self) -> None:
-        self._waiting_since = time.monotonic()
+        self._room.waiting.pop(self, None)
+        self._room.waiting[self] = None  # the newest to wait
         self._arm(self.head_timeout_s)
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
-        self._deadline = self.loop.call_later(seconds, self._expired)
+        self._deadline = self.loop.call_later(seconds, self._close)
 
     def _disarm(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def _expired(self) -> None:
-        self._deadline = None
-        self.transport.abort()  # (close() would wait for a peer that does not read to take the rest)
+    def _uncount(self) -> None:
+        self._room.waiting.pop(self, None)
+        if self._counted:
+            self._counted = False
+            self._room.open -= 1
+
+    def _close(self) -> None:
+        """Close at once (a peer that does not read would keep close() waiting to send the rest)."""
+        self._uncount()
+        self._disarm()
+        self.transport.abort()
 
     def _make_room(self) -> None:
         """Close the longest-waiting connections without a request in progress, down to the bound."""
-        others = [
-            c
-            for c in self.connections
-            if isinstance(c, GuardedH11Protocol) and c is not self and not c.transport.is_closing()
-        ]
-        excess = len(others) + 1 - self.max_connections
-        if excess <= 0:
-            return
-        waiting = sorted((c for c in others if c._waiting_since is not None), key=lambda c: c._waiting_since)
-        for connection in waiting[:excess]:
-            connection._disarm()
-            connection.transport.abort()
+        room = self._room
+        while room.open > self.max_connections and room.waiting:
+            oldest = next(iter(room.waiting))
+            if oldest is self:  # the others are all answering: this one stays too
+                break
+            oldest._close()
 
 
 def guarded_protocol(
