@@ -198,13 +198,21 @@ def table_files(run_dir: Path, table: str, steps: Collection[int] | None = None)
 
 def parquet_files(folder: str | Path) -> list[str]:
     """The parquet files of a folder, by name: regular files only (a FIFO planted as one would block
-    every reader that opened it), links to one included (one that leads out of the run is refused by
-    the readers' confinement); none when the folder is not there."""
+    every reader that opened it; a link loop names nothing), links to one included (one that leads
+    out of the run is refused by the readers' confinement); none when the folder is not there."""
     try:
         with os.scandir(folder) as entries:
-            return sorted(e.path for e in entries if e.name.endswith(".parquet") and e.is_file())
+            return sorted(e.path for e in entries if e.name.endswith(".parquet") and _regular(e))
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _regular(entry: os.DirEntry) -> bool:
+    """Whether a folder entry is a regular file, or a link to one (a link loop is none)."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
 
 
 def step_sql(run_dir: Path, table: str, step: int) -> str | None:

@@ -435,12 +435,14 @@ def test_a_query_of_one_step_opens_that_steps_files_only(tmp_path):
 
 def test_a_fifo_planted_as_a_table_file_is_not_read(tmp_path):
     """A FIFO named part-00001.parquet in a step's folder made every reader of its table wait forever
-    (ppoflow query, diagnose, explore): readers list regular files only."""
+    (ppoflow query, diagnose, explore), and a link loop made them fail with a traceback: readers
+    list regular files only."""
     import os
 
     write_run(tmp_path, iterations=(1, 2))
     for table in ("metrics", "rewards"):
         os.mkfifo(tmp_path / f"iter=000002/{table}/part-00001.parquet")
+    (tmp_path / "iter=000001/rewards/loop.parquet").symlink_to("loop.parquet")  # a link loop: no file
     assert query(tmp_path, "SELECT iter, count(*) FROM rewards GROUP BY iter ORDER BY iter")[1] == [
         (1, 4),
         (2, 4),
