@@ -199,11 +199,11 @@ def table_files(run_dir: Path, table: str, steps: Collection[int] | None = None)
 def parquet_files(folder: str | Path) -> list[str]:
     """The parquet files of a folder, by name: regular files only (a FIFO planted as one would block
     every reader that opened it; a link loop names nothing), links to one included (one that leads
-    out of the run is refused by the readers' confinement); none when the folder is not there."""
+    out of the run is refused by the readers' confinement); none when the folder cannot be listed."""
     try:
         with os.scandir(folder) as entries:
             return sorted(e.path for e in entries if e.name.endswith(".parquet") and _regular(e))
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # not there, not a folder, a link loop, unreadable: no files of it
         return []
 
 

@@ -443,6 +443,7 @@ def test_a_fifo_planted_as_a_table_file_is_not_read(tmp_path):
     for table in ("metrics", "rewards"):
         os.mkfifo(tmp_path / f"iter=000002/{table}/part-00001.parquet")
     (tmp_path / "iter=000001/rewards/loop.parquet").symlink_to("loop.parquet")  # a link loop: no file
+    (tmp_path / "iter=000003").symlink_to("iter=000003")  # a step folder that is a link loop
     assert query(tmp_path, "SELECT iter, count(*) FROM rewards GROUP BY iter ORDER BY iter")[1] == [
         (1, 4),
         (2, 4),
