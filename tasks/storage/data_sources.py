@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.tables import read_json, write_json_atomic
 
-__all__ = ["DATA_SOURCES", "content_digest", "data_changed", "record_sources"]
+__all__ = ["DATA_SOURCES", "content_digest", "data_changed", "open_data_file", "record_sources"]
 
 DATA_SOURCES = "data/sources.json"
 BUILTIN_PREFIX = "builtin:"
@@ -32,18 +32,24 @@ def content_digest(files: str | list[str]) -> str:
         return files
     digest = hashlib.sha256()
     for name in [files] if isinstance(files, str) else files:
-        try:
-            descriptor = open_regular_file(Path(name), os.O_RDONLY, follow_links=True)
-        except FileNotFoundError:
-            raise FileNotFoundError(
-                f"data file {name} does not exist (data.train_files / data.val_files)"
-            ) from None
-        except OSError as error:
-            raise OSError(f"data file {name} cannot be read: {error.strerror}") from None
-        with os.fdopen(descriptor, "rb") as file:
+        with open_data_file(Path(name)) as file:
             while chunk := file.read(_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def open_data_file(path: Path) -> BinaryIO:
+    """A data file, opened for reading as a regular file (a FIFO put there since the config was
+    checked would block the read forever); one line that names it when it cannot be."""
+    try:
+        descriptor = open_regular_file(path, os.O_RDONLY, follow_links=True)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"data file {path} does not exist (data.train_files / data.val_files)"
+        ) from None
+    except OSError as error:
+        raise OSError(f"data file {path} cannot be read: {error.strerror}") from None
+    return os.fdopen(descriptor, "rb")
 
 
 def record_sources(run_dir: Path, split: str, files: str | list[str], digest: str) -> None:
