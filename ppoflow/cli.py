@@ -27,6 +27,11 @@ examples:
 """
 
 
+DIAGNOSED_STEPS = 50
+"""The newest steps `ppoflow diagnose` reads by default (--last): a step of a long run is diagnosed
+in about the time it takes in a short one, by what the run does now."""
+
+
 def _quiet_libraries(verbose: bool) -> None:
     """Prefect's per-task INFO lines and transformers' load bars drown the one line per iteration."""
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -92,9 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     diagnose.add_argument(
         "--last",
         type=_at_least(0),
-        default=100,
+        default=DIAGNOSED_STEPS,
         metavar="N",
-        help="read the newest N steps (default 100; 0: every step of the run)",
+        help=f"read the newest N steps (default {DIAGNOSED_STEPS}; 0: every step of the run)",
     )
     report = commands.add_parser("report", help="PNG charts of a run's metrics and a markdown summary")
     report.add_argument("run_dir", type=_user_path)

@@ -46,7 +46,7 @@ def explore(run_dir: str | Path, *, host: str, port: int, allow_remote: bool) ->
     remote = allow_remote and not is_loopback_host(host)  # on loopback, every check stays
     try:
         app, explorer = explorer_app(run_dir, token, allow_remote=remote, note=_note)
-        explorer.overview()  # a run that cannot be read is said now, not on the page
+        explorer.open()  # a run that cannot be read is said now, not on the page
     except (ValueError, FileNotFoundError) as error:
         listener.close()
         print(f"ppoflow: {error}", file=sys.stderr)

@@ -75,11 +75,6 @@ ROW_STATS = {
 from the update's side)."""
 
 
-DIAGNOSED_STEPS = 100
-"""The newest steps `ppoflow diagnose` reads by default (--last): a step of a long run is diagnosed
-in the time it takes in a short one, by what the run does now."""
-
-
 def load_run(run_dir: str | Path, *, require_metrics: bool = True, last: int | None = None) -> RunData:
     """The run's metrics, raw-row statistics and config; with `last`, of its newest `last` steps
     with metrics only. RunDirError when run_dir is not a run directory or its tables cannot be read

@@ -222,6 +222,11 @@ class RunExplorer:
             "left_out": self._metrics.left_out(),
         }
 
+    def open(self) -> None:
+        """Open the run's confined connection (a run that cannot be read is an error now), reading
+        none of its tables: the explorer of a long run starts as soon as that of a short one."""
+        self._connection()
+
     def prefetch(self) -> None:
         """Read every step's metrics row (the plots' first look at a long run, done before it)."""
         self._metrics.rows(self._steps.steps_with("metrics"), stopping=lambda: self._stopping)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from stat import S_ISREG
@@ -31,8 +32,13 @@ class StepFolders:
         self._run_dir = run_dir
         self._committed: dict[str, frozenset[str]] = {}
         """committed step folder name → the tables it holds"""
+        self._lock = threading.Lock()  # (the page's requests and the plots' first read list at once)
 
     def tables_by_step(self) -> dict[int, frozenset[str]]:
+        with self._lock:
+            return self._tables_by_step()
+
+    def _tables_by_step(self) -> dict[int, frozenset[str]]:
         found, names = {}, set()
         for entry in os.scandir(self._run_dir):
             step = step_of(entry.name)

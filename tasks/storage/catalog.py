@@ -172,9 +172,13 @@ def define_run_views(
     that new steps appear in them; `listed` views name the files there now (one connection's
     readers: see listed_files_sql), of `steps` only when given."""
     wanted = set(names) | ({"actor_update", "critic_update"} if "updates" in names else set())
+    folders = step_folders(run_dir) if listed else []  # (listed once for every view)
+    if steps is not None:
+        kept = frozenset(steps)
+        folders = [(step, folder) for step, folder in folders if step in kept]
     for name in TABLES:
         if name in wanted:
-            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name, listed, steps)}")
+            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name, listed, folders)}")
     if "updates" in wanted:
         con.execute(f"CREATE VIEW updates AS {_UPDATES}")
 
@@ -186,13 +190,12 @@ def step_folders(run_dir: Path) -> list[tuple[int, str]]:
     return sorted((step, path) for step, path in found if step is not None)
 
 
-def table_files(run_dir: Path, table: str, steps: Collection[int] | None = None) -> list[str]:
-    """The parquet files of an iteration table in the run's step folders (`steps` only, when given),
-    oldest step first: one listing of each step folder's table folder."""
+def table_files(run_dir: Path, table: str, folders: list[tuple[int, str]] | None = None) -> list[str]:
+    """The parquet files of an iteration table in the run's step folders (`folders`, as step_folders
+    gives them, when given), oldest step first: one listing of each step folder's table folder."""
     files = []
-    for step, folder in step_folders(run_dir):
-        if steps is None or step in steps:
-            files += parquet_files(os.path.join(folder, table))
+    for _, folder in step_folders(run_dir) if folders is None else folders:
+        files += parquet_files(os.path.join(folder, table))
     return files
 
 
@@ -379,7 +382,7 @@ def _view_sql(
     run_dir: Path,
     name: str,
     listed: bool = False,
-    steps: Collection[int] | None = None,
+    folders: list[tuple[int, str]] | None = None,
 ) -> str:
     if name in DATA_FILES:
         files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
@@ -388,7 +391,7 @@ def _view_sql(
         paths = ", ".join(sql_literal(str(f)) for f in files)
         return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
     if listed:
-        found = table_files(run_dir, name, None if steps is None else frozenset(steps))
+        found = table_files(run_dir, name, folders)
         # a metrics row's columns differ by design (a validated step has more): always unified
         if not found:
             return _empty_sql(con, name, with_iter=True)
