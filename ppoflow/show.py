@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ppoflow.tasks.storage.catalog import checked_dir, step_folders, step_sql
+from ppoflow.tasks.storage.catalog import checked_dir
 from ppoflow.tasks.storage.confined_query import query, views_of
+from ppoflow.tasks.storage.step_files import step_folders, step_sql
 
 SHOWN_PROMPT_CHARS = 300
 """A prompt is shown by its end (where the question is), cut to this many characters."""

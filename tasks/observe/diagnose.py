@@ -14,8 +14,9 @@ import yaml
 
 from ppoflow.tasks.observe.diagnose_checks import CHECKS
 from ppoflow.tasks.observe.diagnose_run import SEVERITY_RANK, Finding, RunData
-from ppoflow.tasks.storage.catalog import VIEWS, step_folders
+from ppoflow.tasks.storage.catalog import VIEWS
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
+from ppoflow.tasks.storage.step_files import step_folders
 
 
 class RunDirError(ValueError):

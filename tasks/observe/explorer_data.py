@@ -25,17 +25,10 @@ import duckdb
 from ppoflow.tasks.observe.explorer_files import StepFolders, TextSizes, TokenTexts, fitted, ratios
 from ppoflow.tasks.observe.explorer_metrics import MetricRows
 from ppoflow.tasks.observe.explorer_requests import ExplorerError, SampleFilter, check_kind, check_step
-from ppoflow.tasks.storage.catalog import (
-    DATA_FILES,
-    checked_dir,
-    empty_table_sql,
-    listed_files_sql,
-    parquet_files,
-    step_sql,
-    table_files,
-)
+from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, empty_table_sql
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
+from ppoflow.tasks.storage.step_files import listed_files_sql, parquet_files, step_sql, table_files
 from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ppoflow.tasks.storage.catalog import listed_files_sql, parquet_files
+from ppoflow.tasks.storage.step_files import listed_files_sql, parquet_files
 from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["MetricRows"]
