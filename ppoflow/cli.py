@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 EXAMPLES = """\
@@ -275,59 +273,9 @@ def _train(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
-    from ppoflow.tasks.storage.lock import RunLocked
-    from ppoflow.train_command import EXIT_LOCKED, held_if_a_run
+    from ppoflow.train_command import train_configured
 
-    try:
-        with held_if_a_run(cfg.run_dir):  # a run in progress is refused now, not after the checks
-            return _checked_and_trained(cfg, args)
-    except RunLocked as error:
-        print(f"ppoflow: {error}", file=sys.stderr)
-        return EXIT_LOCKED
-
-
-def _checked_and_trained(cfg, args) -> int:
-    from ppoflow.tasks.models.machine import machine_problem
-
-    if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
-        print(f"ppoflow: {problem}", file=sys.stderr)
-        return 2
-    from ppoflow.engine.models import ModelLoadError
-    from ppoflow.tasks.models.tool_runner import ToolLoadError
-    from ppoflow.tasks.pipeline.plan import run_plan
-    from ppoflow.tasks.pipeline.settings import RewardFunctionError
-    from ppoflow.tasks.stages.user_code import check_user_code
-    from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
-
-    try:  # before the run's logs or server: a refused start changes nothing in the run
-        plan = run_plan(cfg)  # the config is read once: the flow is given this plan
-        require_same_run(cfg.run_dir.resolve(), plan.config_yaml)
-        check_user_code(plan)  # imports the user's reward function and tools, each in a worker
-    except (AnotherRun, RewardFunctionError, ModelLoadError, ToolLoadError) as error:
-        print(f"ppoflow: {error}", file=sys.stderr)
-        return 2
-    from ppoflow.train_command import run_training
-
-    with _warnings_on_stderr("ppoflow.tasks.pipeline.results"):
-        return run_training(plan, args.verbose, program=args.program)
-
-
-@contextlib.contextmanager
-def _warnings_on_stderr(*loggers: str) -> Iterator[None]:
-    """The warnings of these loggers on stderr as `ppoflow: …` lines, beside the run's log file that
-    `ppoflow train` sends every ppoflow logger to: what a start discarded is said where it is seen."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("ppoflow: %(message)s"))
-    for name in loggers:
-        logging.getLogger(name).addHandler(handler)
-    try:
-        yield
-    finally:
-        for name in loggers:
-            logging.getLogger(name).removeHandler(handler)
+    return train_configured(cfg, args.verbose, program=args.program)
 
 
 def _config(args) -> int:
