@@ -97,9 +97,12 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True, last: int | N
     ]
     read = with_metrics[-last:] if last and len(with_metrics) > last else None
     try:
-        with connect_confined(run_dir, steps=read) as con, explained(run_dir.resolve(), VIEWS):
-            table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
-            rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
+        try:
+            table, rows = _read(run_dir, read, unify=False)
+        except ValueError as error:  # a file between a table's first and last lacks one of its columns
+            if "schema mismatch" not in str(error):
+                raise
+            table, rows = _read(run_dir, read, unify=True)
     except ValueError as error:  # a damaged table file, a folder DuckDB cannot glob
         raise RunDirError(f"{run_dir}: cannot read the run's tables: {error}") from error
     iters = table["iter"].to_pylist()
@@ -113,6 +116,13 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True, last: int | N
     if require_metrics:
         require_iteration(run_dir, run)
     return run
+
+
+def _read(run_dir: Path, steps: list[int] | None, *, unify: bool) -> tuple[pa.Table, dict]:
+    """The metrics table and the per-iteration statistics of the raw rows (of `steps` only)."""
+    with connect_confined(run_dir, steps=steps, unify=unify) as con, explained(run_dir.resolve(), VIEWS):
+        table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
+        return table, {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
 
 
 def require_iteration(run_dir: str | Path, run: RunData) -> None:

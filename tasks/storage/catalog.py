@@ -164,11 +164,13 @@ def define_run_views(
     *,
     listed: bool = False,
     steps: Collection[int] | None = None,
+    unify: bool = False,
 ) -> None:
     """Create on `con` the views `names` (a view per table, and `updates`) of the run directory
     `run_dir` (resolved), with the views they read. The catalog's views glob the step folders, so
     that new steps appear in them; `listed` views name the files there now (one connection's
-    readers: see listed_files_sql), of `steps` only when given."""
+    readers: see listed_files_sql), of `steps` only when given; `unify`: bound from every file's
+    columns (a file between the first and the last lacked one of theirs)."""
     wanted = set(names) | ({"actor_update", "critic_update"} if "updates" in names else set())
     folders = step_folders(run_dir) if listed else []  # (listed once for every view)
     if steps is not None:
@@ -176,7 +178,8 @@ def define_run_views(
         folders = [(step, folder) for step, folder in folders if step in kept]
     for name in TABLES:
         if name in wanted:
-            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name, listed, folders)}")
+            view = _view_sql(con, run_dir, name, listed, folders, unify)
+            con.execute(f"CREATE VIEW {_ident(name)} AS {view}")
     if "updates" in wanted:
         con.execute(f"CREATE VIEW updates AS {_UPDATES}")
 
@@ -295,6 +298,7 @@ def _view_sql(
     name: str,
     listed: bool = False,
     folders: list[tuple[int, str]] | None = None,
+    unify: bool = False,
 ) -> str:
     if name in DATA_FILES:
         files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
@@ -307,7 +311,7 @@ def _view_sql(
         # a metrics row's columns differ by design (a validated step has more): always unified
         if not found:
             return _empty_sql(con, name, with_iter=True)
-        return listed_files_sql(con, found, union=True if name == "metrics" else None)
+        return listed_files_sql(con, found, union=True if unify or name == "metrics" else None)
     patterns = [f"{folders}/{name}/*.parquet" for folders in step_folder_globs(run_dir)]
     patterns = [p for p in patterns if any(run_dir.glob(p))]  # read_parquet errors on a glob matching none
     if not patterns:

@@ -86,6 +86,7 @@ def connect_confined(
     *,
     views: Collection[str] | None = None,
     steps: Collection[int] | None = None,
+    unify: bool = False,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the directory's views (views_of; with `sql`, only those
     it reads; with `views`, only those named there; a run's over its `steps` only, when given),
@@ -103,8 +104,8 @@ def connect_confined(
         con.execute("SET parquet_metadata_cache = true")  # the footers a view's definition read, read once
         _lock_down(con, directory)  # before the views are defined: defining one reads footers
         with explained(directory, kind.names):
-            if steps is not None and kind.define is _define_listed_run_views:
-                define_run_views(con, directory, names, listed=True, steps=steps)
+            if kind.define is _define_listed_run_views:
+                define_run_views(con, directory, names, listed=True, steps=steps, unify=unify)
             else:
                 kind.define(con, directory, names)
     except BaseException:
@@ -216,11 +217,11 @@ def query_batches(
     never held whole in memory."""
     directory = checked_dir(run_dir)
     names = views_of(directory).names
-    with connect_confined(directory, sql, views=views) as con:
-        statements = _read_statements(con, sql, names)
-        with explained(directory, names):
-            for statement in statements:
-                con.execute(statement)
+    try:
+        con = _executed(directory, sql, views, unify=False)
+    except MixedColumns:  # a file between a table's first and last lacks one of their columns
+        con = _executed(directory, sql, views, unify=True)
+    with con:
         columns = [d[0] for d in con.description]
 
         def batches() -> Iterator[list[tuple]]:
@@ -229,6 +230,33 @@ def query_batches(
                     yield rows
 
         yield columns, batches()
+
+
+class MixedColumns(ValueError):
+    """A table's files do not all have the columns of its first and its last."""
+
+
+def _executed(
+    directory: Path, sql: str, views: Collection[str] | None, *, unify: bool
+) -> duckdb.DuckDBPyConnection:
+    """A confined connection that has run every statement of `sql` (the last one's rows still to
+    fetch); MixedColumns when a view bound from two files met a file with fewer columns."""
+    names = views_of(directory).names
+    con = connect_confined(directory, sql, views=views, unify=unify)
+    try:
+        statements = _read_statements(con, sql, names)
+        with explained(directory, names):
+            for statement in statements:
+                try:
+                    con.execute(statement)
+                except duckdb.InvalidInputException as exc:
+                    if not unify and "schema mismatch" in str(exc):
+                        raise MixedColumns(str(exc)) from exc
+                    raise
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 @contextlib.contextmanager
