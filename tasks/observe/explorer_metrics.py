@@ -95,7 +95,7 @@ class MetricRows:
     def _leave_out(self, step: int, stamp: Stamp, error: ValueError) -> None:
         folder = iteration_dir(self._run_dir, step) / "metrics"
         why = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        why = why.replace(f"{self._run_dir}{os.sep}", "")
+        why = why.replace(f"{self._run_dir}{os.sep}", "").split(": a table file of the run is damaged")[0]
         line = (
             f"step {step} left out of the plots: {folder.relative_to(self._run_dir)} cannot be read "
             f"({why[:300]}); training the run again recomputes it"
