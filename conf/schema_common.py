@@ -201,9 +201,9 @@ class OptimConfig(Section):
     lr: float = Field(1e-6, gt=0)
     """Peak learning rate."""
     lr_warmup_steps: int = -1
-    """Linear warm-up steps; negative means use lr_warmup_steps_ratio."""
+    """Linear warm-up steps; 0 or negative means use lr_warmup_steps_ratio (as every verl engine)."""
     lr_warmup_steps_ratio: float = Field(0.0, ge=0, le=1)
-    """Warm-up length as a fraction of total_training_steps (used when lr_warmup_steps < 0)."""
+    """Warm-up length as a fraction of total_training_steps (used when lr_warmup_steps ≤ 0)."""
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
     """Floor of the cosine schedule as a fraction of lr."""
     warmup_style: WarmupStyle = "constant"

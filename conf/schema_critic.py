@@ -71,6 +71,9 @@ class CriticConfig(Section):
     """Value clip range: new values stay within this distance of the old ones."""
     loss_agg_mode: LossAggMode = "token-mean"
     """How per-token value losses are averaged into one number."""
+    loss_scale_factor: float | None = Field(None, gt=0)
+    """seq-mean-token-sum-norm's constant divisor; None follows actor_rollout_ref.actor.loss_scale_factor
+    (as verl's), and then rollout.response_length."""
     ulysses_sequence_parallel_size: Literal[1] = 1
     """Sequence parallelism is not implemented; only 1 is accepted (verl compatibility)."""
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

@@ -26,6 +26,9 @@ class DataConfig(Section):
     """Longest response in tokens (verl's default is 512; 4 fits the built-in task)."""
     train_batch_size: int = Field(1024, gt=0)
     """Prompts per iteration; each is sampled actor_rollout_ref.rollout.n times."""
+    gen_batch_size: int | None = Field(None, gt=0)
+    """With algorithm.filter_groups.enable: prompts in each generation batch (verl's dataloader
+    batch; the first is the step's own prompts, cut or topped up to it); None: train_batch_size."""
     val_batch_size: int | None = Field(None, gt=0)
     """Prompts per validation batch; None validates the whole set at once."""
     return_raw_chat: bool = False

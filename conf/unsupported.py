@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
+from ppoflow.engine.names import OVERLONG_REWARD, RM_SCORE, TOOL_REWARD
 
 from .effects import DYNAMIC_BATCHING, DYNAMIC_UPDATES, INERT_MODEL_OVERRIDES, MODELS
 from .schema_checks import followed_source, get_key
@@ -45,6 +45,12 @@ def _not_the_actor_model(value: Any, cfg: "PPOFlowConfig") -> bool:
     return value is not None and Path(value).resolve() != Path(model).resolve()
 
 
+def _bypass_replaces_the_loss(cfg: "PPOFlowConfig") -> bool:
+    """Bypass mode with REINFORCE, importance weights or rejection: the bypass_mode loss runs."""
+    correction = cfg.algorithm.rollout_correction
+    return correction.bypass_mode and (correction.loss_type == "reinforce" or correction.corrects)
+
+
 UNSUPPORTED: tuple[Unsupported, ...] = (
     *(
         Unsupported(
@@ -68,22 +74,91 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         )
         for section in ("actor_rollout_ref.actor", "critic")
     ),
-    *(
-        Unsupported(
-            f"algorithm.rollout_correction.{key}",
-            lambda value, cfg: value is not None,
-            f"{what} is not implemented; ppoflow implements rollout_correction.bypass_mode=true "
-            "with loss_type=ppo_clip (set it to null)",
-        )
-        for key, what in (
-            ("rollout_is", "importance-sampling correction (rollout_is)"),
-            ("rollout_rs", "rejection sampling (rollout_rs)"),
-        )
+    Unsupported(
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        lambda value, cfg: value == "bypass_mode" and not cfg.algorithm.rollout_correction.bypass_mode,
+        "bypass_mode's loss takes the rollout's log-probs as the old ones: set "
+        "algorithm.rollout_correction.bypass_mode=true (with its loss_type, rollout_is and rollout_rs)",
     ),
     Unsupported(
-        "algorithm.rollout_correction.loss_type",
-        lambda value, cfg: value != "ppo_clip" and cfg.algorithm.rollout_correction.bypass_mode,
-        "bypass mode's REINFORCE loss with importance weights is not implemented: use ppo_clip",
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        lambda value, cfg: (
+            value not in ("vanilla", "bypass_mode")
+            and cfg.algorithm.rollout_correction.bypass_mode
+            and (
+                cfg.algorithm.rollout_correction.loss_type == "reinforce"
+                or cfg.algorithm.rollout_correction.corrects
+            )
+        ),
+        "bypass mode's REINFORCE loss, importance weights and rejection sampling are the bypass_mode "
+        "loss, which replaces this one (as verl's trainer does): use loss_mode=vanilla, or "
+        "loss_type=ppo_clip without rollout_is and rollout_rs",
+    ),
+    Unsupported(
+        "actor_rollout_ref.actor.policy_loss.dro_beta",
+        lambda value, cfg: value is None and cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "dro",
+        "loss_mode=dro needs the weight of its log-ratio penalty: set it to a number > 0",
+    ),
+    Unsupported(
+        "algorithm.gdpo_reward_keys",
+        lambda value, cfg: not value and cfg.algorithm.adv_estimator == "gdpo",
+        "adv_estimator=gdpo normalises each reward component on its own: list them, e.g. "
+        "[correctness,format]",
+    ),
+    Unsupported(
+        "algorithm.gdpo_reward_weights",
+        lambda value, cfg: (
+            value is not None
+            and len(value) != len(cfg.algorithm.gdpo_reward_keys or [])
+            and cfg.algorithm.adv_estimator == "gdpo"
+        ),
+        "give one weight per algorithm.gdpo_reward_keys entry (or none: all 1)",
+    ),
+    Unsupported(
+        "algorithm.adv_estimator",
+        lambda value, cfg: (
+            value in ("optimal_token_baseline", "tir_optimal_token_baseline")
+            and cfg.algorithm.rollout_correction.bypass_mode
+        ),
+        "the optimal token baselines read Σπ² from the old-log-prob pass, which bypass mode skips: set "
+        "algorithm.rollout_correction.bypass_mode=false",
+    ),
+    Unsupported(
+        "actor_rollout_ref.actor.calculate_sum_pi_squared",
+        lambda value, cfg: value and cfg.algorithm.rollout_correction.bypass_mode,
+        "Σπ² is read off the old-log-prob pass, which bypass mode skips: set "
+        "algorithm.rollout_correction.bypass_mode=false, or leave it false",
+    ),
+    Unsupported(
+        "algorithm.adv_estimator",
+        lambda value, cfg: value == "grpo_passk" and cfg.actor_rollout_ref.rollout.n < 2,
+        "grpo_passk compares the best two responses to a prompt: set actor_rollout_ref.rollout.n ≥ 2",
+    ),
+    Unsupported(
+        "algorithm.filter_groups.enable",
+        lambda value, cfg: value and cfg.actor_rollout_ref.rollout.n < 2,
+        "a group of one response has no spread to filter on: set actor_rollout_ref.rollout.n ≥ 2",
+    ),
+    Unsupported(
+        "algorithm.filter_groups.enable",
+        lambda value, cfg: value and cfg.reward_model.enable,
+        "dynamic sampling scores every generated response inside the rollouts stage with the rule "
+        "reward, before a reward model's stage runs: train it without reward_model.enable",
+    ),
+    Unsupported(
+        "algorithm.filter_groups.enable",
+        lambda value, cfg: value and cfg.algorithm.adv_estimator == "remax",
+        "ReMax's greedy baselines are generated for the step's prompts, not for the further batches "
+        "dynamic sampling draws: use another estimator",
+    ),
+    Unsupported(
+        "reward_model.overlong_buffer.len",
+        lambda value, cfg: (
+            cfg.reward_model.overlong_buffer.enable
+            and cfg.reward_model.reward_manager == "dapo"
+            and not 0 < value <= cfg.data.max_response_length
+        ),
+        "the overlong buffer must be > 0 and at most data.max_response_length tokens",
     ),
     Unsupported(
         "algorithm.use_pf_ppo",
@@ -179,12 +254,6 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         lambda value, cfg: value is not None,
         "ppoflow imports no module from a config: use a model transformers knows natively",
     ),
-    Unsupported(
-        "reward_model.reward_manager",
-        lambda value, cfg: value not in ("naive", "batch", "prime"),
-        "ppoflow scores each response with its reward function, as verl's naive, batch and prime "
-        "managers do; other managers (dapo's overlong penalty) change the reward",
-    ),
     *(
         Unsupported(
             f"{MULTI_TURN}.{key}",
@@ -229,6 +298,15 @@ UNSUPPORTED: tuple[Unsupported, ...] = (
         lambda value, cfg: value and cfg.actor_rollout_ref.actor.use_prefix_grouper,
         "a multi-turn response holds tool turns that a shared prompt pass does not cover: set "
         "actor_rollout_ref.actor.use_prefix_grouper=false",
+    ),
+    Unsupported(
+        "reward.weights",
+        lambda value, cfg: (
+            OVERLONG_REWARD in value
+            and (cfg.reward_model.reward_manager != "dapo" or not cfg.reward_model.overlong_buffer.enable)
+        ),
+        f"{OVERLONG_REWARD} weighs DAPO's overlong penalty, which needs reward_model.reward_manager=dapo "
+        f"and reward_model.overlong_buffer.enable=true: set them, or remove reward.weights.{OVERLONG_REWARD}",
     ),
     Unsupported(
         "reward.weights",

@@ -49,16 +49,26 @@ class ConfigYamlLoader(yaml.SafeLoader):
             seen.add(key)
 
 
+# Numbers are YAML 1.2's: no '_' inside a number and no base-60 ints. YAML 1.1 (PyYAML's default)
+# reads 0.5_2 as 0.52, 1_5 as 15 and 1:30 as 90, which would turn a rollout_is_threshold of
+# 'lower_upper' into one number; written so, such a value stays text (and a key that wants a number
+# says so). 1e-6 is a float, as in YAML 1.2 and verl's OmegaConf.
+_NUMBER_TAGS = ("tag:yaml.org,2002:float", "tag:yaml.org,2002:int")
 ConfigYamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:float"]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _NUMBER_TAGS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 ConfigYamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$"),
+    list("-+0123456789"),
+)
+ConfigYamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        r"""^(?:[-+]?(?:[0-9]+)\.[0-9]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9]+)(?:[eE][-+]?[0-9]+)
+        |[-+]?\.[0-9]+(?:[eE][-+]?[0-9]+)?
         |[-+]?\.(?:inf|Inf|INF)
         |\.(?:nan|NaN|NAN))$""",
         re.X,

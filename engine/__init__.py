@@ -58,13 +58,17 @@ Batching of an update
 
 Modules
     names: the closed vocabularies (estimators, loss_agg_mode, KL kinds, …); masking: masked
-    sum/mean/var/whiten and loss aggregation; advantages: the estimators; kl: KL estimators and the
-    β controllers; losses: policy and value losses, explained variance; logits: log-probs and entropy
-    from logits; forward: forward passes over (prompt, response) batches; batching: their
-    micro-batches (rows or a token budget); packing: padding-free packed passes; update: the actor
-    and critic update loops; optim: AdamW and the LR schedule; pf_ppo: PF-PPO resampling; rollout: sampling
-    engines; ppo: the stages as engine calls; metrics: verl's metrics; validation_metrics: verl's
-    validation metrics (mean@n, best@k, worst@k, maj@k); rewards, gsm8k: rule rewards;
-    data: which prompts each step uses, prompt truncation; models: loading actor, reference, critic;
-    lora: LoRA adapters (peft); tiny: the built-in tiny model and its addition task.
+    sum/mean/var/whiten and loss aggregation (Aggregation); advantages: the estimators' registry
+    (advantage_inputs: their inputs and settings; group_advantages, token_advantages: the
+    estimators); kl: KL estimators and the β controllers; policy_losses: the policy losses' registry
+    (policy_loss_inputs: their inputs and settings); rollout_correction: importance weights,
+    rejection sampling and their diagnostics; losses: the value loss, explained variance; logits:
+    log-probs, entropy and Σπ² from logits; forward: forward passes over (prompt, response) batches;
+    batching: their micro-batches (rows or a token budget); packing: padding-free packed passes;
+    update: the actor and critic update loops; optim: AdamW and the LR schedule; pf_ppo: PF-PPO
+    resampling; rollout: sampling engines; ppo: the stages as engine calls; metrics: verl's metrics;
+    validation_metrics: verl's validation metrics (mean@n, best@k, worst@k, maj@k); rewards, gsm8k:
+    rule rewards; data: which prompts each step uses, prompt truncation; models: loading actor,
+    reference, critic; lora: LoRA adapters (peft); tiny: the built-in tiny model and its addition
+    task.
 """

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .batching import ForwardBatching, micro_batches
-from .logits import entropy_from_logits, logprobs_from_logits
+from .logits import entropy_from_logits, logprobs_from_logits, sum_pi_squared_from_logits
 from .packing import PackedBatch, pack, packed_pass, use_packed_attention
 
 
@@ -158,26 +158,34 @@ def policy_forward(
     `share_prompts` (actor.use_prefix_grouper): rows with the same prompt share one forward pass of
     it (`shared_prompt_logits`); otherwise, or where that does not apply, each row runs whole:
     packed with `remove_padding` (`packed_response_logits`; 0 at padding), else padded."""
+    logits, labels, unpack = _token_logits(model, batch, temperature, share_prompts, remove_padding)
+    log_probs = unpack(logprobs_from_logits(logits, labels))
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = unpack(entropy_from_logits(logits))
+    return log_probs, entropy
+
+
+def _token_logits(
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    temperature: float,
+    share_prompts: bool,
+    remove_padding: bool,
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """(logits (…, V) / temperature at the positions that predict the response tokens, their labels
+    (…), and how per-token values (…) become (N, T)): the shared-prompt, packed or padded pass of
+    `policy_forward`."""
     logits = shared_prompt_logits(model, batch, temperature) if share_prompts else None
     if logits is None and remove_padding:
         packed, logits = packed_response_logits(model, batch, temperature)
         labels = batch.response_ids[packed.rows, packed.columns].to(logits.device)
         # (K, 1, V): the log-prob and entropy temporaries then go in chunks of rows (engine/logits.py)
-        per_token = logits[:, None]
-        log_probs = packed.unpack(logprobs_from_logits(per_token, labels[:, None])[:, 0])
-        entropy = None
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                entropy = packed.unpack(entropy_from_logits(per_token)[:, 0])
-        return log_probs, entropy
+        return logits[:, None], labels[:, None], lambda values: packed.unpack(values[:, 0])
     if logits is None:
         logits = response_logits(model, batch, temperature)
-    log_probs = logprobs_from_logits(logits, batch.response_ids.to(logits.device))
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = entropy_from_logits(logits)
-    return log_probs, entropy
+    return logits, batch.response_ids.to(logits.device), lambda values: values
 
 
 def packed_response_logits(
@@ -365,6 +373,33 @@ def compute_log_probs(
         )[0],
     )
     return torch.cat(parts).cpu() * batch.response_mask
+
+
+@torch.no_grad()
+def compute_log_probs_and_sum_pi_squared(
+    model: torch.nn.Module,
+    batch: SequenceBatch,
+    *,
+    temperature: float,
+    batching: ForwardBatching | int,
+    share_prompts: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`compute_log_probs` and, from the same pass, Σ_v π(v | s_t)² (N, T) of every response
+    position (verl's sum_pi_squared, for the optimal token baselines); both 0 at masked positions."""
+    batching = ForwardBatching.of(batching)
+    width = batch.response_ids.shape[1]
+    squares: list[torch.Tensor] = []
+
+    def forward(part: SequenceBatch) -> torch.Tensor:
+        logits, labels, unpack = _token_logits(
+            model, part, temperature, share_prompts, batching.remove_padding
+        )
+        square = unpack(sum_pi_squared_from_logits(logits))
+        squares.append(F.pad(square, (0, width - square.shape[1])))
+        return unpack(logprobs_from_logits(logits, labels))
+
+    parts = _in_eval_micro_batches(model, batch, batching, forward)
+    return torch.cat(parts).cpu() * batch.response_mask, torch.cat(squares).cpu() * batch.response_mask
 
 
 def _in_eval_micro_batches(

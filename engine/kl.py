@@ -17,13 +17,23 @@ KL_PENALTIES: tuple[str, ...] = get_args(KLPenalty)
 
 
 def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: KLPenalty) -> Tensor:
-    """Per-token KL estimate from d = log_probs − ref_log_probs.
+    """Per-token KL estimate from d = log_probs − ref_log_probs (verl's `kl_penalty`).
 
     log_probs: (N, T) log π(a_t|s_t) of the policy. ref_log_probs: (N, T) same for the reference.
     kind: "kl"/"k1": d; "abs": |d|; "mse"/"k2": ½·d²; "low_var_kl"/"k3": u = clamp(−d, −20, 20),
-    e^u − u − 1 clamped to [−10, 10]. Returns (N, T); masked positions hold the estimate of whatever
-    the inputs hold there (mask it before use).
+    e^u − u − 1 clamped to [−10, 10]. A "+" suffix (k1+, k3+, …) keeps that value but takes the
+    gradient of k2 = ½·d² (straight-through: k1 and k3 estimate the KL without bias, k2's gradient is
+    the KL's). Returns (N, T); masked positions hold the estimate of whatever the inputs hold there
+    (mask it before use).
     """
+    if kind.endswith("+"):
+        value = _kl_value(log_probs, ref_log_probs, kind[:-1])
+        gradient = 0.5 * (log_probs - ref_log_probs).square()
+        return gradient - gradient.detach() + value.detach()
+    return _kl_value(log_probs, ref_log_probs, kind)
+
+
+def _kl_value(log_probs: Tensor, ref_log_probs: Tensor, kind: str) -> Tensor:
     d = log_probs - ref_log_probs
     match kind:
         case "kl" | "k1":

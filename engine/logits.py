@@ -110,3 +110,15 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     """
     with_grad = logits.requires_grad and torch.is_grad_enabled()
     return _per_row(_entropy if with_grad else _entropy_no_grad, logits)
+
+
+def _sum_pi_squared(z: Tensor) -> Tensor:
+    return torch.softmax(z, dim=-1).square().sum(dim=-1)
+
+
+def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:
+    """Σ_v softmax(logits)_v² of each logits row (…, V) → (…), without gradient: verl's
+    sum_pi_squared, the collision probability of the next token (1 for a certain one, 1/V for a
+    uniform one)."""
+    with torch.no_grad():
+        return _per_row(_sum_pi_squared, logits)

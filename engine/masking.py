@@ -6,6 +6,9 @@ are selected away with `torch.where` rather than multiplied by 0.
 Conventions follow verl 0.9.1 `verl/utils/torch_functional.py` and `core_algos.agg_loss`.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
 from typing import get_args
 
 import torch
@@ -43,7 +46,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = Non
     """Mean of x over valid positions; 0 (not NaN) where there is no valid position.
 
     x: any shape. mask: broadcastable to x, 0/1; masked entries of x are ignored (may hold anything).
-    Returns a scalar when dim is None, else x reduced over dim.
+    Returns a scalar when dim is None, else x reduced over dim. (verl divides by the count + 1e-8;
+    with the integer and boolean masks its trainer passes, that sum is taken in float32, where the
+    1e-8 vanishes: the exact count, as here.)
     """
     count = _count(x, mask, dim)
     return masked_sum(x, mask, dim) / count.clamp(min=1)
@@ -61,7 +66,8 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     if not unbiased:
         return variance
     n = _count(x, mask, None)
-    bessel = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n))
+    # verl's factor is n/(n − 1) of its integer mask's count: a float32 value, as here
+    bessel = torch.where(n > 1, n / (n - 1).clamp(min=1), torch.zeros_like(n)).to(torch.float32)
     return variance * bessel
 
 
@@ -77,47 +83,80 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
     return whitened if shift_mean else whitened + mean
 
 
-def agg_denominator(mask: Tensor, mode: LossAggMode) -> float:
-    """The count `agg_loss` divides by, for mask (N, T) 0/1, clamped to ≥ 1.
+@dataclass(frozen=True)
+class Aggregation:
+    """How per-token losses become one number (verl's `agg_loss` with its global batch info).
 
-    token-mean: valid tokens. seq-mean-token-sum, seq-mean-token-mean: rows with ≥ 1 valid token.
-    seq-mean-token-sum-norm: rows with ≥ 1 valid token × T (the padded length, so extra padding
-    columns change it; verl ≥ 0.9.0 leaves fully masked rows out, as for seq-mean-token-sum).
-    Under gradient accumulation compute it once on the whole mini-batch mask (summed over data-parallel
-    ranks) and pass it to `agg_loss` for every micro-batch.
+    mode: the loss_agg_mode. The counts are those of the whole mini-batch, summed over data-parallel
+    ranks, so that every micro-batch's loss is its share of the mini-batch loss and gradients simply
+    add up (no extra 1/num_micro_batches; 1 × 8 and 4 × 2 micro-batches give the same gradient).
+    A count left None is taken from the one call's mask, as verl's `agg_loss` does without global
+    batch info (standalone use and tests).
     """
-    valid = mask != 0
-    match mode:
-        case "token-mean":
-            count = valid.sum().item()
-        case "seq-mean-token-sum" | "seq-mean-token-mean":
-            count = valid.any(dim=-1).sum().item()
-        case "seq-mean-token-sum-norm":
-            count = valid.any(dim=-1).sum().item() * mask.shape[-1]
-        case _:
-            raise ValueError(f"unknown loss_agg_mode {mode!r}; valid choices: {', '.join(LOSS_AGG_MODES)}")
-    return float(max(count, 1))
+
+    mode: LossAggMode
+    tokens: float | None = None
+    """Valid tokens of the mini-batch (verl's batch_num_tokens): token-mean's divisor."""
+    rows: float | None = None
+    """Rows of the mini-batch, rows without a valid token included (verl's global_batch_size: the
+    trainer passes ppo_mini_batch_size × rollout.n): the seq-mean modes' divisor. None: this call's
+    rows with at least one valid token (verl without global batch info)."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's second divisor (verl's actor.loss_scale_factor; ppoflow's training
+    passes rollout.response_length when it is unset, the width verl's agent loop pads responses to).
+    None: the mask's width T."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in LOSS_AGG_MODES:
+            raise ValueError(
+                f"unknown loss_agg_mode {self.mode!r}; valid choices: {', '.join(LOSS_AGG_MODES)}"
+            )
+        for name in ("tokens", "rows", "loss_scale_factor"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Aggregation.{name} must be > 0, got {value}")
+
+    def with_mode(self, mode: LossAggMode) -> Aggregation:
+        """The same counts under another mode (SAPO aggregates per sequence whatever is configured)."""
+        return replace(self, mode=mode)
 
 
-def agg_loss(loss_mat: Tensor, mask: Tensor, mode: LossAggMode, denominator: float | None = None) -> Tensor:
-    """Aggregate a per-token loss to a scalar: numerator(mode) / denominator.
+def mini_batch_aggregation(
+    mask: Tensor, mode: LossAggMode, loss_scale_factor: float | None = None
+) -> Aggregation:
+    """The Aggregation of a mini-batch of mask (N, T) 0/1, as verl's trainer passes it: its valid
+    tokens (at least 1) and its N rows. Compute it once on the whole mini-batch (before it is split
+    over ranks and micro-batches) and pass it to every micro-batch's loss."""
+    tokens = float(max(int((mask != 0).sum().item()), 1))
+    return Aggregation(
+        mode, tokens=tokens, rows=float(max(mask.shape[0], 1)), loss_scale_factor=loss_scale_factor
+    )
+
+
+def agg_loss(loss_mat: Tensor, mask: Tensor, agg: Aggregation) -> Tensor:
+    """Aggregate a per-token loss to a scalar (verl's `agg_loss`).
 
     loss_mat: (N, T) per-token loss; masked positions are ignored (may hold anything).
-    mask: (N, T) 0/1. Numerators: token-mean, seq-mean-token-sum and seq-mean-token-sum-norm: Σ L·M;
-    seq-mean-token-mean: Σ over rows of (Σ_t L·M / Σ_t M), rows without a valid token adding 0.
-    denominator: `agg_denominator` of the whole mini-batch (summed over data-parallel ranks) when this
-    call sees one micro-batch; then the micro-batch losses simply add up (no extra 1/num_micro_batches)
-    and 1×8 and 4×2 micro-batches give the same gradient. None: `agg_denominator(mask, mode)`.
+    mask: (N, T) 0/1. With S_i = Σ_t L·M of row i and n_i its valid tokens:
+    token-mean: Σ_i S_i / tokens; token-sum: Σ_i S_i; seq-mean-token-sum: Σ_i S_i / rows;
+    seq-mean-token-sum-norm: Σ_i S_i / rows / loss_scale_factor; seq-mean-token-mean:
+    Σ_{i: n_i > 0} (S_i / n_i) / rows. `agg`'s counts default to this call's (see Aggregation).
     """
-    match mode:
-        case "token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm":
-            numerator = masked_sum(loss_mat, mask)
-        case "seq-mean-token-mean":
-            numerator = masked_mean(loss_mat, mask, dim=-1).sum()
-        case _:
-            raise ValueError(f"unknown loss_agg_mode {mode!r}; valid choices: {', '.join(LOSS_AGG_MODES)}")
-    if denominator is None:
-        denominator = agg_denominator(mask, mode)
-    elif denominator <= 0:
-        raise ValueError(f"denominator must be > 0, got {denominator}")
-    return numerator / denominator
+    valid = mask != 0
+    match agg.mode:  # the sums in verl's order: the token modes over the whole batch, the others by row
+        case "token-sum":
+            return masked_sum(loss_mat, mask)
+        case "token-mean":
+            tokens = agg.tokens if agg.tokens is not None else max(int(valid.sum().item()), 1)
+            return masked_sum(loss_mat, mask) / tokens
+        case "seq-mean-token-sum" | "seq-mean-token-mean" | "seq-mean-token-sum-norm":
+            row_sums = masked_sum(loss_mat, mask, dim=-1)
+            if agg.mode == "seq-mean-token-mean":
+                counts = valid.sum(dim=-1).to(row_sums.dtype)
+                row_sums = torch.where(counts > 0, row_sums / counts.clamp(min=1), 0.0)
+            rows = agg.rows if agg.rows is not None else max(int(valid.any(dim=-1).sum().item()), 1)
+            loss = row_sums.sum() / rows
+            if agg.mode == "seq-mean-token-sum-norm":
+                loss = loss / (agg.loss_scale_factor or mask.shape[-1])
+            return loss
+    raise ValueError(f"unknown loss_agg_mode {agg.mode!r}; valid choices: {', '.join(LOSS_AGG_MODES)}")

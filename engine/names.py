@@ -4,16 +4,82 @@ module imports nothing, so the config can use it without loading torch."""
 
 from typing import Literal
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-"""algorithm.adv_estimator: how advantages are computed (engine/advantages.py)."""
-PolicyLossMode = Literal["vanilla"]
-"""verl's actor.policy_loss.loss_mode values that ppoflow implements: the clipped surrogate with dual
-clip (`engine/losses.py`)."""
+AdvEstimator = Literal[
+    "gae",
+    "grpo",
+    "grpo_vectorized",
+    "gdpo",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+]
+"""algorithm.adv_estimator: how advantages are computed, verl 0.9.1's ADV_ESTIMATOR_REGISTRY
+(engine/advantages.py)."""
+PolicyLossMode = Literal[
+    "vanilla",
+    "dppo_tv",
+    "dppo_kl",
+    "gspo",
+    "sapo",
+    "gpg",
+    "clip_cov",
+    "kl_cov",
+    "geo_mean",
+    "dro",
+    "cispo",
+    "bypass_mode",
+]
+"""actor.policy_loss.loss_mode: verl 0.9.1's POLICY_LOSS_REGISTRY (engine/policy_losses.py)."""
+BypassLossType = Literal["ppo_clip", "reinforce"]
+"""algorithm.rollout_correction.loss_type: the loss of bypass mode (engine/policy_losses.py)."""
+RolloutISLevel = Literal["token", "sequence"]
+"""algorithm.rollout_correction.rollout_is: importance weights per token or per sequence
+(engine/rollout_correction.py)."""
+RolloutRSOption = Literal[
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+]
+"""One criterion of algorithm.rollout_correction.rollout_rs (a comma-separated list of them):
+rejection sampling by a divergence between the trainer's and the rollout's log-probs."""
 
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAggMode = Literal[
+    "token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
 """*.loss_agg_mode: how per-token losses become one number (engine/masking.py)."""
-KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
-"""algorithm.kl_penalty / actor.kl_loss_type: the per-token KL estimator (engine/kl.py)."""
+KLPenalty = Literal[
+    "kl",
+    "k1",
+    "abs",
+    "mse",
+    "k2",
+    "low_var_kl",
+    "k3",
+    "kl+",
+    "k1+",
+    "abs+",
+    "mse+",
+    "k2+",
+    "low_var_kl+",
+    "k3+",
+]
+"""algorithm.kl_penalty / actor.kl_loss_type: the per-token KL estimator (engine/kl.py); a "+"
+suffix keeps the value and takes the gradient of k2 (verl's straight-through estimator)."""
 WarmupStyle = Literal["constant", "cosine"]
 """*.optim.warmup_style: the LR schedule after warmup (engine/optim.py)."""
 Truncation = Literal["error", "left", "right", "middle"]
@@ -51,6 +117,10 @@ weight in the score is reward.weights.rm_score."""
 
 BUILTIN_TOOL_CLASSES = ("ppoflow:calculator", "ppoflow:gsm8k_answer", "verl.tools.gsm8k_tool.Gsm8kTool")
 """Tool config class_names of ppoflow's built-in tools (engine/tools.py); verl's GSM8K tool is one."""
+
+OVERLONG_REWARD = "overlong"
+"""The reward component that holds DAPO's overlong penalty (reward_model.reward_manager=dapo), ≤ 0;
+its weight in the score is reward.weights.overlong (1 when unset, as verl adds it)."""
 
 TOOL_REWARD = "tool"
 """The reward component that holds the sum of the rewards a multi-turn response's tool calls returned

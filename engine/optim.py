@@ -31,8 +31,9 @@ class OptimSettings:
 
 
 def resolve_warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int) -> int:
-    """verl's rule: `lr_warmup_steps` when it is ≥ 0, else ratio × total steps (its default is -1)."""
-    return lr_warmup_steps if lr_warmup_steps >= 0 else int(lr_warmup_steps_ratio * total_steps)
+    """verl's rule, as every verl 0.9.1 engine applies it: `lr_warmup_steps` when it is > 0, else
+    ratio × total steps (so 0 and the default -1 both take the ratio)."""
+    return lr_warmup_steps if lr_warmup_steps > 0 else int(lr_warmup_steps_ratio * total_steps)
 
 
 def lr_multiplier(step: int, settings: OptimSettings) -> float:

@@ -8,14 +8,14 @@ whole PPO iteration (the tests do exactly that).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .advantages import AdvEstimator, compute_advantages
+from .advantages import AdvantageInputs, AdvantageSpec, compute_advantages
 from .batching import ForwardBatching
-from .forward import SequenceBatch, compute_log_probs
+from .forward import SequenceBatch, compute_log_probs, compute_log_probs_and_sum_pi_squared
 from .kl import KLPenalty, apply_kl_penalty
 from .multi_turn import MultiTurnLimits, ToolRunner, Trajectory, TurnCodec, rollout_output, run_multi_turn
 from .rollout import (
@@ -26,6 +26,7 @@ from .rollout import (
     row_prefixes,
     sample_seed,
 )
+from .rollout_correction import Correction, RolloutCorrectionSettings, rollout_correction
 from .tools import ToolContext
 
 
@@ -75,6 +76,9 @@ class Rollouts:
     """Wall seconds of each phase, by verl's timer names: gen, old_log_prob, ref (with a reference)."""
     trajectories: list[Trajectory] | None = None
     """Multi-turn: each response's turns, response mask (0 on tool tokens) and tool rewards."""
+    sum_pi_squared: list[list[float]] | None = None
+    """Σ_v π(v | s_t)² of each response token from the old-log-prob pass (0 on tool tokens), when
+    asked for (the optimal token baselines, actor.calculate_sum_pi_squared)."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ def generate_rollouts(
     batching: ForwardBatching | int,
     ref_batching: ForwardBatching | int | None = None,
     recompute_old_log_probs: bool = True,
+    sum_pi_squared: bool = False,
     share_prompts: bool = False,
     first_prompt: int = 0,
     on_batch: Callable[[int], None] | None = None,
@@ -111,7 +116,8 @@ def generate_rollouts(
     trainer's forward pass at the sampling temperature, in the micro-batches of `batching` (and
     `ref_batching`, default the same). Without
     `recompute_old_log_probs` (verl's rollout_correction.bypass_mode) the old log-probs are the
-    engine's own, and there is no actor pass (no old_log_prob timer). `share_prompts`
+    engine's own, and there is no actor pass (no old_log_prob timer); `sum_pi_squared` (which needs
+    that pass) also keeps Σπ² of every token from it. `share_prompts`
     (actor.use_prefix_grouper): a prompt's n responses share its forward pass in both passes
     (`forward.shared_prompt_logits`). Response j of prompt i samples from
     `sample_seed(seed, first_prompt + i, j)`: a device given the prompts from `first_prompt` on of a
@@ -147,16 +153,18 @@ def generate_rollouts(
         batch = build_sequence_batch(
             repeated, out.response_ids, pad_token_id=pad_token_id, response_masks=masks
         )
+    squares = None
     if recompute_old_log_probs:
-        old = compute_log_probs(
-            actor,
-            batch,
-            temperature=temperature,
-            batching=batching,
-            share_prompts=share_prompts,
-        )
+        passes = dict(temperature=temperature, batching=batching, share_prompts=share_prompts)
+        if sum_pi_squared:
+            old, square = compute_log_probs_and_sum_pi_squared(actor, batch, **passes)
+            squares = unpad(square, batch)
+        else:
+            old = compute_log_probs(actor, batch, **passes)
         old_log_probs = unpad(old, batch)
         seconds["old_log_prob"] = time.perf_counter() - generated
+    elif sum_pi_squared:
+        raise ValueError("sum_pi_squared comes from the old-log-prob pass, which bypass mode skips")
     else:
         old_log_probs = [list(row) for row in out.rollout_log_probs]
     ref = None
@@ -183,34 +191,53 @@ def generate_rollouts(
         ref_log_probs=ref,
         seconds=seconds,
         trajectories=trajectories,
+        sum_pi_squared=squares,
     )
 
 
 def place_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """token_level_scores (N, T): each sequence's scalar score at its last valid token (the last 1
     of `response_mask`: in a multi-turn response, the model's last token, never a tool's), 0
-    elsewhere."""
+    elsewhere; a row without a valid token has its score in the last column, as verl's reward
+    managers place it (at valid_response_length − 1 = −1): the group estimators count it, the
+    token-wise ones (GAE, REINFORCE++) skip a masked position."""
     token_level = torch.zeros_like(response_mask, dtype=torch.float32)
-    has_tokens = response_mask.sum(-1) > 0
-    if not bool(has_tokens.any()):
+    if token_level.shape[1] == 0:
         return token_level
     positions = torch.arange(1, response_mask.shape[1] + 1, device=response_mask.device)
-    last = ((response_mask != 0).long() * positions).amax(dim=-1) - 1
-    rows = torch.arange(len(scores))[has_tokens]
-    token_level[rows, last[has_tokens]] = scores[has_tokens].float()
+    last = ((response_mask != 0).long() * positions).amax(dim=-1) - 1  # −1 for a row without tokens
+    token_level[torch.arange(len(scores)), last] = scores.float()
     return token_level
 
 
 @dataclass(frozen=True)
 class AdvantageSettings:
-    """algorithm.* as the advantage computation reads it (defaults: the config's)."""
+    """algorithm.* as the advantage computation reads it (built once by the run plan)."""
 
-    adv_estimator: AdvEstimator
-    gamma: float
-    lam: float
-    norm_adv_by_std_in_grpo: bool
+    estimator: AdvantageSpec
     use_kl_in_reward: bool
     kl_penalty: KLPenalty
+    rollout_correction: RolloutCorrectionSettings | None = None
+    """Decoupled mode: importance weights and rejection of the old log-probs against the rollout's,
+    taken before the estimator as verl's trainer does (at least its rollout_corr/* diagnostics);
+    None in bypass mode, where the old log-probs are the rollout's."""
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """What the advantage stage reads of a step besides its scores: (N, T) per-token tensors and
+    (N,) per-row ones; None where the run has none."""
+
+    response_mask: torch.Tensor
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    group_id: torch.Tensor | None = None
+    reward_baselines: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
+    reward_components: Mapping[str, torch.Tensor] | None = None
+    """Component name → (N,) its value per response (gdpo)."""
 
 
 @dataclass
@@ -219,44 +246,44 @@ class AdvantageResult:
     advantages: torch.Tensor
     returns: torch.Tensor
     current_kl: float | None
+    correction: Correction | None
+    """Decoupled rollout correction's weights, rejection mask and rollout_corr/* metrics."""
 
 
 def compute_advantage_stage(
-    scores: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    settings: AdvantageSettings,
-    kl_coef: float,
-    old_log_probs: torch.Tensor | None = None,
-    ref_log_probs: torch.Tensor | None = None,
-    values: torch.Tensor | None = None,
-    group_id: torch.Tensor | None = None,
-    reward_baselines: torch.Tensor | None = None,
+    scores: torch.Tensor, step: StepTensors, *, settings: AdvantageSettings, kl_coef: float
 ) -> AdvantageResult:
-    """Scores → token-level rewards (minus β·KL when use_kl_in_reward) → advantages and returns."""
-    token_level_scores = place_scores(scores, response_mask)
+    """Scores → token-level rewards (minus β·KL when use_kl_in_reward) → decoupled rollout correction
+    (its rejected tokens leave the mask) → advantages and returns, in verl's order."""
+    mask = step.response_mask
+    token_level_scores = place_scores(scores, mask)
     current_kl = None
     rewards = token_level_scores
     if settings.use_kl_in_reward:
-        if old_log_probs is None or ref_log_probs is None:
+        if step.old_log_probs is None or step.ref_log_probs is None:
             raise ValueError("use_kl_in_reward needs old_log_probs and ref_log_probs")
         rewards, current_kl = apply_kl_penalty(
             token_level_scores,
-            old_log_probs,
-            ref_log_probs,
-            response_mask,
+            step.old_log_probs,
+            step.ref_log_probs,
+            mask,
             kl_coef=kl_coef,
             kind=settings.kl_penalty,
         )
-    advantages, returns = compute_advantages(
-        settings.adv_estimator,
+    correction = None
+    old, rollout = step.old_log_probs, step.rollout_log_probs
+    if settings.rollout_correction is not None and old is not None and rollout is not None:
+        correction = rollout_correction(old, rollout, mask, settings.rollout_correction)
+    inputs = AdvantageInputs(
         token_level_rewards=rewards,
-        response_mask=response_mask,
-        values=values,
-        group_id=group_id,
-        gamma=settings.gamma,
-        lam=settings.lam,
-        norm_adv_by_std_in_grpo=settings.norm_adv_by_std_in_grpo,
-        reward_baselines=reward_baselines,
+        response_mask=correction.response_mask if correction is not None else mask,
+        group_id=step.group_id,
+        values=step.values,
+        reward_baselines=step.reward_baselines,
+        old_log_probs=step.old_log_probs,
+        sum_pi_squared=step.sum_pi_squared,
+        rollout_is_weights=correction.weights if correction is not None else None,
+        reward_components=step.reward_components,
     )
-    return AdvantageResult(rewards, advantages, returns, current_kl)
+    advantages, returns = compute_advantages(settings.estimator, inputs)
+    return AdvantageResult(rewards, advantages, returns, current_kl, correction)

@@ -106,3 +106,12 @@ def _number(value: object) -> float | None:
 def _preview(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def overlong_penalty(length: int, settings) -> float:
+    """DAPO's overlong reward shaping (verl's DAPO reward manager): with buffer b, penalty factor f and
+    response limit L_max, a response of `length` tokens gets min(0, −(length − (L_max − b)) / b · f):
+    0 until the last b tokens, then falling linearly to −f at L_max. `settings`: buffer,
+    penalty_factor, max_response_length."""
+    exceed = length - (settings.max_response_length - settings.buffer)
+    return min(-exceed / settings.buffer * settings.penalty_factor, 0.0)

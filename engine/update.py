@@ -1,8 +1,9 @@
 """Actor and critic update loops: PPO epochs × mini-batches (one optimizer step each) ×
 micro-batches (gradient accumulation).
 
-Each micro-batch loss is normalised by the aggregation denominator of its whole mini-batch
-(`agg_denominator`), so splitting a mini-batch into micro-batches never changes the gradient.
+Each micro-batch loss is normalised by the counts of its whole mini-batch
+(`masking.mini_batch_aggregation`), so splitting a mini-batch into micro-batches never changes the
+gradient.
 Metrics use verl's names; per-mini-batch values are averaged over the update.
 """
 
@@ -18,10 +19,11 @@ import torch
 from .batching import micro_batches
 from .forward import SequenceBatch, inner_model, model_device, policy_forward, value_forward
 from .kl import KLPenalty, kl_penalty
-from .losses import compute_policy_loss, compute_value_loss
-from .masking import LossAggMode, agg_denominator, agg_loss, masked_mean
+from .losses import compute_value_loss
+from .masking import Aggregation, LossAggMode, agg_loss, masked_mean, mini_batch_aggregation
 from .metrics import reduce_update_steps
 from .parallel import LocalStepper
+from .policy_losses import PolicyLossSpec, PolicyTokens, compute_policy_loss
 
 Stepper = LocalStepper
 """Backward, optimizer step and metric reduction of one rank (engine/parallel.py)."""
@@ -39,12 +41,12 @@ class ActorUpdateSettings:
     """ppo_micro_batch_size_per_gpu: rows per forward/backward (gradient accumulation)."""
     temperature: float
     """The temperature the rollouts' old log-probs were computed at (rollout.temperature; 1 if greedy)."""
-    clip_ratio_low: float
-    """clip_ratio_low, or clip_ratio when unset."""
-    clip_ratio_high: float
-    """clip_ratio_high, or clip_ratio when unset."""
-    clip_ratio_c: float
+    policy_loss: PolicyLossSpec
+    """policy_loss.loss_mode and its settings (engine/policy_losses.py)."""
     loss_agg_mode: LossAggMode
+    loss_scale_factor: float
+    """seq-mean-token-sum-norm's divisor: actor.loss_scale_factor, else rollout.response_length (the
+    width verl's agent loop pads every response to)."""
     entropy_coeff: float
     use_kl_loss: bool
     kl_loss_coef: float
@@ -77,6 +79,8 @@ class CriticUpdateSettings:
     """ppo_micro_batch_size_per_gpu."""
     cliprange_value: float
     loss_agg_mode: LossAggMode
+    loss_scale_factor: float
+    """critic.loss_scale_factor (seq-mean-token-sum-norm), else rollout.response_length."""
     grad_clip: float
     shuffle: bool
     gradient_checkpointing: bool = field(default=False, metadata={"cache_key": False})
@@ -113,9 +117,11 @@ def mini_batches(n_rows: int, size: int, *, epochs: int, shuffle: bool, seed: in
 
 
 Cells = tuple[torch.Tensor, slice]
-MicroLoss = Callable[[Cells, SequenceBatch, float], tuple[torch.Tensor, dict[str, float], dict[str, float]]]
+MicroLoss = Callable[
+    [Cells, SequenceBatch, Aggregation], tuple[torch.Tensor, dict[str, float], dict[str, float]]
+]
 """(the micro-batch's cells of the mini-batch's (N, T) per-token tensors: its row ids and its
-response columns; its rows without padding columns; the mini-batch denominator) →
+response columns; its rows without padding columns; the mini-batch's aggregation) →
 (loss, summed metrics, token-mean metrics)."""
 
 
@@ -152,7 +158,7 @@ def _optimize(
     on_step: Callable[[int], None] | None,
 ) -> UpdateResult:
     """The loop both updates share: epochs × mini-batches (one clipped optimizer step each) ×
-    micro-batches (gradient accumulation over the whole mini-batch's denominator). With several
+    micro-batches (gradient accumulation over the whole mini-batch's aggregation counts). With several
     ranks, each takes its contiguous share of every mini-batch (`stepper.rank` of `stepper.world`)
     and the strategy reduces the gradients. Per step, loss terms are summed over micro-batches (each
     is already a share of the mini-batch loss) and token-level metrics are weighted by each
@@ -166,7 +172,7 @@ def _optimize(
             len(batch), s.mini_batch_size, epochs=s.ppo_epochs, shuffle=s.shuffle, seed=seed
         ):
             mask = batch.response_mask[rows]
-            denominator = agg_denominator(mask, s.loss_agg_mode)
+            aggregation = mini_batch_aggregation(mask, s.loss_agg_mode, s.loss_scale_factor)
             step: dict[str, float] = defaultdict(float)
             own = rows.chunk(stepper.world)[stepper.rank]
             micros = micro_batches(
@@ -181,7 +187,7 @@ def _optimize(
             for position, micro in enumerate(micros):
                 part = batch.select(micro).without_padding().to(device)
                 cells = (micro, slice(0, part.response_ids.shape[1]))
-                loss, summed, token_means = micro_loss(cells, part, denominator)
+                loss, summed, token_means = micro_loss(cells, part, aggregation)
                 stepper.backward(loss, last=position == len(micros) - 1)
                 share = float(part.response_mask.sum()) / max(1.0, float(mask.sum()))
                 for name, value in summed.items():
@@ -207,11 +213,14 @@ def update_actor(
     ref_log_probs: torch.Tensor | None,
     settings: ActorUpdateSettings,
     seed: int,
+    rollout_is_weights: torch.Tensor | None = None,
     on_step: Callable[[int], None] | None = None,
     stepper: Stepper | None = None,
 ) -> UpdateResult:
-    """PPO policy update over `batch` (N rows): one `actor/*` metrics row per optimizer step;
-    `seed` orders the mini-batches when settings.shuffle. `stepper` spreads it over ranks
+    """Policy update over `batch` (N rows) with settings.policy_loss: one `actor/*` metrics row per
+    optimizer step; `seed` orders the mini-batches when settings.shuffle and seeds the losses'
+    random choices (clip_cov). `rollout_is_weights` (N, T): decoupled rollout correction's weights
+    (its rejected tokens are already 0 in batch.response_mask). `stepper` spreads it over ranks
     (engine/parallel.py); by default it runs in this process."""
     if settings.use_kl_loss and ref_log_probs is None:
         raise ValueError("use_kl_loss needs ref_log_probs")
@@ -219,8 +228,11 @@ def update_actor(
     device = model_device(model)
     old_log_probs, advantages = old_log_probs.to(device), advantages.to(device)
     ref_log_probs = ref_log_probs.to(device) if ref_log_probs is not None else None
+    weights = rollout_is_weights.to(device) if rollout_is_weights is not None else None
+    stepper = stepper or LocalStepper(model, optimizer)
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + stepper.rank)
 
-    def micro_loss(cells, part, denominator):
+    def micro_loss(cells, part, aggregation):
         log_probs, entropy = policy_forward(
             model,
             part,
@@ -230,33 +242,27 @@ def update_actor(
             share_prompts=s.share_prompts,
             remove_padding=s.remove_padding,
         )
-        pg_loss, pg_metrics = compute_policy_loss(
+        tokens = PolicyTokens(
             old_log_probs[cells],
             log_probs,
             advantages[cells],
             part.response_mask,
-            clip_ratio_low=s.clip_ratio_low,
-            clip_ratio_high=s.clip_ratio_high,
-            clip_ratio_c=s.clip_ratio_c,
-            loss_agg_mode=s.loss_agg_mode,
-            denominator=denominator,
+            weights[cells] if weights is not None else None,
+            generator,
         )
-        entropy_loss = agg_loss(entropy, part.response_mask, s.loss_agg_mode, denominator)
+        pg_loss, pg_metrics = compute_policy_loss(s.policy_loss, tokens, aggregation)
+        entropy_loss = agg_loss(entropy, part.response_mask, aggregation)
         loss = pg_loss - s.entropy_coeff * entropy_loss  # with coefficient 0: no graph, pg_loss exactly
         summed = {"actor/pg_loss": pg_loss.item(), "actor/entropy": entropy_loss.item()}
         if s.use_kl_loss:
             kl_loss = agg_loss(
-                kl_penalty(log_probs, ref_log_probs[cells], s.kl_loss_type),
-                part.response_mask,
-                s.loss_agg_mode,
-                denominator,
+                kl_penalty(log_probs, ref_log_probs[cells], s.kl_loss_type), part.response_mask, aggregation
             )
             loss = loss + s.kl_loss_coef * kl_loss
             summed["actor/kl_loss"] = kl_loss.item()
             pg_metrics = pg_metrics | {"actor/kl_coef": s.kl_loss_coef}  # a share-weighted constant
         return loss, summed, pg_metrics
 
-    stepper = stepper or LocalStepper(model, optimizer)
     return _optimize(model, stepper, batch, settings, seed, "actor", micro_loss, on_step)
 
 
@@ -277,7 +283,7 @@ def update_critic(
     device = model_device(critic)
     values, returns = values.to(device), returns.to(device)
 
-    def micro_loss(cells, part, denominator):
+    def micro_loss(cells, part, aggregation):
         vpreds = value_forward(critic, part, remove_padding=s.remove_padding)
         vf_loss, vf_metrics = compute_value_loss(
             vpreds,
@@ -285,8 +291,7 @@ def update_critic(
             returns[cells],
             part.response_mask,
             cliprange_value=s.cliprange_value,
-            loss_agg_mode=s.loss_agg_mode,
-            denominator=denominator,
+            agg=aggregation,
         )
         token_means = vf_metrics | {
             "critic/vpred_mean": masked_mean(vpreds.detach(), part.response_mask).item()

@@ -128,6 +128,22 @@ def test_every_closed_vocabulary_is_defined_once():
     assert imported_modules(names) == {"typing"}, "engine/names.py must import nothing but typing"
 
 
+def test_each_registry_holds_exactly_its_vocabularys_names():
+    """The policy-loss and estimator registries (STYLE.md rule 9) have one entry per name of their
+    Literal, the names the config accepts, and each entry's settings type is a dataclass."""
+    import dataclasses
+    from typing import get_args
+
+    from ppoflow.engine.advantages import ADVANTAGE_ESTIMATORS
+    from ppoflow.engine.names import AdvEstimator, PolicyLossMode
+    from ppoflow.engine.policy_losses import POLICY_LOSSES
+
+    assert list(POLICY_LOSSES) == list(get_args(PolicyLossMode))
+    assert list(ADVANTAGE_ESTIMATORS) == list(get_args(AdvEstimator))
+    for entry in (*POLICY_LOSSES.values(), *ADVANTAGE_ESTIMATORS.values()):
+        assert dataclasses.is_dataclass(entry.settings), entry
+
+
 TASKS_ORDER = ["faults", "storage", "pipeline", "observe", "models", "retraining", "stages"]
 """tasks/'s parts, each importing only those before it: the run's storage knows nothing of how stages
 run, the pipeline knows where models live only as a protocol, and where models live knows nothing of

@@ -104,6 +104,7 @@ def rollout_share(
         batching=request.log_prob_batching,
         ref_batching=request.ref_log_prob_batching,
         recompute_old_log_probs=request.recompute_old_log_probs,
+        sum_pi_squared=request.sum_pi_squared,
         share_prompts=request.share_prompts,
         first_prompt=first_prompt,
         on_batch=on_batch,

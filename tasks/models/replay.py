@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ppoflow.engine.forward import SequenceBatch
 from ppoflow.engine.update import (
     CriticUpdateSettings,
     Stepper,
@@ -51,6 +52,15 @@ def run_update(
     rollouts, advantages = rollouts.take(order), advantages.take(order)
     batch = sequence_batch(rollouts, pad_token_id)
     width = batch.response_ids.shape[1]
+    rejected = _optional_tokens(advantages, "rollout_rs_rejected", width)
+    if rejected is not None:  # decoupled rejection sampling: those tokens train neither model
+        batch = SequenceBatch(
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask * (1.0 - rejected),
+            batch.attended,
+        )
     if role == "critic":
         if not isinstance(inputs.settings, CriticUpdateSettings):
             raise TypeError(
@@ -77,8 +87,14 @@ def run_update(
             ref_log_probs=token_tensor(rollouts, "ref_log_probs", width),
             settings=inputs.settings,
             seed=inputs.step,
+            rollout_is_weights=_optional_tokens(advantages, "rollout_is_weights", width),
             on_step=on_step,
             stepper=stepper,
         )
     scheduler.step()
     return result
+
+
+def _optional_tokens(table, column: str, width: int) -> torch.Tensor | None:
+    """`token_tensor` of a column that tables written before it existed lack."""
+    return token_tensor(table, column, width) if column in table.column_names else None

@@ -393,6 +393,7 @@ def _share_starts(n: int, world: int) -> list[int]:
 def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
     joined = Rollouts([], [], [], [], [], [], None if shares[0].ref_log_probs is None else [], {})
     joined.trajectories = None if shares[0].trajectories is None else []
+    joined.sum_pi_squared = None if shares[0].sum_pi_squared is None else []
     for share, start in zip(shares, starts, strict=False):
         joined.prompt_index += [start + i for i in share.prompt_index]
         joined.sample_index += share.sample_index
@@ -404,6 +405,8 @@ def _joined_rollouts(shares: list[Rollouts], starts: list[int]) -> Rollouts:
             joined.ref_log_probs += share.ref_log_probs
         if joined.trajectories is not None:
             joined.trajectories += share.trajectories or []
+        if joined.sum_pi_squared is not None:
+            joined.sum_pi_squared += share.sum_pi_squared or []
         for phase, seconds in share.seconds.items():  # the ranks run at once: the slowest counts
             joined.seconds[phase] = max(joined.seconds.get(phase, 0.0), seconds)
     return joined

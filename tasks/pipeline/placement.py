@@ -91,6 +91,8 @@ class RolloutRequest:
     ref_log_prob_batching: ForwardBatching
     recompute_old_log_probs: bool = True
     """False: the engine's log-probs are the old log-probs (rollout_correction.bypass_mode)."""
+    sum_pi_squared: bool = False
+    """Also keep Σπ² of each token from the old-log-prob pass (the optimal token baselines)."""
     share_prompts: bool = False
     """actor.use_prefix_grouper: a prompt's responses share its forward pass in the log-prob passes."""
     vllm: VLLMOptions | None = None

@@ -10,24 +10,28 @@ from pathlib import Path
 from ppoflow.conf import PPOFlowConfig
 from ppoflow.conf.model_paths import local_model_path
 from ppoflow.conf.tool_config import read_tool_config
+from ppoflow.engine.advantages import ADVANTAGE_ESTIMATORS
 from ppoflow.engine.data import steps_per_epoch
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.models import ModelLoadError, damaged_file
 from ppoflow.engine.multi_turn import MultiTurnLimits
-from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
+from ppoflow.engine.names import OVERLONG_REWARD, RM_SCORE, TOOL_REWARD
 from ppoflow.engine.ppo import AdvantageSettings
 from ppoflow.engine.rollout import SamplingParams
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.engine.vllm_rollout import VLLMOptions
+from ppoflow.tasks.pipeline.algorithm_settings import advantage_spec, decoupled_correction
 from ppoflow.tasks.pipeline.placement import MultiTurnSettings, PlacementPlan, RoleLayout, ToolSpec
 from ppoflow.tasks.pipeline.settings import (
     AdvantageStageSettings,
     CustomRewardFunction,
     DataPlan,
     DataSettings,
+    FilterGroupsSettings,
     IngestSettings,
     KLControlSettings,
     MetricsSettings,
+    OverlongSettings,
     PFPPOSettings,
     RewardFunctionError,
     RewardModelSettings,
@@ -81,6 +85,9 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         recompute_old_log_probs=not algorithm.rollout_correction.bypass_mode,
         share_prompts=shares_prompts(cfg),
         multi_turn=multi_turn_settings(cfg),
+        sum_pi_squared=arr.actor.calculate_sum_pi_squared
+        or "sum_pi_squared" in ADVANTAGE_ESTIMATORS[algorithm.adv_estimator].needs,
+        filter_groups=filter_groups_settings(cfg),
     )
     validation_sampling = sampling_params(arr.rollout.val_kwargs, arr.rollout.response_length)
     pf = algorithm.pf_ppo
@@ -106,12 +113,10 @@ def run_settings(cfg: PPOFlowConfig, total_steps: int) -> RunSettings:
         ),
         advantages=AdvantageStageSettings(
             estimator=AdvantageSettings(
-                adv_estimator=algorithm.adv_estimator,
-                gamma=algorithm.gamma,
-                lam=algorithm.lam,
-                norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+                estimator=advantage_spec(cfg),
                 use_kl_in_reward=algorithm.use_kl_in_reward,
                 kl_penalty=algorithm.kl_penalty,
+                rollout_correction=decoupled_correction(cfg),
             ),
             values_batching=values_batching(cfg),
             pf_ppo=PFPPOSettings(pf.reweight_method, pf.weight_pow) if algorithm.use_pf_ppo else None,
@@ -177,6 +182,32 @@ def multi_turn_settings(cfg: PPOFlowConfig) -> MultiTurnSettings | None:
     )
 
 
+def filter_groups_settings(cfg: PPOFlowConfig) -> FilterGroupsSettings | None:
+    """algorithm.filter_groups with enable=true (DAPO's dynamic sampling), else None."""
+    section = cfg.algorithm.filter_groups
+    if not section.enable:
+        return None
+    return FilterGroupsSettings(
+        metric=section.metric,
+        max_num_gen_batches=section.max_num_gen_batches,
+        gen_batch_size=cfg.data.gen_batch_size or cfg.data.train_batch_size,
+        reward=reward_settings(cfg),
+    )
+
+
+def overlong_settings(cfg: PPOFlowConfig) -> OverlongSettings | None:
+    """DAPO's overlong penalty (reward_model.reward_manager=dapo, overlong_buffer.enable), else None."""
+    buffer = cfg.reward_model.overlong_buffer
+    if cfg.reward_model.reward_manager != "dapo" or not buffer.enable:
+        return None
+    return OverlongSettings(
+        buffer=buffer.len,
+        penalty_factor=buffer.penalty_factor,
+        max_response_length=cfg.data.max_response_length,
+        weight=cfg.reward.weights.get(OVERLONG_REWARD, 1.0),
+    )
+
+
 def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
     """What the rewards and validation stages are told. `weights` are the rule components' (reward.weights
     without rm_score); with a reward model, `rm_weight` is reward.weights.rm_score, and when that is not
@@ -185,6 +216,7 @@ def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
     weights = dict(cfg.reward.weights)
     rm_weight = weights.pop(RM_SCORE, None)
     tool_weight = weights.pop(TOOL_REWARD, 0.0)
+    weights.pop(OVERLONG_REWARD, None)
     enabled = cfg.reward_model.enable
     return RewardSettings(
         weights=weights,
@@ -196,6 +228,7 @@ def reward_settings(cfg: PPOFlowConfig) -> RewardSettings:
         gsm8k_method=cfg.reward.gsm8k_method,
         custom_function=custom_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name),
         tool_weight=tool_weight,
+        overlong=overlong_settings(cfg),
     )
 
 

@@ -39,6 +39,12 @@ from pydantic import Field
 
 from ppoflow.engine.lora import LoraSpec
 from ppoflow.engine.optim import OptimSettings
+from ppoflow.engine.policy_losses import POLICY_LOSSES, PolicyLossSpec
+from ppoflow.engine.rollout_correction import (
+    ImportanceSampling,
+    RejectionCriterion,
+    RolloutCorrectionSettings,
+)
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
 from ppoflow.tasks.pipeline.cache_keys import key_for
 from ppoflow.tasks.pipeline.model_files import state_files_intact
@@ -56,7 +62,18 @@ SERIALIZER_TYPE = "ppoflow-json"
 MAX_RECORD_BYTES = 16 << 20
 """Stage results are references and numbers (kilobytes); a larger record is not one of ours."""
 
-SETTINGS_TYPES = (ActorUpdateSettings, CriticUpdateSettings, OptimSettings)
+LOSS_SETTINGS_TYPES = tuple(dict.fromkeys(entry.settings for entry in POLICY_LOSSES.values()))
+"""Every policy loss's settings type (PolicyLossSpec.settings is one of them)."""
+SETTINGS_TYPES = (
+    ActorUpdateSettings,
+    CriticUpdateSettings,
+    OptimSettings,
+    PolicyLossSpec,
+    *LOSS_SETTINGS_TYPES,
+    RolloutCorrectionSettings,
+    ImportanceSampling,
+    RejectionCriterion,
+)
 """The engine settings an update records (UpdateInputs), so that it can be replayed."""
 RESULT_TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -202,32 +219,51 @@ unreadable (recomputed), not a failure later in the stage that uses it."""
 
 
 def _settings_field_types(cls: type) -> dict[str, tuple[type, ...]]:
-    """Field types of an engine settings dataclass, from its annotations (every field of these is
-    a number (or an int or None), a bool, a tuple of numbers or one of a Literal's values, stored as
-    a string)."""
+    """Field types of an engine settings dataclass, from its annotations: a number (or an int), a
+    bool, one of a Literal's values (stored as a string), another settings type, a tuple of numbers
+    or of settings records, each maybe None; PolicyLossSpec.settings is a policy loss's settings."""
     types = {}
     for name, hint in typing.get_type_hints(cls).items():
-        if typing.get_origin(hint) is typing.Literal:
-            types[name] = (str,)
-        elif hint is bool:
-            types[name] = (bool,)
-        elif hint in (int, float):
-            types[name] = _NUMBER if hint is float else (int,)
-        elif typing.get_origin(hint) is tuple:
-            types[name] = (tuple,)
-        elif set(typing.get_args(hint)) == {int, type(None)}:  # int | None
-            types[name] = (int, type(None))
+        args = typing.get_args(hint)
+        optional = (
+            (type(None),) if type(None) in args and typing.get_origin(hint) is not typing.Literal else ()
+        )
+        inner = next((a for a in args if a is not type(None)), hint) if optional else hint
+        if hint is typing.Any and cls is PolicyLossSpec:
+            types[name] = LOSS_SETTINGS_TYPES
+        elif typing.get_origin(inner) is typing.Literal:
+            types[name] = (str, *optional)
+        elif inner is bool:
+            types[name] = (bool, *optional)
+        elif inner in (int, float):
+            types[name] = (*(_NUMBER if inner is float else (int,)), *optional)
+        elif typing.get_origin(inner) is tuple:
+            types[name] = (tuple, *optional)
+        elif inner in SETTINGS_TYPES:
+            types[name] = (inner, *optional)
         else:
             raise TypeError(f"{cls.__name__}.{name}: no stored form for {hint}")
     return types
 
 
+def _tuple_elements(cls: type, name: str) -> tuple[type, ...] | None:
+    """The settings type a tuple field holds (RolloutCorrectionSettings.rejection), or None for a
+    tuple of numbers."""
+    hint = typing.get_type_hints(cls)[name]
+    hint = next((a for a in typing.get_args(hint) if typing.get_origin(a) is tuple), hint)
+    element = (typing.get_args(hint) or (None,))[0]
+    return (element,) if element in SETTINGS_TYPES else None
+
+
 FIELD_TYPES |= {cls: _settings_field_types(cls) for cls in SETTINGS_TYPES}
 ALLOWED_VALUES: dict[tuple[type, str], tuple] = {
-    (cls, name): typing.get_args(hint)
+    (cls, name): typing.get_args(literal) + ((None,) if literal is not hint else ())
     for cls in SETTINGS_TYPES
     for name, hint in typing.get_type_hints(cls).items()
-    if typing.get_origin(hint) is typing.Literal
+    for literal in [
+        next((a for a in (hint, *typing.get_args(hint)) if typing.get_origin(a) is typing.Literal), None)
+    ]
+    if literal is not None
 }
 """(class, field) → the values a Literal-typed field may take."""
 
@@ -268,8 +304,12 @@ def _check_value(cls: type, name: str, value: Any, expected: tuple[type, ...]) -
         raise ValueError(f"{where} is a {type(value).__name__}")
     if (cls, name) in ALLOWED_VALUES and value not in ALLOWED_VALUES[(cls, name)]:
         raise ValueError(f"{where}={value!r} is not one of {ALLOWED_VALUES[(cls, name)]}")
-    if isinstance(value, tuple) and cls in SETTINGS_TYPES and not all(_is_number(v) for v in value):
-        raise ValueError(f"{where} holds something other than numbers")
+    if isinstance(value, tuple) and cls in SETTINGS_TYPES:
+        elements = _tuple_elements(cls, name)
+        if elements is not None and not all(isinstance(v, elements) for v in value):
+            raise ValueError(f"{where} holds something other than {elements[0].__name__} records")
+        if elements is None and not all(_is_number(v) for v in value):
+            raise ValueError(f"{where} holds something other than numbers")
     if isinstance(value, tuple) and cls is LoraSpec and not all(isinstance(v, str) for v in value):
         raise ValueError(f"{where} holds something other than module names")
     if isinstance(value, int) and name in COUNTS and not 0 <= value < _COUNT_LIMIT:

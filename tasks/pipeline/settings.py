@@ -68,6 +68,20 @@ class CustomRewardFunction:
 
 
 @dataclass(frozen=True)
+class OverlongSettings:
+    """DAPO's overlong penalty (reward_model.reward_manager=dapo with overlong_buffer.enable): a
+    response of L tokens gets min(0, −(L − (max_response_length − buffer)) / buffer · penalty_factor),
+    the reward component `overlong`, added with `weight`."""
+
+    buffer: int
+    penalty_factor: float
+    max_response_length: int
+    """data.max_response_length, as verl's DAPO reward manager reads it."""
+    weight: float = 1.0
+    """reward.weights.overlong, else 1 (verl adds the penalty to the score)."""
+
+
+@dataclass(frozen=True)
 class RewardSettings:
     """What the rewards and validation stages are told (reward.*, custom_reward_function.*)."""
 
@@ -86,6 +100,8 @@ class RewardSettings:
     custom_function: CustomRewardFunction | None
     tool_weight: float = 0.0
     """reward.weights.tool: the weight of a multi-turn response's tool rewards (component `tool`)."""
+    overlong: OverlongSettings | None = None
+    """DAPO's overlong penalty, with reward_model.reward_manager=dapo and overlong_buffer.enable."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,26 @@ class RolloutSettings:
     the old and reference log-prob passes (the same numbers up to float rounding)."""
     multi_turn: MultiTurnSettings | None = None
     """rollout.multi_turn with enable=true: each response is a multi-turn trajectory with tool calls."""
+    sum_pi_squared: bool = False
+    """Keep Σπ² of each token from the old-log-prob pass (rollouts.sum_pi_squared): the optimal token
+    baselines read it; actor.calculate_sum_pi_squared asks for it."""
+    filter_groups: FilterGroupsSettings | None = None
+    """DAPO's dynamic sampling (algorithm.filter_groups.enable)."""
+
+
+@dataclass(frozen=True)
+class FilterGroupsSettings:
+    """algorithm.filter_groups with enable=true: the rollouts stage scores each generation batch
+    and keeps generating until data.train_batch_size prompts have responses whose `metric` differs."""
+
+    metric: str
+    """algorithm.filter_groups.metric."""
+    max_num_gen_batches: int
+    """The most generation batches a step may take (≤ 0: no limit but the training set)."""
+    gen_batch_size: int
+    """data.gen_batch_size, else data.train_batch_size: the prompts of each further batch."""
+    reward: RewardSettings
+    """How every generated response is scored (as the rewards stage scores the kept ones)."""
 
 
 @dataclass(frozen=True)

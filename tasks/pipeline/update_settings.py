@@ -8,7 +8,13 @@ from ppoflow.conf.schema_common import OptimConfig
 from ppoflow.engine.batching import ForwardBatching
 from ppoflow.engine.optim import OptimSettings
 from ppoflow.engine.update import ActorUpdateSettings, CriticUpdateSettings
+from ppoflow.tasks.pipeline.algorithm_settings import policy_loss_spec
 from ppoflow.tasks.pipeline.settings import Schedule
+
+
+def response_length(cfg: PPOFlowConfig) -> int:
+    """rollout.response_length, else data.max_response_length: the width verl pads responses to."""
+    return cfg.actor_rollout_ref.rollout.response_length or cfg.data.max_response_length
 
 
 def shares_prompts(cfg: PPOFlowConfig) -> bool:
@@ -21,15 +27,14 @@ def actor_update_settings(cfg: PPOFlowConfig, temperature: float) -> ActorUpdate
     actor, n = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout.n
     return ActorUpdateSettings(
         ppo_epochs=actor.ppo_epochs,
-        # Updates run in one process, so a mini-batch is all of its mini·n responses (verl splits
-        # it over world_size ranks; the number of optimizer steps is the same).
+        # A mini-batch is all of its mini·n responses, whatever the ranks (each takes its share of
+        # every mini-batch: engine/update.py); verl's global_batch_size is that count too.
         mini_batch_size=actor.ppo_mini_batch_size * n,
         micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
         temperature=temperature,
-        clip_ratio_low=actor.effective_clip_ratio_low,
-        clip_ratio_high=actor.effective_clip_ratio_high,
-        clip_ratio_c=actor.clip_ratio_c,
+        policy_loss=policy_loss_spec(cfg),
         loss_agg_mode=actor.loss_agg_mode,
+        loss_scale_factor=actor.loss_scale_factor or response_length(cfg),
         entropy_coeff=actor.entropy_coeff,
         use_kl_loss=actor.use_kl_loss,
         kl_loss_coef=actor.kl_loss_coef,
@@ -57,6 +62,9 @@ def critic_update_settings(cfg: PPOFlowConfig) -> CriticUpdateSettings:
         micro_batch_size=critic.ppo_micro_batch_size_per_gpu,
         cliprange_value=critic.cliprange_value,
         loss_agg_mode=critic.loss_agg_mode,
+        loss_scale_factor=critic.loss_scale_factor
+        or cfg.actor_rollout_ref.actor.loss_scale_factor
+        or response_length(cfg),
         grad_clip=critic.grad_clip,
         shuffle=critic.shuffle,
         gradient_checkpointing=critic.model.enable_gradient_checkpointing,

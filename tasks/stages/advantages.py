@@ -11,7 +11,8 @@ from prefect import task
 
 from ppoflow.engine.kl import kl_penalty
 from ppoflow.engine.pf_ppo import pf_ppo_resample_indices
-from ppoflow.engine.ppo import compute_advantage_stage, unpad
+from ppoflow.engine.ppo import StepTensors, compute_advantage_stage, unpad
+from ppoflow.engine.rollout_correction import Correction
 from ppoflow.tasks.faults import inject_fault
 from ppoflow.tasks.pipeline.cache_keys import current_cache_key, stage_cache_key
 from ppoflow.tasks.pipeline.run import Run
@@ -19,7 +20,7 @@ from ppoflow.tasks.pipeline.settings import AdvantageStageSettings, PFPPOSetting
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, read_table, stage_path, write_table
-from ppoflow.tasks.storage.tensors import sequence_batch, token_tensor
+from ppoflow.tasks.storage.tensors import padded_column, sequence_batch, token_tensor
 
 
 @task(name="advantages", task_run_name="advantages-step{step}", cache_key_fn=stage_cache_key)
@@ -50,18 +51,21 @@ def advantages(
         values = run.models.values(run, critic, batch, batching=settings.values_batching)
         phases["values"] = time.perf_counter() - started
     estimator = settings.estimator
-    result = compute_advantage_stage(
-        scores,
-        mask,
-        settings=estimator,
-        kl_coef=kl_coef,
+    needs = estimator.estimator.needs
+    step_tensors = StepTensors(
+        response_mask=mask,
         old_log_probs=old,
         ref_log_probs=ref,
+        rollout_log_probs=token_tensor(table, "rollout_log_probs", width),
         values=values,
         group_id=torch.tensor(table["group_id"].to_pylist()),
-        reward_baselines=_reward_baselines(scored, estimator.adv_estimator),
+        reward_baselines=_reward_baselines(scored, "reward_baselines" in needs),
+        sum_pi_squared=_sum_pi_squared(table, width) if "sum_pi_squared" in needs else None,
+        reward_components=_components(scored) if "reward_components" in needs else None,
     )
+    result = compute_advantage_stage(scores, step_tensors, settings=estimator, kl_coef=kl_coef)
     kl = kl_penalty(old, ref, estimator.kl_penalty) * mask if ref is not None else None
+    correction = result.correction
     columns = {
         "prompt_id": table["prompt_id"],
         "sample_idx": table["sample_idx"],
@@ -71,6 +75,7 @@ def advantages(
         "returns": unpad(result.returns, batch),
         "kl": unpad(kl, batch) if kl is not None else [None] * table.num_rows,
         "train_weight": _train_weights(scores, settings.pf_ppo, settings.seed * 1_000_003 + step),
+        **_correction_columns(correction, batch, table.num_rows),
     }
     inject_fault("advantages", step)
     table_out = pa.Table.from_pydict(columns, schema=SCHEMAS["advantages"])
@@ -80,15 +85,57 @@ def advantages(
     seconds = timer.seconds  # read once: the timers add up to the stage's seconds
     phases["adv"] = seconds - phases.get("values", 0.0)
     values_out = (("current_kl", result.current_kl),) if result.current_kl is not None else ()
+    values_out += tuple(sorted(correction.metrics.items())) if correction is not None else ()
     return StageResult(
         "advantages", (ref_out,), current_cache_key(), seconds, values_out + timing_values(phases)
     )
 
 
-def _reward_baselines(scored: pa.Table, estimator: str) -> torch.Tensor | None:
+def _correction_columns(correction: Correction | None, batch, rows: int) -> dict[str, list]:
+    """rollout_is_weights, rollout_rs_rejected and rollout_rs_rejected_by of each row (null where
+    the run has no importance sampling, or no rejection)."""
+    nothing = [None] * rows
+    if correction is None:
+        return {
+            "rollout_is_weights": nothing,
+            "rollout_rs_rejected": nothing,
+            "rollout_rs_rejected_by": nothing,
+        }
+    weights = unpad(correction.weights, batch) if correction.weights is not None else nothing
+    if not correction.rejecting:
+        return {
+            "rollout_is_weights": weights,
+            "rollout_rs_rejected": nothing,
+            "rollout_rs_rejected_by": nothing,
+        }
+    rejected = (batch.response_mask != 0) & (correction.response_mask == 0)
+    return {
+        "rollout_is_weights": weights,
+        "rollout_rs_rejected": [[bool(v) for v in row] for row in unpad(rejected.float(), batch)],
+        "rollout_rs_rejected_by": correction.rejected_by,
+    }
+
+
+def _sum_pi_squared(table: pa.Table, width: int) -> torch.Tensor:
+    if "sum_pi_squared" not in table.column_names or table["sum_pi_squared"].null_count == len(table):
+        raise ValueError(
+            "this estimator needs rollouts.sum_pi_squared (Σπ² of each token from the old-log-prob "
+            "pass), but this step's rollouts were generated without it"
+        )
+    return padded_column(table, "sum_pi_squared", width)
+
+
+def _components(scored: pa.Table) -> dict[str, torch.Tensor]:
+    """Each reward component as a (N,) tensor; a row that lacks one (a failed row) counts 0."""
+    rows = [dict(c) for c in scored["components"].to_pylist()]
+    names = sorted({name for row in rows for name in row})
+    return {name: torch.tensor([row.get(name, 0.0) for row in rows], dtype=torch.float64) for name in names}
+
+
+def _reward_baselines(scored: pa.Table, needed: bool) -> torch.Tensor | None:
     """ReMax's baseline of each row (rewards.baseline_score, the score of the prompt's greedy
     response); None for the other estimators."""
-    if estimator != "remax":
+    if not needed:
         return None
     baselines = scored["baseline_score"].to_pylist()
     if None in baselines:

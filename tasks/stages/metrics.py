@@ -42,6 +42,8 @@ def _data_metrics(
     width = pc.max(rollouts["response_length"]).as_py() or 0
     mask = policy_mask(rollouts, width)  # multi-turn: 0 on tool tokens
     mask = length_mask(rollouts["response_length"], width) if mask is None else mask
+    if "rollout_rs_rejected" in adv.column_names and adv["rollout_rs_rejected"].null_count < len(adv):
+        mask = mask * (1.0 - padded_column(adv, "rollout_rs_rejected", width))  # as the update saw it
     rewards = read_table(run.path, reward.ref, clock=run.io)
     scores = torch.tensor(rewards["score"].to_numpy(), dtype=torch.float64)
     metrics = compute_data_metrics(
@@ -85,14 +87,25 @@ def _token_counts(rollouts: pa.Table) -> dict[str, int]:
     return {"response": response, "all": response + int(pc.sum(rollouts["prompt_length"]).as_py() or 0)}
 
 
+def _named_metrics(result: StageResult | None) -> dict[str, float]:
+    """The verl-named metrics a stage measured (dynamic sampling's generation batches, decoupled
+    rollout correction's rollout_corr/*): its values with a '/' in their name, timers aside."""
+    if result is None:
+        return {}
+    return {k: v for k, v in result.values if "/" in k and not k.startswith(TIMING_PREFIX)}
+
+
 def _update_metrics(run: Run, result: StageResult | None, role: str) -> dict[str, float]:
     if result is None:
         return {}
     rows = read_table(run.path, result.ref, clock=run.io).to_pylist()
-    steps = [
-        {f"{role}/{k}": v for k, v in row.items() if k not in ("epoch", "mini_batch") and v is not None}
-        for row in rows
-    ]
+    steps = []
+    for row in rows:
+        others = dict(row.pop("other_metrics", None) or [])  # already named in full (rollout_corr/…)
+        named = {
+            f"{role}/{k}": v for k, v in row.items() if k not in ("epoch", "mini_batch") and v is not None
+        }
+        steps.append(named | others)
     return reduce_update_steps(steps)
 
 
@@ -116,6 +129,7 @@ def metrics(
         run, stages.actor_update, "actor"
     )
     values |= dict(stages.validation.values) if stages.validation is not None else {}
+    values |= _named_metrics(stages.rollouts) | _named_metrics(stages.advantages)
     if kl.current is not None:  # verl logs both only with algorithm.use_kl_in_reward
         values |= {"actor/reward_kl_penalty": kl.current, "actor/reward_kl_penalty_coeff": kl.coef}
     values |= {"training/global_step": float(step), "training/epoch": float(epoch)}  # epoch: 0-based

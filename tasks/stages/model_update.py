@@ -76,12 +76,13 @@ def train_state(
 
 
 def _step_table(steps: list[dict], role: str) -> pa.Table:
-    rows = [
-        {
-            "epoch": int(s["epoch"]),
-            "mini_batch": int(s["mini_batch"]),
-            **{c: s.get(f"{role}/{c}") for c in COLUMNS[role]},
-        }
-        for s in steps
-    ]
+    """One row per optimizer step: its columns, and (actor) every other metric in other_metrics."""
+    named = {f"{role}/{c}" for c in COLUMNS[role]} | {"epoch", "mini_batch"}
+    rows = []
+    for s in steps:
+        row = {"epoch": int(s["epoch"]), "mini_batch": int(s["mini_batch"])}
+        row |= {c: s.get(f"{role}/{c}") for c in COLUMNS[role]}
+        if role == "actor":
+            row["other_metrics"] = sorted((k, float(v)) for k, v in s.items() if k not in named)
+        rows.append(row)
     return pa.Table.from_pylist(rows, schema=SCHEMAS[f"{role}_update"])

@@ -17,13 +17,14 @@ import pyarrow.compute as pc
 from prefect import task
 
 from ppoflow.engine.gsm8k import GSM8K_DATA_SOURCE, Gsm8kMethod, extract_solution, gsm8k_components
-from ppoflow.engine.names import RM_SCORE, TOOL_REWARD
+from ppoflow.engine.names import OVERLONG_REWARD, RM_SCORE, TOOL_REWARD
 from ppoflow.engine.rewards import (
     NO_ANSWER,
     addition_answer,
     addition_components,
     combine_components,
     error_rate,
+    overlong_penalty,
 )
 from ppoflow.engine.tiny import ADDITION_DATA_SOURCE
 from ppoflow.engine.tiny_tools import TOOL_ADDITION_DATA_SOURCE, final_answer, tool_addition_components
@@ -107,7 +108,8 @@ def score_rows(
     reward model's score is the component rm_score, added with weight reward.rm_weight (alone,
     without a rule reward, when reward.rule_reward is false). A multi-turn row's `tool_reward` (the
     sum of its tool calls' rewards) is the component `tool`, added with weight reward.tool_weight,
-    and a custom function reads it as extra_info["tool_reward"] beside extra_info["num_turns"]."""
+    and a custom function reads it as extra_info["tool_reward"] beside extra_info["num_turns"]. DAPO's
+    overlong penalty of each row's response_length is the component `overlong` (reward.overlong)."""
     calls = [
         RewardCall(
             row["data_source"],
@@ -136,6 +138,12 @@ def score_rows(
     if rows and rows[0].get("tool_reward") is not None:
         outcomes = [
             _with_component(o, TOOL_REWARD, row["tool_reward"], reward.tool_weight)
+            for o, row in zip(outcomes, rows, strict=True)
+        ]
+    if reward.overlong is not None:
+        long = reward.overlong
+        outcomes = [
+            _with_component(o, OVERLONG_REWARD, overlong_penalty(row["response_length"], long), long.weight)
             for o, row in zip(outcomes, rows, strict=True)
         ]
     return pa.Table.from_pydict(
@@ -189,7 +197,8 @@ def rewards(
     reward_model stage's table) when there is one (verl's timer: reward)."""
     timer = StageTimer()
     table = read_table(run.path, rollouts, clock=run.io)
-    columns = ["prompt_id", "sample_idx", "data_source", "response_text", "baseline_response_text"]
+    columns = ["prompt_id", "sample_idx", "data_source", "response_text", "response_length"]
+    columns += ["baseline_response_text", "baseline_response_ids"]
     columns += [c for c in ("tool_reward", "num_turns") if c in table.column_names]  # multi-turn
     rows = table.select(columns).to_pylist()
     references = read_table(run.path, prompts, clock=run.io).select(
@@ -227,7 +236,9 @@ def remax_baselines(
         return None
     greedy, model = {}, {}
     for i, row in enumerate(rows):
-        greedy.setdefault(row["prompt_id"], row | {"response_text": row["baseline_response_text"]})
+        baseline = {"response_text": row["baseline_response_text"]}
+        baseline["response_length"] = len(row.get("baseline_response_ids") or [])
+        greedy.setdefault(row["prompt_id"], row | baseline)
         model.setdefault(row["prompt_id"], rm_scores[i] if rm_scores is not None else None)
     greedy_rm = list(model.values()) if rm_scores is not None else None
     try:

@@ -14,6 +14,12 @@ from ppoflow.tasks.pipeline.placement import MultiTurnRequest, RolloutRequest
 from ppoflow.tasks.pipeline.run import Run
 from ppoflow.tasks.pipeline.settings import DataSettings, RolloutSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer, timing_values
+from ppoflow.tasks.stages.dynamic_sampling import (
+    GeneratedBatch,
+    SamplingRequest,
+    discard_staging,
+    sample_dynamically,
+)
 from ppoflow.tasks.stages.prompt_rows import render_prompts
 from ppoflow.tasks.stages.turns import tool_context, trajectory_columns, turns_table
 from ppoflow.tasks.storage.schemas import SCHEMAS
@@ -31,26 +37,63 @@ def rollouts(
     settings: RolloutSettings,
 ) -> StageResult:
     """Sample rollout.n responses for each prompt of step `step` (the batch `data` picks), with
-    rollout, old and ref log-probs. Reports verl's timers gen, old_log_prob and ref."""
+    rollout, old and ref log-probs; with dynamic sampling (settings.filter_groups), further batches
+    until data.train_batch_size prompts have responses that differ (`sample_dynamically`). Reports
+    verl's timers gen, old_log_prob and ref."""
     timer = StageTimer()
     table = read_table(run.path, prompts, clock=run.io)
     _, rows_ids = batch_rows(
         table.num_rows, data.train_batch_size, step, shuffle=data.shuffle, seed=data.seed
     )
-    rows = table.take(rows_ids).to_pylist()
+    rollout_seed = settings.seed * 1_000_003 + step
+    groups, measured = None, {}
+    if settings.filter_groups is None:
+        rows = table.take(rows_ids).to_pylist()
+        batch = generate_batch(run, step, actor, reference, rows, settings, rollout_seed)
+    else:
+        request = SamplingRequest(step, actor, reference, prompts, data, settings, rollout_seed)
+        batch, groups, measured = sample_dynamically(run, request, table, rows_ids, generate_batch)
+    inject_fault("rollouts", step)
+    written = {"rollouts": batch.rollouts, "turns": batch.turns, "filter_groups": groups}
+    refs = tuple(
+        write_table(rows, run.path, stage_path(step, name), SCHEMAS[name], clock=run.io)
+        for name, rows in written.items()
+        if rows is not None
+    )
+    if groups is not None:
+        discard_staging(run, step)
+    phases = dict(batch.seconds)
+    seconds = timer.seconds  # read once: the timers add up to the stage's seconds
+    phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
+    values = tuple(sorted(measured.items())) + timing_values(phases)
+    return StageResult("rollouts", refs, current_cache_key(), seconds, values)
+
+
+def generate_batch(
+    run: Run,
+    step: int,
+    actor: ModelState,
+    reference: ModelState | None,
+    rows: list[dict],
+    settings: RolloutSettings,
+    seed: int,
+    label: str = "generate",
+) -> GeneratedBatch:
+    """rollout.n responses to each prompt row of `rows` (prompts-table rows), sampled from `seed`,
+    as rollouts (and turns) tables; group_id is the prompt's position in `rows`."""
     tokenizer = run.models.tokenizer(run, actor)
     tools = () if settings.multi_turn is None else tuple(t.schema for t in settings.multi_turn.tools)
     rendered = render_prompts(tokenizer, rows, settings.prompt_length, settings.truncation, tools)
-    rollout_seed = settings.seed * 1_000_003 + step
     request = RolloutRequest(
         engine=settings.engine,
         n=settings.n,
         sampling=settings.sampling,
-        seed=rollout_seed,
+        seed=seed,
         generation_batch_size=settings.generation_batch_size,
         log_prob_batching=settings.log_prob_batching,
         ref_log_prob_batching=settings.ref_log_prob_batching,
         recompute_old_log_probs=settings.recompute_old_log_probs,
+        sum_pi_squared=settings.sum_pi_squared,
         share_prompts=settings.share_prompts,
         vllm=settings.vllm,
         multi_turn=None
@@ -61,7 +104,7 @@ def rollouts(
             chat=any(row["prompt_messages"] is not None for row in rows),
         ),
     )
-    with progress_bar(f"step {step} generate", total=len(rows) * settings.n) as progress:
+    with progress_bar(f"step {step} {label}", total=len(rows) * settings.n) as progress:
         out = run.models.rollouts(run, actor, reference, [ids for _, ids in rendered], request, progress)
     texts = tokenizer.batch_decode(out.response_ids, skip_special_tokens=True)
     baseline_ids = _greedy_baseline(run, step, actor, [ids for _, ids in rendered], settings)
@@ -82,21 +125,17 @@ def rollouts(
         "response_length": [len(r) for r in out.response_ids],
         "finish_reason": out.finish_reasons,
         "policy_version": [actor.step] * len(texts),
-        "seed": [rollout_seed] * len(texts),
+        "seed": [seed] * len(texts),
         "baseline_response_ids": [baseline_ids[i] if baseline_ids else None for i in out.prompt_index],
         "baseline_response_text": [baseline_texts[i] if baseline_ids else None for i in out.prompt_index],
         **trajectory_columns(out.trajectories, len(texts)),
+        "sum_pi_squared": out.sum_pi_squared or [None] * len(texts),
     }
-    inject_fault("rollouts", step)
     table = pa.Table.from_pydict(columns, schema=SCHEMAS["rollouts"])
-    refs = (write_table(table, run.path, stage_path(step, "rollouts"), SCHEMAS["rollouts"], clock=run.io),)
+    turns = None
     if out.trajectories is not None:
         turns = turns_table(columns["prompt_id"], out.sample_index, out.trajectories)
-        refs += (write_table(turns, run.path, stage_path(step, "turns"), SCHEMAS["turns"], clock=run.io),)
-    phases = dict(out.seconds)
-    seconds = timer.seconds  # read once: the timers add up to the stage's seconds
-    phases["gen"] = seconds - sum(v for k, v in phases.items() if k != "gen")  # reading, writing too
-    return StageResult("rollouts", refs, current_cache_key(), seconds, timing_values(phases))
+    return GeneratedBatch(table, turns, dict(out.seconds))
 
 
 def _greedy_baseline(

@@ -87,6 +87,7 @@ def validation(
             "sample_idx": j % n,
             "data_source": rows[i]["data_source"],
             "response_text": texts[j],
+            "response_length": len(out.response_ids[j]),
             "tool_reward": turn_columns["tool_reward"][j],
             "num_turns": turn_columns["num_turns"][j],
         }

@@ -41,6 +41,32 @@ METRIC_DOCS: dict[str, str] = {
     "training/rollout_actor_probs_pearson_corr": "Pearson correlation of exp(old_log_probs) and "
     "exp(rollout_log_probs) over response tokens.",
     "training/rollout_probs_diff_valid": "1: the rollout engine reported log-probs (verl's flag).",
+    "rollout_corr/{training_ppl,training_log_ppl}": "Mean over responses of exp(−mean old log-prob) "
+    "(and of −mean old log-prob): the trainer's perplexity (verl's compute_offpolicy_metrics; every "
+    "response counts, one without tokens as 1 and 0); in bypass mode, of the current policy.",
+    "rollout_corr/{rollout_ppl,rollout_log_ppl}": "The same of the rollout engine's log-probs.",
+    "rollout_corr/kl": "Mean over response tokens of rollout_log_probs − old_log_probs (KL(π_rollout ‖ "
+    "π_train)); decoupled mode: per step (advantages stage); bypass mode: per optimizer step, of π_θ.",
+    "rollout_corr/k3_kl": "Mean over response tokens of ρ − log ρ − 1, ρ = π_train/π_rollout.",
+    "rollout_corr/{log_ppl_diff,log_ppl_abs_diff,log_ppl_diff_max,log_ppl_diff_min}": "Of each "
+    "response's mean rollout log-prob − mean trainer log-prob: mean, mean |·|, max, min.",
+    "rollout_corr/ppl_ratio": "Mean over responses of exp(log_ppl_diff): training / rollout perplexity.",
+    "rollout_corr/chi2_token": "Mean over response tokens of ρ² − 1 (log ρ clamped to ±20).",
+    "rollout_corr/chi2_seq": "Mean over responses of exp(2·Σ log ρ) − 1 (clamped to ±20).",
+    "rollout_corr/rollout_is_<stat>": "Importance sampling (algorithm.rollout_correction.rollout_is): "
+    "verl's statistics of the truncated weights (advantages.rollout_is_weights): mean, max, min, std, "
+    "eff_sample_size, ratio_fraction_{high,low}, seq_{mean,std,max,min,max_deviation,fraction_high,"
+    "fraction_low}, batch_norm_factor, oob_ratio (IcePop).",
+    "rollout_corr/rollout_rs_<stat>": "Rejection sampling (rollout_correction.rollout_rs): per criterion "
+    "rollout_rs_<criterion>_{mean,max,min,std,fraction_high,fraction_low,masked_fraction,"
+    "seq_masked_fraction,seq_*}; rollout_rs_masked_fraction (tokens) and rollout_rs_seq_masked_fraction "
+    "(responses) of all criteria together (advantages.rollout_rs_rejected).",
+    "train/num_gen_batches": "Dynamic sampling (algorithm.filter_groups): the generation batches the step "
+    "took to fill data.train_batch_size groups (filter_groups.gen_batch).",
+    "training/filter_groups/evicted_samples": "Dynamic sampling: groups dropped because their responses' "
+    "metric did not differ (filter_groups.reason = 'no spread').",
+    "training/filter_groups/discarded_surplus_samples": "Dynamic sampling: groups with a spread generated "
+    "after the batch was full (filter_groups.reason = 'surplus').",
     "training/global_step": "The iteration (verl's global step; the same as the step column).",
     "training/epoch": "Pass over the training prompts that the step's batch comes from, 0-based.",
     "actor/reward_kl_penalty": "Mean over responses of each one's mean per-token KL of old vs reference "
@@ -48,7 +74,9 @@ METRIC_DOCS: dict[str, str] = {
     "actor/reward_kl_penalty_coeff": "β, the KL coefficient this step's rewards used (algorithm.kl_ctrl); "
     "only with algorithm.use_kl_in_reward.",
     "actor/<column>": "Mean of that actor_update column over the step's optimizer steps (verl's "
-    "reduce_metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, entropy, grad_norm, lr, kl_loss.",
+    "reduce_metrics): pg_loss, pg_clipfrac, pg_clipfrac_lower, ppo_kl, entropy, grad_norm, lr, kl_loss "
+    "(the loss modes that report no clip fraction have none); actor/kl_coef (use_kl_loss) from "
+    "actor_update.other_metrics.",
     "critic/<column>": "Mean of that critic_update column over the step's optimizer steps: vf_loss, "
     "vf_clipfrac, vpred_mean, grad_norm, lr.",
     "val-{core,aux}/<data_source>/<variable>/mean@<n>": "Validation at this step: mean over the data "

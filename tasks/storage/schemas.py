@@ -174,6 +174,35 @@ SCHEMAS: dict[str, pa.Schema] = {
             "single-turn.",
             nullable=True,
         ),
+        doc_field(
+            "sum_pi_squared",
+            _F32,
+            "Per response token, Σ_v π(v | s_t)² from the old-log-prob pass (verl's sum_pi_squared: 1 for a "
+            "certain next token, 1/V for a uniform one; 0 on tool tokens); null unless the optimal token "
+            "baselines or actor.calculate_sum_pi_squared ask for it.",
+            nullable=True,
+        ),
+    ),
+    "filter_groups": _schema(
+        "filter_groups",
+        doc_field("prompt_id", pa.string(), "The prompt of the group (prompts.prompt_id)."),
+        doc_field(
+            "gen_batch",
+            pa.int32(),
+            "The generation batch that drew it: 0 is the step's own batch, 1… the further ones (a "
+            "prompt not kept can be drawn again once the step has drawn every prompt).",
+        ),
+        doc_field("data_source", pa.string(), "Dataset name of the prompt."),
+        doc_field("metric", pa.string(), "algorithm.filter_groups.metric: what must differ in the group."),
+        doc_field("metric_values", pa.list_(pa.float64()), "Each response's metric, by sample_idx."),
+        doc_field("response_texts", pa.list_(pa.string()), "The group's responses, by sample_idx."),
+        doc_field("kept", pa.bool_(), "Trained on: the group's rows are in this step's rollouts."),
+        doc_field(
+            "reason",
+            pa.string(),
+            "'kept'; 'no spread' (every response has the same metric: the group gives no signal); "
+            "'surplus' (it has a spread, but the step already had data.train_batch_size groups).",
+        ),
     ),
     "turns": _schema(
         "turns",
@@ -307,21 +336,64 @@ SCHEMAS: dict[str, pa.Schema] = {
         doc_field(
             "train_weight", pa.int32(), "Times the row enters the update: 1, or PF-PPO's count (>= 0)."
         ),
+        doc_field(
+            "rollout_is_weights",
+            _F32,
+            "Decoupled rollout correction (algorithm.rollout_correction.rollout_is): each response token's "
+            "importance weight π_old/π_rollout as truncated (or IcePop-zeroed) and normalised, which "
+            "multiplies its loss; 0 on tool tokens; null without importance sampling.",
+            nullable=True,
+        ),
+        doc_field(
+            "rollout_rs_rejected",
+            pa.list_(pa.bool_()),
+            "Decoupled rejection sampling (rollout_correction.rollout_rs): per response token, true where "
+            "it was rejected (no loss counts it, and the estimator skips it); null without rejection.",
+            nullable=True,
+        ),
+        doc_field(
+            "rollout_rs_rejected_by",
+            pa.list_(pa.string()),
+            "The rollout_rs criteria that rejected any of the response's tokens ([] when none did); null "
+            "without rejection sampling.",
+            nullable=True,
+        ),
     ),
     "actor_update": _schema(
         "actor_update",
         *_step(),
         doc_field("pg_loss", pa.float64(), "Policy-gradient loss of the step."),
-        doc_field("pg_clipfrac", pa.float64(), "Fraction of tokens whose ratio was clipped."),
         doc_field(
-            "pg_clipfrac_lower", pa.float64(), "Fraction clipped by dual-clip's lower bound (clip_ratio_c)."
+            "pg_clipfrac",
+            pa.float64(),
+            "Fraction of tokens whose ratio was clipped (each loss mode's own sense of it); null for the "
+            "loss modes that report none (gpg, kl_cov, dro, bypass_mode's reinforce).",
+            nullable=True,
         ),
-        doc_field("ppo_kl", pa.float64(), "Mean approximate KL of the current policy vs old_log_probs."),
+        doc_field(
+            "pg_clipfrac_lower",
+            pa.float64(),
+            "Fraction clipped by dual-clip's lower bound (clip_ratio_c); null where the loss mode reports "
+            "none.",
+            nullable=True,
+        ),
+        doc_field(
+            "ppo_kl",
+            pa.float64(),
+            "Mean approximate KL of the current policy vs old_log_probs (kl_cov: mean |log ρ|); null for "
+            "gpg, which reports none.",
+            nullable=True,
+        ),
         doc_field("entropy", pa.float64(), "Mean token entropy of the current policy."),
         doc_field("grad_norm", pa.float64(), "Gradient norm before clipping."),
         doc_field("lr", pa.float64(), "Learning rate used for the step."),
         doc_field(
             "kl_loss", pa.float64(), "KL-to-reference loss when use_kl_loss; null otherwise.", nullable=True
+        ),
+        doc_field(
+            "other_metrics",
+            pa.map_(pa.string(), pa.float64()),
+            "The step's other verl-named metrics, by name (bypass mode's rollout_corr/*); empty when none.",
         ),
     ),
     "critic_update": _schema(
@@ -365,6 +437,8 @@ TABLE_DOCS: dict[str, str] = {
     "rollouts": "One row per generated response, with its tokens and log-probs (`iter=N/rollouts/`).",
     "turns": "Multi-turn runs: one row per assistant turn and per tool call of each response "
     "(`iter=N/turns/`).",
+    "filter_groups": "Dynamic sampling (algorithm.filter_groups.enable): one row per prompt group generated, "
+    "with its metric values and whether it was trained on (`iter=N/filter_groups/`).",
     "reward_model": "One row per response: the reward model's score, with reward_model.enable "
     "(`iter=N/reward_model/`).",
     "rewards": "One row per response: its score and reward components (`iter=N/rewards/`).",
@@ -393,8 +467,9 @@ STAGES: tuple[str, ...] = (
 )
 """The stages of a training step that write a table: each one's name is its table, its folder under
 iter=N/ and its manifest key."""
-ITERATION_TABLES: tuple[str, ...] = (*STAGES, "turns")
-"""Tables under iter=N/: each stage's, and the rollouts stage's second table, `turns`."""
+ITERATION_TABLES: tuple[str, ...] = (*STAGES, "turns", "filter_groups")
+"""Tables under iter=N/: each stage's, and the rollouts stage's other tables, `turns` and
+`filter_groups`."""
 
 
 def _unique(table: str, *key: str) -> str:
@@ -436,7 +511,7 @@ INVARIANTS: dict[str, list[str]] = {
             "response_ids",
             "old_log_probs",
             "rollout_log_probs",
-            nullable=("ref_log_probs",),
+            nullable=("ref_log_probs", "sum_pi_squared"),
         ),
         "SELECT iter, prompt_id, sample_idx FROM rollouts "
         "WHERE len(prompt_ids) IS DISTINCT FROM prompt_length",
@@ -469,6 +544,19 @@ INVARIANTS: dict[str, list[str]] = {
         "SELECT iter, prompt_id, sample_idx FROM advantages WHERE "
         + _lengths_differ("len(token_level_rewards)", "advantages", "returns", nullable=('"values"', "kl")),
         "SELECT iter, prompt_id, sample_idx FROM advantages WHERE train_weight IS NULL OR train_weight < 0",
+        "SELECT iter, prompt_id, sample_idx FROM advantages WHERE "
+        + _lengths_differ("len(token_level_rewards)", nullable=("rollout_is_weights", "rollout_rs_rejected")),
+        "SELECT iter, prompt_id, sample_idx FROM advantages WHERE (rollout_rs_rejected IS NULL) <> "
+        "(rollout_rs_rejected_by IS NULL) OR list_bool_or(rollout_rs_rejected) "
+        "<> (len(rollout_rs_rejected_by) > 0)",
+    ],
+    "filter_groups": [
+        _unique("filter_groups", "iter", "gen_batch", "prompt_id"),
+        _unique("(SELECT * FROM filter_groups WHERE kept)", "iter", "prompt_id"),  # kept once a step
+        "SELECT iter, prompt_id FROM filter_groups WHERE kept <> (reason = 'kept') "
+        "OR reason NOT IN ('kept', 'no spread', 'surplus') OR len(metric_values) <> len(response_texts)",
+        "SELECT iter, prompt_id FROM filter_groups WHERE reason = 'no spread' "
+        "AND list_max(metric_values) <> list_min(metric_values)",
     ],
     "actor_update": [_unique("actor_update", "iter", "epoch", "mini_batch")],
     "critic_update": [_unique("critic_update", "iter", "epoch", "mini_batch")],

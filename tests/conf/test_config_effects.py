@@ -123,7 +123,38 @@ def test_an_effective_config_read_back_as_a_file_warns_only_of_what_it_changed(t
         ("reward_model.model.input_tokenizer=/elsewhere", "compares the actor's and the reward model's"),
         ("reward_model.model.trust_remote_code=true", "models with their own code are not loaded"),
         ("reward_model.model.external_lib=my_models", "imports no module from a config"),
-        ("reward_model.reward_manager=dapo", "dapo's overlong penalty"),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=bypass_mode",
+            "bypass_mode's loss takes the rollout's log-probs",
+        ),
+        (
+            "actor_rollout_ref.actor.policy_loss.loss_mode=gspo "
+            "algorithm.rollout_correction.bypass_mode=true algorithm.rollout_correction.loss_type=reinforce",
+            "which replaces this one",
+        ),
+        (
+            "actor_rollout_ref.actor.policy_loss.dro_beta=null "
+            "actor_rollout_ref.actor.policy_loss.loss_mode=dro",
+            "needs the weight of its log-ratio penalty",
+        ),
+        ("algorithm.gdpo_reward_keys=null algorithm.adv_estimator=gdpo", "normalises each reward component"),
+        (
+            "algorithm.adv_estimator=optimal_token_baseline algorithm.rollout_correction.bypass_mode=true",
+            "which bypass mode skips",
+        ),
+        ("algorithm.adv_estimator=grpo_passk actor_rollout_ref.rollout.n=1", "the best two responses"),
+        ("algorithm.filter_groups.enable=true actor_rollout_ref.rollout.n=1", "no spread to filter on"),
+        (
+            "algorithm.filter_groups.enable=true actor_rollout_ref.rollout.n=2 reward_model.enable=true "
+            "reward_model.model.path=/rm",
+            "before a reward model's stage runs",
+        ),
+        (
+            "reward_model.overlong_buffer.len=0 reward_model.reward_manager=dapo "
+            "reward_model.overlong_buffer.enable=true",
+            "overlong buffer must be > 0",
+        ),
+        ("reward.weights.overlong=0.5", "weighs DAPO's overlong penalty"),
         ("actor_rollout_ref.model.override_config.rope_theta=5000", "model config overrides other than"),
         (
             "actor_rollout_ref.model.override_config.attention_dropout=0.1",
@@ -153,6 +184,7 @@ def test_a_setting_that_would_change_the_run_in_a_way_ppoflow_cannot_is_refused(
         load_config(None, override.split(), check_paths=False)
     key = override.split()[0].split("=")[0]
     key = key.removesuffix(".rope_theta").removesuffix(".attention_dropout").removesuffix(".rm_score")
+    key = key.removesuffix(".overlong")
     assert str(raised.value).startswith(key) and "(command-line override #1" in str(raised.value)
 
 
@@ -381,26 +413,33 @@ def test_greedy_training_rollouts_that_leave_nothing_to_learn_are_named_at_start
         )
 
 
-def test_verls_default_policy_loss_is_accepted_and_its_other_losses_are_refused_by_name():
-    """verl scripts set actor.policy_loss.loss_mode=vanilla (its default); the modes ppoflow does
-    not implement are refused naming the mode, and the clip_cov/kl_cov tunings are named as without
-    effect."""
-    from ppoflow.conf.schema_actor import VERL_POLICY_LOSSES_NOT_IMPLEMENTED
+def test_every_verl_policy_loss_is_accepted_and_the_tunings_of_another_are_named_without_effect():
+    """verl scripts set actor.policy_loss.loss_mode to any name of its registry; each loads (dro with
+    its dro_beta, bypass_mode with rollout_correction.bypass_mode), a misspelt one names the valid
+    ones, and the keys that tune a loss this run does not use are named as without effect."""
+    from ppoflow.engine.policy_losses import POLICY_LOSSES
 
-    cfg = load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=vanilla"])
-    assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == "vanilla"
-    assert cfg.warnings() == []
-    for mode, what in VERL_POLICY_LOSSES_NOT_IMPLEMENTED.items():
-        with pytest.raises(ConfigError) as refused:
-            load_config(None, [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}"])
-        assert f"verl's {mode} ({what}) is not implemented in ppoflow" in str(refused.value)
-    with pytest.raises(ConfigError, match="expected one of 'vanilla'"):
+    needs = {
+        "dro": ["actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
+        "bypass_mode": ["algorithm.rollout_correction.bypass_mode=true"],
+    }
+    for mode in POLICY_LOSSES:
+        cfg = load_config(
+            None, [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", *needs.get(mode, [])]
+        )
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == mode
+        assert cfg.warnings() == []
+    with pytest.raises(ConfigError, match="expected one of 'vanilla'.*'bypass_mode'"):
         load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"])
     tuned = load_config(None, ["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001"])
     assert tuned.warnings() == [
-        "no effect in this run: actor_rollout_ref.actor.policy_loss.clip_cov_ratio (they tune verl's "
-        "clip_cov and kl_cov policy losses; this run's is vanilla)"
+        "no effect in this run: actor_rollout_ref.actor.policy_loss.clip_cov_ratio (they tune the clip_cov "
+        "policy loss; this run's is another (actor_rollout_ref.actor.policy_loss.loss_mode))"
     ]
+    sapo = load_config(
+        None, ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_neg=2"]
+    )
+    assert sapo.warnings() == []
 
 
 def test_a_token_budget_below_the_longest_sequence_is_refused():

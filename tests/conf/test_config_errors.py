@@ -143,8 +143,9 @@ def test_unknown_key_without_a_close_match_lists_valid_keys():
 def test_unknown_estimator_lists_the_valid_ones():
     assert error_of("algorithm.adv_estimator=ppo") == (
         "invalid value 'ppo' for 'algorithm.adv_estimator' (command-line override #1 "
-        "'algorithm.adv_estimator=ppo'): expected one of 'gae', 'grpo', 'rloo', 'reinforce_plus_plus', "
-        "'reinforce_plus_plus_baseline' or 'remax'"
+        "'algorithm.adv_estimator=ppo'): expected one of 'gae', 'grpo', 'grpo_vectorized', 'gdpo', "
+        "'grpo_passk', 'rloo', 'rloo_vectorized', 'opo', 'gpg', 'reinforce_plus_plus', "
+        "'reinforce_plus_plus_baseline', 'remax', 'optimal_token_baseline' or 'tir_optimal_token_baseline'"
     )
 
 
@@ -351,3 +352,66 @@ def test_divisor_hints_are_found_at_once_for_any_batch_size():
 
 def _too_slow(signum, frame):
     raise TimeoutError("the divisor hint took more than 5 s of CPU time")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["algorithm.rollout_correction.rollout_is_threshold=-1"],
+            "'algorithm.rollout_correction.rollout_is_threshold'.*the upper bound must be > 0",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_is=token",
+                "algorithm.rollout_correction.rollout_is_threshold=2_1",
+            ],
+            "'lower_upper' needs 0 < lower ≤ upper, got '2_1'",
+        ),
+        (["algorithm.rollout_correction.rollout_rs=token_k9"], "unknown rejection criterion 'token_k9'"),
+        (
+            ["algorithm.rollout_correction.rollout_rs=token_k2"],
+            "rollout_rs_threshold=None for rollout_rs='token_k2': it is not set",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_rs=token_k2",
+                "algorithm.rollout_correction.rollout_rs_threshold=0",
+            ],
+            "token_k2 needs an upper bound > 0",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_rs=token_k1,seq_mean_k3",
+                "algorithm.rollout_correction.rollout_rs_threshold=1,2,3",
+            ],
+            "3 values for 2 rollout_rs criteria",
+        ),
+        (
+            [
+                "algorithm.rollout_correction.rollout_rs=seq_max_k2",
+                "algorithm.rollout_correction.rollout_rs_threshold=1_2",
+            ],
+            "seq_max_k2 takes one upper bound",
+        ),
+    ],
+)
+def test_a_bad_rollout_correction_threshold_is_one_line_naming_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(None, overrides)
+    assert "\n" not in str(raised.value) and "rollout_correction" in str(raised.value)
+
+
+def test_lower_upper_thresholds_stay_text_where_yaml_1_1_would_read_a_number():
+    """0.5_2 is 0.52 to YAML 1.1 and 1_5 is 15: read as YAML 1.2, they stay the 'lower_upper' text."""
+    cfg = load_config(
+        None,
+        [
+            "algorithm.rollout_correction.rollout_is=token",
+            "algorithm.rollout_correction.rollout_is_threshold=0.5_2",
+            "algorithm.rollout_correction.rollout_rs=token_k1",
+            "algorithm.rollout_correction.rollout_rs_threshold=1_5",
+        ],
+    )
+    assert cfg.algorithm.rollout_correction.is_bounds == (2.0, 0.5)
+    assert cfg.algorithm.rollout_correction.rs_criteria == (("token_k1", 5.0, 1.0),)

@@ -9,6 +9,7 @@ from ppoflow.engine.lora import AdaptersOff, LoraSpec, add_adapters
 from ppoflow.engine.models import load_actor, load_critic, load_reference, load_tokenizer
 from ppoflow.engine.optim import build_optimizer
 from ppoflow.engine.ppo import (
+    StepTensors,
     build_sequence_batch,
     compute_advantage_stage,
     generate_rollouts,
@@ -96,11 +97,9 @@ def run_ppo(
         values = compute_values(critic, batch, batching=64) if use_critic else None
         adv = compute_advantage_stage(
             scores,
-            batch.response_mask,
-            settings=advantage_settings(adv_estimator=estimator),
+            StepTensors(batch.response_mask, values=values, group_id=torch.tensor(ro.prompt_index)),
+            settings=advantage_settings(estimator),
             kl_coef=0.0,
-            values=values,
-            group_id=torch.tensor(ro.prompt_index),
         )
         if use_critic:
             update_critic(

@@ -21,8 +21,9 @@ MICRO = [  # verl leaves micro-batch sizes unset; a test sets the one it exercis
 
 
 @functools.cache
-def _defaults() -> RunSettings:
-    return run_settings(load_config(None, MICRO, base="verl", check_paths=False), total_steps=1)
+def _defaults(*overrides: str) -> RunSettings:
+    config = load_config(None, [*MICRO, *overrides], base="verl", check_paths=False)
+    return run_settings(config, total_steps=1)
 
 
 def actor_settings(**changes) -> ActorUpdateSettings:
@@ -37,5 +38,7 @@ def optim_settings(**changes) -> OptimSettings:
     return replace(_defaults().actor.optim, **changes)
 
 
-def advantage_settings(**changes) -> AdvantageSettings:
-    return replace(_defaults().advantages.estimator, **changes)
+def advantage_settings(adv_estimator: str | None = None, **changes) -> AdvantageSettings:
+    """The advantage settings of `adv_estimator` (verl's default, gae, when None)."""
+    overrides = () if adv_estimator is None else (f"algorithm.adv_estimator={adv_estimator}",)
+    return replace(_defaults(*overrides).advantages.estimator, **changes)

@@ -5,15 +5,63 @@ import pytest
 import torch
 
 from ppoflow.engine.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageSpec,
+    DiscountSettings,
+    GAESettings,
+    GDPOSettings,
+    GRPOSettings,
+    NoSettings,
+    TokenBaselineSettings,
     compute_advantages,
-    compute_gae,
-    compute_grpo_outcome_advantage,
-    compute_reinforce_plus_plus_advantage,
-    compute_reinforce_plus_plus_baseline_advantage,
-    compute_remax_advantage,
-    compute_rloo_outcome_advantage,
     group_score_spread_zero_fraction,
 )
+from ppoflow.engine.group_advantages import grpo, reinforce_plus_plus_baseline, rloo
+from ppoflow.engine.token_advantages import gae, reinforce_plus_plus, remax
+
+
+def compute_gae(rewards, values, mask, *, gamma, lam):
+    """The raw GAE scan (before whitening): advantages and returns."""
+    whitened, returns = gae(AdvantageInputs(rewards, mask, values=values), GAESettings(gamma, lam))
+    return returns - values, returns
+
+
+def compute_grpo_outcome_advantage(rewards, mask, group_id, norm_adv_by_std=True):
+    return grpo(AdvantageInputs(rewards, mask, group_id), GRPOSettings(norm_adv_by_std))
+
+
+def compute_rloo_outcome_advantage(rewards, mask, group_id):
+    return rloo(AdvantageInputs(rewards, mask, group_id), NoSettings())
+
+
+def compute_reinforce_plus_plus_advantage(rewards, mask, *, gamma):
+    return reinforce_plus_plus(AdvantageInputs(rewards, mask), DiscountSettings(gamma))
+
+
+def compute_reinforce_plus_plus_baseline_advantage(rewards, mask, group_id):
+    return reinforce_plus_plus_baseline(AdvantageInputs(rewards, mask, group_id), NoSettings())
+
+
+def compute_remax_advantage(rewards, baselines, mask):
+    return remax(AdvantageInputs(rewards, mask, reward_baselines=baselines), NoSettings())
+
+
+SETTINGS = {
+    "gae": GAESettings(0.9, 0.95),
+    "grpo": GRPOSettings(True),
+    "grpo_passk": GRPOSettings(True),
+    "gdpo": GDPOSettings(("correctness", "format"), None),
+    "optimal_token_baseline": TokenBaselineSettings(),
+    "tir_optimal_token_baseline": TokenBaselineSettings(),
+    "reinforce_plus_plus": DiscountSettings(0.9),
+}
+
+
+def estimate(estimator, **inputs):
+    """compute_advantages of `estimator` with its test settings."""
+    spec = AdvantageSpec(estimator, SETTINGS.get(estimator, NoSettings()))
+    return compute_advantages(spec, AdvantageInputs(**inputs))
 
 
 def reference_gae(rewards, values, mask, gamma, lam):
@@ -98,12 +146,9 @@ def test_gae_ignores_values_and_rewards_at_masked_positions():
         adv2, ret2 = compute_gae(rewards2, values2, mask, gamma=gamma, lam=lam)
         torch.testing.assert_close(adv1[mask.bool()], adv2[mask.bool()])
         torch.testing.assert_close(ret1[mask.bool()], ret2[mask.bool()])
-        out1 = compute_advantages(
-            "gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=gamma
-        )
-        out2 = compute_advantages(
-            "gae", token_level_rewards=rewards2, response_mask=mask, values=values2, gamma=gamma
-        )
+        spec = AdvantageSpec("gae", GAESettings(gamma, lam))
+        out1 = compute_advantages(spec, AdvantageInputs(rewards, mask, values=values))
+        out2 = compute_advantages(spec, AdvantageInputs(rewards2, mask, values=values2))
         torch.testing.assert_close(out1, out2)
 
 
@@ -112,7 +157,7 @@ def test_compute_advantages_gae_whitens_and_zeroes_padding():
     values = torch.tensor([[0.5, 0.5, 0.5, 9.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
     advantages, returns = compute_advantages(
-        "gae", token_level_rewards=rewards, response_mask=mask, values=values, gamma=0.5, lam=1.0
+        AdvantageSpec("gae", GAESettings(0.5, 1.0)), AdvantageInputs(rewards, mask, values=values)
     )
     raw = [-0.25, 0.0, 0.5]
     mu, sigma = statistics.mean(raw), statistics.stdev(raw)  # stdev is the unbiased one
@@ -236,20 +281,23 @@ def test_remax_hand_case():
     torch.testing.assert_close(advantages, torch.tensor([[0.7, 0.7, 0.7], [1.5, 1.5, 0.0]]))
 
 
-@pytest.mark.parametrize(
-    "estimator", ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"]
-)
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
 def test_every_estimator_is_zero_at_masked_positions(estimator):
     rewards, values, mask = random_batch(11, n=8)
-    advantages, returns = compute_advantages(
+    gen = torch.Generator().manual_seed(3)
+    advantages, returns = estimate(
         estimator,
         token_level_rewards=rewards,
         response_mask=mask,
         values=values,
         group_id=torch.arange(8) // 4,
-        gamma=0.9,
-        lam=0.95,
-        reward_baselines=torch.randn(8, dtype=rewards.dtype),
+        reward_baselines=torch.randn(8, dtype=rewards.dtype, generator=gen),
+        old_log_probs=-torch.rand(rewards.shape, dtype=rewards.dtype, generator=gen),
+        sum_pi_squared=torch.rand(rewards.shape, dtype=rewards.dtype, generator=gen),
+        reward_components={
+            "correctness": torch.randint(0, 2, (8,), generator=gen).double(),
+            "format": torch.rand(8, generator=gen, dtype=torch.float64),
+        },
     )
     masked = ~mask.bool()
     assert advantages[masked].abs().sum().item() == 0.0
@@ -259,37 +307,27 @@ def test_every_estimator_is_zero_at_masked_positions(estimator):
 
 def test_compute_advantages_dispatch_matches_direct_calls():
     group_id = torch.tensor([7, 7, 7, 3, 3, 3])
-    kwargs = {
-        "token_level_rewards": TWO_GROUPS_REWARDS,
-        "response_mask": TWO_GROUPS_MASK,
-        "group_id": group_id,
-    }
+    inputs = AdvantageInputs(TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, group_id)
     direct = compute_grpo_outcome_advantage(
         TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, group_id, norm_adv_by_std=False
     )
-    torch.testing.assert_close(compute_advantages("grpo", norm_adv_by_std_in_grpo=False, **kwargs), direct)
+    torch.testing.assert_close(compute_advantages(AdvantageSpec("grpo", GRPOSettings(False)), inputs), direct)
     direct = compute_rloo_outcome_advantage(TWO_GROUPS_REWARDS, TWO_GROUPS_MASK, group_id)
-    torch.testing.assert_close(compute_advantages("rloo", **kwargs), direct)
+    torch.testing.assert_close(compute_advantages(AdvantageSpec("rloo", NoSettings()), inputs), direct)
 
 
-@pytest.mark.parametrize(
-    ("estimator", "missing"),
-    [
-        ("gae", "values"),
-        ("grpo", "group_id"),
-        ("rloo", "group_id"),
-        ("reinforce_plus_plus_baseline", "group_id"),
-        ("remax", "reward_baselines"),
-    ],
-)
-def test_missing_input_raises(estimator, missing):
-    with pytest.raises(ValueError, match=missing):
-        compute_advantages(estimator, token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
+@pytest.mark.parametrize("estimator", sorted(e for e, entry in ADVANTAGE_ESTIMATORS.items() if entry.needs))
+def test_missing_input_raises_naming_it(estimator):
+    needs = ADVANTAGE_ESTIMATORS[estimator].needs
+    with pytest.raises(ValueError, match=sorted(needs)[0]):
+        estimate(estimator, token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
 
 
-def test_unknown_estimator_names_the_valid_choices():
+def test_unknown_estimator_and_wrong_settings_are_refused():
     with pytest.raises(ValueError, match="gae.*grpo.*remax"):
-        compute_advantages("ppo", token_level_rewards=torch.zeros(2, 2), response_mask=torch.ones(2, 2))
+        AdvantageSpec("ppo", NoSettings())
+    with pytest.raises(TypeError, match="GAESettings"):
+        AdvantageSpec("gae", NoSettings())
 
 
 def test_group_score_spread_zero_fraction():
@@ -301,7 +339,7 @@ def test_group_score_spread_zero_fraction():
 
 def verl_grpo(scores: torch.Tensor, group_id: torch.Tensor, epsilon: float = 1e-6) -> torch.Tensor:
     """verl 0.9.1's compute_grpo_outcome_advantage: per group torch.mean and torch.std of the stacked
-    scores, in the scores' dtype; a group of one has mean 0 and std 1."""
+    scores, in the scores' dtype; a group of one has mean 0 and std 1 (float32 tensors)."""
     members: dict[int, list[torch.Tensor]] = {}
     for score, gid in zip(scores, group_id.tolist(), strict=True):
         members.setdefault(gid, []).append(score)
@@ -309,7 +347,7 @@ def verl_grpo(scores: torch.Tensor, group_id: torch.Tensor, epsilon: float = 1e-
     for i, gid in enumerate(group_id.tolist()):
         group = torch.stack(members[gid])
         if len(group) == 1:
-            mean, std = torch.tensor(0.0, dtype=scores.dtype), torch.tensor(1.0, dtype=scores.dtype)
+            mean, std = torch.tensor(0.0), torch.tensor(1.0)  # float32, as verl's
         else:
             mean, std = torch.mean(group), torch.std(group)
         out[i] = (scores[i] - mean) / (std + epsilon)
@@ -334,12 +372,9 @@ def test_a_group_of_equal_scores_gets_exactly_zero_whatever_its_size_value_and_d
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("seed", range(3))
-def test_grpo_within_1e_6_of_verl_on_groups_with_spread(dtype, seed):
-    """Groups of 1–256 with 0/1 scores, graded scores and noise: every group's advantage is verl's
-    (per-group torch.mean/torch.std in the scores' dtype) within 1e-6, relative to |A| when |A| > 1
-    (a group of 256 with one success has A ≈ 16 for it), plus where float32 cannot resolve that, the
-    resolution of the group mean (2 ulp of mean_g / std_g: scores near 10 with std 0.4 differ by
-    2e-6 there, verl's own float32 mean being 1 ulp off); and as close to the exact (float64) value."""
+def test_grpo_equals_verl_on_groups_with_spread(dtype, seed):
+    """Groups of 1–256 with 0/1 scores, graded scores and noise: every group with a spread gets
+    verl's advantage bit for bit (per-group torch.mean/torch.std in the scores' dtype)."""
     gen = torch.Generator().manual_seed(seed)
     sizes = [1, 2, 3, 5, 8, 16, 17, 32, 64, 100, 128, 256]
     scores, group_id = [], []
@@ -358,17 +393,4 @@ def test_grpo_within_1e_6_of_verl_on_groups_with_spread(dtype, seed):
     scores = torch.cat(scores)
     group_id = torch.tensor(group_id)
     advantages, _ = compute_grpo_outcome_advantage(scores[:, None], torch.ones(len(scores), 1), group_id)
-    expected = verl_grpo(scores, group_id)
-    exact = verl_grpo(scores.double(), group_id)
-    means = {gid: scores[group_id == gid].double().mean().abs() for gid in range(len(sizes))}
-    stds = {gid: scores[group_id == gid].double().std() for gid in range(len(sizes)) if sizes[gid] > 1}
-    resolution = torch.tensor(
-        [
-            2 * torch.finfo(dtype).eps * means[gid] / stds[gid] if gid in stds else 0.0
-            for gid in group_id.tolist()
-        ]
-    )
-    ours = advantages[:, 0]
-    bound = 1e-6 * expected.abs().clamp(min=1).double() + resolution
-    assert ((ours - expected).abs().double() <= bound).all()
-    assert ((ours.double() - exact).abs() <= bound).all()
+    assert torch.equal(advantages[:, 0], verl_grpo(scores, group_id))  # verl's operations, in its dtype

@@ -4,10 +4,30 @@ import pytest
 import torch
 
 from ppoflow.engine.logits import logprobs_from_logits
-from ppoflow.engine.losses import compute_policy_loss, compute_value_loss, explained_variance
-from ppoflow.engine.masking import LOSS_AGG_MODES, agg_denominator
+from ppoflow.engine.losses import compute_value_loss, explained_variance
+from ppoflow.engine.masking import LOSS_AGG_MODES, Aggregation, mini_batch_aggregation
+from ppoflow.engine.policy_losses import ClipSettings, PolicyLossSpec, PolicyTokens
+from ppoflow.engine.policy_losses import compute_policy_loss as registry_loss
 
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0, "loss_agg_mode": "token-mean"}
+
+
+def compute_policy_loss(
+    old_log_probs,
+    log_probs,
+    advantages,
+    mask,
+    *,
+    clip_ratio_low,
+    clip_ratio_high,
+    clip_ratio_c,
+    loss_agg_mode,
+    agg=None,
+):
+    """The vanilla loss (PPO's clipped surrogate with dual clip) through the registry."""
+    spec = PolicyLossSpec("vanilla", ClipSettings(clip_ratio_low, clip_ratio_high, clip_ratio_c))
+    tokens = PolicyTokens(old_log_probs, log_probs, advantages, mask)
+    return registry_loss(spec, tokens, agg or Aggregation(loss_agg_mode))
 
 
 def policy_loss(advantages, ratios, **overrides):
@@ -116,7 +136,7 @@ def test_value_loss_ignores_masked_positions(mode):
             torch.where(masked, garbage * 2, returns),
             mask,
             cliprange_value=0.2,
-            loss_agg_mode=mode,
+            agg=Aggregation(mode),
         )
         loss.backward()
         results.append((loss.item(), metrics, preds.grad))
@@ -132,7 +152,7 @@ def test_value_loss_hand_numbers():
     returns = torch.tensor([[2.0, 2.0, 2.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
     loss, metrics = compute_value_loss(
-        vpreds, values, returns, mask, cliprange_value=0.5, loss_agg_mode="token-mean"
+        vpreds, values, returns, mask, cliprange_value=0.5, agg=Aggregation("token-mean")
     )
     assert loss.item() == pytest.approx(0.5 * (0.64 + 1.0 + 2.25) / 3)
     assert metrics == {"critic/vf_clipfrac": pytest.approx(1 / 3)}
@@ -171,7 +191,7 @@ def policy_gradient(micro_batch_size, mode, shared_denominator=True):
     model = torch.nn.Linear(D, V, bias=False, dtype=torch.float64)
     torch.nn.init.normal_(model.weight, generator=torch.Generator().manual_seed(1))
     old = (logprobs_from_logits(model(features), labels) + noise).detach()  # ρ ≠ 1, so clipping fires
-    denominator = agg_denominator(mask, mode) if shared_denominator else None
+    agg = mini_batch_aggregation(mask, mode) if shared_denominator else None
     for rows in torch.arange(ROWS).split(micro_batch_size):
         log_probs = logprobs_from_logits(model(features[rows]), labels[rows])
         loss, _ = compute_policy_loss(
@@ -180,7 +200,7 @@ def policy_gradient(micro_batch_size, mode, shared_denominator=True):
             advantages[rows],
             mask[rows],
             **(CLIP | {"loss_agg_mode": mode}),
-            denominator=denominator,
+            agg=agg,
         )
         loss.backward()
     return model.weight.grad
@@ -191,7 +211,7 @@ def value_gradient(micro_batch_size, mode):
     critic = torch.nn.Linear(D, 1, bias=False, dtype=torch.float64)
     torch.nn.init.normal_(critic.weight, generator=torch.Generator().manual_seed(2))
     old_values = (critic(features).squeeze(-1) + noise).detach()
-    denominator = agg_denominator(mask, mode)
+    agg = mini_batch_aggregation(mask, mode)
     for rows in torch.arange(ROWS).split(micro_batch_size):
         vpreds = critic(features[rows]).squeeze(-1)
         loss, _ = compute_value_loss(
@@ -200,8 +220,7 @@ def value_gradient(micro_batch_size, mode):
             returns[rows],
             mask[rows],
             cliprange_value=0.2,
-            loss_agg_mode=mode,
-            denominator=denominator,
+            agg=agg,
         )
         loss.backward()
     return critic.weight.grad

@@ -1,16 +1,15 @@
-import math
-
 import pytest
 import torch
 
 from ppoflow.engine.masking import (
     LOSS_AGG_MODES,
-    agg_denominator,
+    Aggregation,
     agg_loss,
     masked_mean,
     masked_sum,
     masked_var,
     masked_whiten,
+    mini_batch_aggregation,
 )
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
@@ -83,65 +82,81 @@ def test_masked_whiten_leaves_masked_positions_transformed_not_zero():
     ("mode", "expected"),
     [
         ("token-mean", 2.5),
+        ("token-sum", 10.0),
         ("seq-mean-token-sum", 5.0),
         ("seq-mean-token-mean", 3.0),
         ("seq-mean-token-sum-norm", 10.0 / 6.0),
     ],
 )
 def test_agg_loss_vector_from_algorithms_md(mode, expected):
-    assert agg_loss(LOSS, MASK, mode).item() == pytest.approx(expected)
+    assert agg_loss(LOSS, MASK, Aggregation(mode)).item() == pytest.approx(expected)
+    assert agg_loss(LOSS, MASK, mini_batch_aggregation(MASK, mode)).item() == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(
-    ("mode", "expected"),
-    [
-        ("token-mean", 4.0),
-        ("seq-mean-token-sum", 2.0),
-        ("seq-mean-token-mean", 2.0),
-        ("seq-mean-token-sum-norm", 6.0),
-    ],
-)
-def test_agg_denominator(mode, expected):
-    assert agg_denominator(MASK, mode) == expected
+def test_a_mini_batch_counts_its_valid_tokens_and_every_row():
+    agg = mini_batch_aggregation(torch.cat([MASK, torch.zeros(1, 3, dtype=MASK.dtype)]), "token-mean")
+    assert (agg.tokens, agg.rows) == (4.0, 3.0)
+    empty = mini_batch_aggregation(torch.zeros(2, 3), "token-mean")
+    assert (empty.tokens, empty.rows) == (1.0, 2.0)  # clamped: an all-masked mini-batch gives 0, not NaN
 
 
-def test_agg_skips_rows_without_valid_tokens_and_clamps_denominator():
+def test_in_training_an_empty_row_counts_in_the_seq_mean_modes_as_verl_trainer_passes_them():
+    """verl's trainer passes global_batch_size = ppo_mini_batch_size × n, rows without a valid token
+    included; without it (standalone) agg_loss counts the rows that have one."""
     loss = torch.cat([LOSS, torch.full((1, 3), 99.0)])
     mask = torch.cat([MASK, torch.zeros(1, 3, dtype=MASK.dtype)])
-    assert agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx(5.0)
-    assert agg_loss(loss, mask, "seq-mean-token-mean").item() == pytest.approx(3.0)
-    for mode in LOSS_AGG_MODES:
-        assert agg_denominator(torch.zeros(2, 3), mode) >= 1.0
-        assert agg_loss(loss, torch.zeros(3, 3), mode).item() == 0.0
+    trained = {
+        mode: agg_loss(loss, mask, mini_batch_aggregation(mask, mode)).item() for mode in LOSS_AGG_MODES
+    }
+    alone = {mode: agg_loss(loss, mask, Aggregation(mode)).item() for mode in LOSS_AGG_MODES}
+    assert trained == pytest.approx(
+        {
+            "token-mean": 2.5,
+            "token-sum": 10.0,
+            "seq-mean-token-sum": 10.0 / 3,
+            "seq-mean-token-mean": 6.0 / 3,
+            "seq-mean-token-sum-norm": 10.0 / 3 / 3,
+        }
+    )
+    assert alone == pytest.approx(
+        {
+            "token-mean": 2.5,
+            "token-sum": 10.0,
+            "seq-mean-token-sum": 5.0,
+            "seq-mean-token-mean": 3.0,
+            "seq-mean-token-sum-norm": 10.0 / 6.0,
+        }
+    )
+    assert (
+        agg_loss(loss, torch.zeros(3, 3), mini_batch_aggregation(torch.zeros(3, 3), "token-mean")).item()
+        == 0.0
+    )
 
 
-def test_seq_mean_token_sum_norm_leaves_fully_masked_rows_out():
-    """verl ≥ 0.9.0 divides by the non-empty rows × T: Σ L·M = 10 over 2 rows × 3 columns, not 3 × 3."""
-    loss = torch.cat([LOSS, torch.full((1, 3), math.nan)])
-    mask = torch.cat([MASK, torch.zeros(1, 3, dtype=MASK.dtype)])
-    assert agg_denominator(mask, "seq-mean-token-sum-norm") == 6.0
-    assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(10.0 / 6.0)
-
-
-def test_agg_loss_uses_given_denominator():
-    assert agg_loss(LOSS, MASK, "token-mean", denominator=10.0).item() == pytest.approx(1.0)
-    assert agg_loss(LOSS, MASK, "seq-mean-token-mean", denominator=4.0).item() == pytest.approx(1.5)
-    with pytest.raises(ValueError, match="denominator"):
-        agg_loss(LOSS, MASK, "token-mean", denominator=0.0)
-
-
-def test_padding_columns_change_only_seq_mean_token_sum_norm():
+def test_seq_mean_token_sum_norm_divides_by_the_loss_scale_factor_not_the_batch_width():
+    """verl divides by actor.loss_scale_factor, else the padded width, which its agent loop fixes at
+    rollout.response_length: a constant, so the gradient's scale does not follow the longest response."""
     padded_loss = torch.cat([LOSS, torch.full((2, 2), 7.0)], dim=1)
     padded_mask = torch.cat([MASK, torch.zeros(2, 2, dtype=MASK.dtype)], dim=1)
-    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
-        assert agg_loss(padded_loss, padded_mask, mode).item() == pytest.approx(
-            agg_loss(LOSS, MASK, mode).item()
+    fixed = Aggregation("seq-mean-token-sum-norm", loss_scale_factor=16)
+    assert agg_loss(padded_loss, padded_mask, fixed).item() == pytest.approx(10.0 / 2 / 16)
+    assert agg_loss(LOSS, MASK, fixed).item() == pytest.approx(10.0 / 2 / 16)
+    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"):
+        assert agg_loss(padded_loss, padded_mask, Aggregation(mode)).item() == pytest.approx(
+            agg_loss(LOSS, MASK, Aggregation(mode)).item()
         )
-    assert agg_loss(padded_loss, padded_mask, "seq-mean-token-sum-norm").item() == pytest.approx(10.0 / 10.0)
+    assert agg_loss(padded_loss, padded_mask, Aggregation("seq-mean-token-sum-norm")).item() == pytest.approx(
+        1.0
+    )
+
+
+def test_aggregation_counts_must_be_positive():
+    with pytest.raises(ValueError, match="tokens"):
+        Aggregation("token-mean", tokens=0.0)
+    assert agg_loss(LOSS, MASK, Aggregation("token-mean", tokens=10.0)).item() == pytest.approx(1.0)
+    assert agg_loss(LOSS, MASK, Aggregation("seq-mean-token-mean", rows=4.0)).item() == pytest.approx(1.5)
 
 
 def test_unknown_mode_names_the_valid_choices():
     with pytest.raises(ValueError, match="token-mean.*seq-mean-token-sum-norm"):
-        agg_loss(LOSS, MASK, "sum")
-    with pytest.raises(ValueError, match="valid choices"):
-        agg_denominator(MASK, "mean")
+        Aggregation("sum")

@@ -26,7 +26,8 @@ def test_cosine_decays_to_min_lr_ratio():
 
 def test_warmup_steps_resolution_follows_verl():
     assert resolve_warmup_steps(5, 0.5, 100) == 5
-    assert resolve_warmup_steps(0, 0.5, 100) == 0  # an explicit 0 means no warmup
+    assert resolve_warmup_steps(0, 0.5, 100) == 50  # verl's engines take the ratio at 0 too
+    assert resolve_warmup_steps(0, 0.0, 100) == 0
     assert resolve_warmup_steps(-1, 0.1, 100) == 10
     assert resolve_warmup_steps(-1, 0.0, 100) == 0
 

@@ -83,7 +83,9 @@ def test_packed_values_equal_the_padded_ones(tiny_model_dir, batch):
     torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(0))  # not all zero
     padded = value_forward(critic, batch) * batch.response_mask
     packed = value_forward(critic, batch, remove_padding=True)
-    torch.testing.assert_close(packed, padded, rtol=0, atol=1e-5)
+    # values reach ~3 here: float32 kernels of other shapes round them within a few 1e-6 of that
+    # (1.6e-5 seen on an AMD EPYC), so the tolerance is relative too
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=1e-5)
 
 
 def test_passes_by_token_budget_and_packed_equal_fixed_padded_ones(tiny_model_dir, batch):
@@ -140,9 +142,10 @@ def test_updates_on_packed_micro_batches_equal_padded_updates(tiny_model_dir, ba
         trained.append(model)
         metrics.append(result.mean_metrics())
     for (name, a), b in zip(trained[0].named_parameters(), trained[1].parameters(), strict=True):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=name)
-    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):
-        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5), key
+        # weights up to ~2: an update's float32 rounding moves them a few ulp (1.3e-6 on an AMD EPYC)
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-6, msg=name)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/grad_norm"):  # the norm is ~115: relative too
+        assert metrics[1][key] == pytest.approx(metrics[0][key], abs=1e-5, rel=1e-6), key
     critic = load_critic(tiny_model_dir)
     values = compute_values(critic, batch, batching=6)
     returns = torch.randn(values.shape, generator=torch.Generator().manual_seed(2)) * batch.response_mask

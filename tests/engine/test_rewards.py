@@ -110,3 +110,15 @@ def test_every_built_in_reward_returns_the_components_weights_may_name():
     assert set(addition_components("7", "7")) == set(BUILTIN_REWARD_COMPONENTS)
     for method in ("strict", "flexible"):
         assert set(gsm8k_components("#### 7", "7", method)) == set(BUILTIN_REWARD_COMPONENTS)
+
+
+def test_overlong_penalty_hand_numbers():
+    """DAPO's overlong shaping: 0 until the last `buffer` tokens before the limit, then falling
+    linearly to −penalty_factor at it (verl's DAPO reward manager)."""
+    from types import SimpleNamespace
+
+    from ppoflow.engine.rewards import overlong_penalty
+
+    buffer = SimpleNamespace(buffer=4, penalty_factor=1.0, max_response_length=20)
+    assert [overlong_penalty(n, buffer) for n in (10, 16, 17, 18, 20)] == [0.0, 0.0, -0.25, -0.5, -1.0]
+    assert overlong_penalty(20, SimpleNamespace(buffer=4, penalty_factor=0.5, max_response_length=20)) == -0.5

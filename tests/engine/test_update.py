@@ -193,8 +193,8 @@ def test_without_an_entropy_bonus_the_entropy_is_a_metric_outside_the_graph_and_
     entropy. The gradient is the one of pg_loss − 0·entropy, bit for bit, and the entropy metric
     is the same number."""
     from ppoflow.engine.forward import policy_forward
-    from ppoflow.engine.losses import compute_policy_loss
-    from ppoflow.engine.masking import agg_loss
+    from ppoflow.engine.masking import Aggregation, agg_loss
+    from ppoflow.engine.policy_losses import ClipSettings, PolicyLossSpec, PolicyTokens, compute_policy_loss
 
     model = load_actor(tiny_model_dir)
     mask = batch.response_mask
@@ -207,11 +207,10 @@ def test_without_an_entropy_bonus_the_entropy_is_a_metric_outside_the_graph_and_
             model, batch, temperature=1.0, with_entropy=True, entropy_grad=entropy_grad
         )
         assert entropy.requires_grad is entropy_grad
-        pg_loss, _ = compute_policy_loss(
-            old, log_probs, advantages, mask, clip_ratio_low=0.2, clip_ratio_high=0.2,
-            clip_ratio_c=3.0, loss_agg_mode="token-mean", denominator=mask.sum(),
-        )  # fmt: skip
-        entropy_loss = agg_loss(entropy, mask, "token-mean", mask.sum())
+        spec = PolicyLossSpec("vanilla", ClipSettings(0.2, 0.2, 3.0))
+        agg = Aggregation("token-mean", tokens=float(mask.sum()))
+        pg_loss, _ = compute_policy_loss(spec, PolicyTokens(old, log_probs, advantages, mask), agg)
+        entropy_loss = agg_loss(entropy, mask, agg)
         (pg_loss - 0.0 * entropy_loss if entropy_grad else pg_loss).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
         entropies.append(entropy_loss.item())

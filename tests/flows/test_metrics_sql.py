@@ -78,11 +78,6 @@ def row_queries(config: dict) -> list[str]:
         "FROM rollouts GROUP BY iter",
         length_stats("prompt_length", "prompt_length", limits[0]),
         'SELECT iter, avg((error IS NOT NULL)::DOUBLE) "reward/error_rate" FROM rewards GROUP BY iter',
-        'SELECT iter, max(abs(r - o)) "training/rollout_probs_diff_max", '
-        'avg(abs(r - o)) "training/rollout_probs_diff_mean", '
-        'stddev_samp(abs(r - o)) "training/rollout_probs_diff_std", '
-        'corr(o, r) "training/rollout_actor_probs_pearson_corr", '
-        f'1.0 "training/rollout_probs_diff_valid" FROM ({probs}) GROUP BY iter',
         'SELECT iter, iter::DOUBLE "training/global_step", ((iter - 1) // '
         "((SELECT count(*) FROM prompts WHERE split = 'train') // count(DISTINCT prompt_id)))::DOUBLE "
         '"training/epoch", sum(prompt_length + response_length)::DOUBLE "perf/total_num_tokens" '
@@ -90,18 +85,64 @@ def row_queries(config: dict) -> list[str]:
         'SELECT iter, avg((error IS NOT NULL)::DOUBLE) "val-aux/reward/error_rate" '
         "FROM validation GROUP BY iter",
     ]
+    if not config["algorithm"]["rollout_correction"]["bypass_mode"]:  # as verl: only with old log-probs
+        queries += off_policy_queries() + [
+            'SELECT iter, max(abs(r - o)) "training/rollout_probs_diff_max", '
+            'avg(abs(r - o)) "training/rollout_probs_diff_mean", '
+            'stddev_samp(abs(r - o)) "training/rollout_probs_diff_std", '
+            'corr(o, r) "training/rollout_actor_probs_pearson_corr", '
+            f'1.0 "training/rollout_probs_diff_valid" FROM ({probs}) GROUP BY iter'
+        ]
     if config["algorithm"]["use_kl_in_reward"]:  # verl logs the in-reward KL only then
         queries.append(
             'SELECT iter, avg(list_avg(kl::DOUBLE[])) "actor/reward_kl_penalty" FROM advantages GROUP BY iter'
         )
     for role in ("actor", "critic"):
         for col in SCHEMAS[f"{role}_update"].names:
-            if col not in ("epoch", "mini_batch"):
+            if col not in ("epoch", "mini_batch", "other_metrics"):
                 queries.append(
                     f'SELECT iter, avg({col}) "{role}/{col}" FROM {role}_update '
                     f"WHERE {col} IS NOT NULL GROUP BY iter"
                 )
     return queries
+
+
+def other_update_metrics(run_dir) -> dict[str, dict[int, float]]:
+    """The actor's other_metrics map (named in full, such as rollout_corr/… of bypass mode): each
+    entry's mean over the optimizer steps that logged it."""
+    sql = (
+        "SELECT iter, k, avg(v) FROM (SELECT iter, unnest(map_keys(other_metrics)) k, "
+        "unnest(map_values(other_metrics)) v FROM actor_update) GROUP BY iter, k"
+    )
+    out: dict[str, dict[int, float]] = {}
+    for step, name, value in query(run_dir, sql)[1]:
+        out.setdefault(name, {})[step] = float(value)
+    return out
+
+
+def off_policy_queries() -> list[str]:
+    """verl's compute_offpolicy_metrics of old against rollout log-probs: per response (every one,
+    a response without tokens as mean log-prob 0) and per token, log ρ = old − rollout."""
+    rows = (
+        "SELECT iter, coalesce(list_avg(old_log_probs::DOUBLE[]), 0) mo, "
+        "coalesce(list_avg(rollout_log_probs::DOUBLE[]), 0) mr, "
+        "coalesce(list_sum(old_log_probs::DOUBLE[]) - list_sum(rollout_log_probs::DOUBLE[]), 0) s "
+        "FROM rollouts"
+    )
+    tokens = (
+        "SELECT iter, unnest(old_log_probs::DOUBLE[]) o, unnest(rollout_log_probs::DOUBLE[]) r FROM rollouts"
+    )
+    return [
+        'SELECT iter, avg(exp(-mo)) "rollout_corr/training_ppl", avg(-mo) "rollout_corr/training_log_ppl", '
+        'avg(exp(-mr)) "rollout_corr/rollout_ppl", avg(-mr) "rollout_corr/rollout_log_ppl", '
+        'avg(mr - mo) "rollout_corr/log_ppl_diff", avg(abs(mr - mo)) "rollout_corr/log_ppl_abs_diff", '
+        'max(mr - mo) "rollout_corr/log_ppl_diff_max", min(mr - mo) "rollout_corr/log_ppl_diff_min", '
+        'avg(exp(mr - mo)) "rollout_corr/ppl_ratio", '
+        f'avg(exp(2 * greatest(least(s, 20), -20))) - 1 "rollout_corr/chi2_seq" FROM ({rows}) GROUP BY iter',
+        'SELECT iter, avg(r - o) "rollout_corr/kl", avg(exp(o - r) - (o - r) - 1) "rollout_corr/k3_kl", '
+        'avg(exp(2 * greatest(least(o - r, 20), -20))) - 1 "rollout_corr/chi2_token" '
+        f"FROM ({tokens}) GROUP BY iter",
+    ]
 
 
 def score_is_acc(run_dir) -> bool:
@@ -196,7 +237,7 @@ def recompute(run_dir) -> dict[str, dict[int, float]]:
             for name, value in zip(columns[1:], row[1:], strict=True):
                 if value is not None:
                     out.setdefault(name, {})[row[0]] = float(value)
-    out |= validation_metrics(run_dir)
+    out |= validation_metrics(run_dir) | other_update_metrics(run_dir)
     counts = "SELECT iter, sum(response_length), sum(prompt_length + response_length) FROM rollouts"
     tokens = {
         step: (response, total) for step, response, total in query(run_dir, counts + " GROUP BY iter")[1]

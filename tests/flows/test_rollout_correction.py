@@ -7,11 +7,10 @@ import json
 
 import pytest
 
-from ppoflow.conf.loader import load_config
-from ppoflow.conf.schema_common import ConfigError
 from ppoflow.tasks.storage.confined_query import query
 
 from .conftest import train
+from .test_metrics_sql import assert_metrics_match_rows
 
 ONE_STEP = ["trainer.total_training_steps=1", "trainer.val_before_train=false", "trainer.test_freq=0"]
 BYPASS = "algorithm.rollout_correction.bypass_mode=true"
@@ -52,20 +51,68 @@ def _rollouts_cache_key(run_dir) -> str:
     return json.loads((run_dir / "iter=000001/_manifest.json").read_text())["stages"]["rollouts"]["cache_key"]
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        ("algorithm.rollout_correction.rollout_is=sequence", "importance-sampling correction"),
-        ("algorithm.rollout_correction.rollout_rs=token_k1", "rejection sampling"),
-    ],
-)
-def test_importance_and_rejection_sampling_are_refused(override, message):
-    with pytest.raises(ConfigError, match=f"algorithm.rollout_correction.*{message}"):
-        load_config(None, [override])
+CORRECTED = [
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=2",
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_is_threshold=1.000001",
+    "algorithm.rollout_correction.rollout_rs=token_k2",
+    # ½(log ρ)² ≤ 1e-13: |log ρ| above 4.5e-7 (float32 numerics of two passes) is rejected
+    "algorithm.rollout_correction.rollout_rs_threshold=1e-13",
+    *ONE_STEP,
+]
 
 
-def test_the_reinforce_loss_of_bypass_mode_is_refused_and_loss_type_alone_is_inert():
-    with pytest.raises(ConfigError, match="loss_type.*use ppo_clip"):
-        load_config(None, [BYPASS, "algorithm.rollout_correction.loss_type=reinforce"])
-    cfg = load_config(None, ["algorithm.rollout_correction.loss_type=reinforce"])  # not in bypass mode
-    assert not cfg.algorithm.rollout_correction.bypass_mode
+def test_decoupled_correction_weights_and_rejects_tokens_with_the_tables_saying_which_and_why(
+    prefect_server, tmp_path
+):
+    """Decoupled mode takes importance weights and rejection of the old log-probs against the
+    rollout's in the advantages stage: the weights and rejections are per-token columns, a query
+    answers which responses were rejected and by what, rejected tokens get no advantage, and the
+    step's rollout_corr/* metrics agree with the tables."""
+    train(tmp_path, *CORRECTED)
+    [(rows, weighted, rejected_rows, by_k2)] = query(
+        tmp_path,
+        "SELECT count(*), count(rollout_is_weights), "
+        "count(*) FILTER (WHERE len(rollout_rs_rejected_by) > 0), "
+        "count(*) FILTER (WHERE list_contains(rollout_rs_rejected_by, 'token_k2')) FROM advantages",
+    )[1]
+    assert rows == weighted == 64 and 0 < rejected_rows == by_k2 < rows
+    [(rejected, advantage_sum, weight_max, tokens)] = query(
+        tmp_path,
+        "SELECT count(*) FILTER (WHERE r), sum(abs(a)) FILTER (WHERE r), max(w), count(*) FROM ("
+        "SELECT unnest(rollout_rs_rejected) r, unnest(advantages) a, unnest(rollout_is_weights) w "
+        "FROM advantages)",
+    )[1]
+    assert rejected > 0 and advantage_sum == 0.0 and weight_max <= 1.000001
+    columns, [row] = query(tmp_path, "SELECT * FROM metrics WHERE iter = 1")
+    metrics = dict(zip(columns, row, strict=True))
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(rejected / tokens)
+    assert metrics["rollout_corr/rollout_rs_token_k2_seq_masked_fraction"] == pytest.approx(
+        rejected_rows / rows
+    )
+    assert metrics["rollout_corr/rollout_is_max"] <= 1.000001
+
+
+def test_bypass_modes_reinforce_loss_weighs_by_the_current_policy_and_reports_it(prefect_server, tmp_path):
+    """loss_type=reinforce in bypass mode: the bypass_mode loss (−A·log π_θ weighted by truncated
+    π_θ/π_rollout), whose rollout_corr/* metrics of the current policy against the rollout's are in
+    each actor_update row and in the step's metrics; it reports no clip fraction."""
+    train(
+        tmp_path,
+        "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.rollout.n=2",
+        BYPASS,
+        "algorithm.rollout_correction.loss_type=reinforce",
+        "algorithm.rollout_correction.rollout_is=sequence",
+        *ONE_STEP,
+    )
+    [(steps, clipfracs, with_corr)] = query(
+        tmp_path,
+        "SELECT count(*), count(pg_clipfrac), count(*) FILTER (WHERE "
+        "other_metrics['rollout_corr/rollout_is_mean'] IS NOT NULL) FROM actor_update",
+    )[1]
+    assert steps == with_corr == 8 and clipfracs == 0  # the default's 4 epochs × 2 mini-batches
+    columns = query(tmp_path, "SELECT * FROM metrics WHERE iter = 1")[0]
+    assert "rollout_corr/rollout_is_eff_sample_size" in columns and "actor/pg_clipfrac" not in columns
+    assert_metrics_match_rows(tmp_path)  # the step's rollout_corr/* are the means of the rows' maps

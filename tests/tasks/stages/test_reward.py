@@ -344,3 +344,24 @@ def test_a_weight_of_a_component_the_built_in_rewards_do_not_return_is_refused_a
     assert custom.no_effect_warning().startswith(  # the function scores each response itself
         f"no effect in this run: reward.weights.{name} (custom_reward_function.path scores each response"
     )
+
+
+def test_dapos_overlong_penalty_is_a_component_of_its_own_added_to_the_score():
+    """reward_model.reward_manager=dapo with overlong_buffer: the penalty of each response's length is
+    the component `overlong`, added with its weight (1 as verl's DAPO manager adds it)."""
+    from dataclasses import replace
+
+    from ppoflow.tasks.pipeline.settings import OverlongSettings
+
+    rows = [
+        {"prompt_id": f"p{i}", "sample_idx": 0, "data_source": ADDITION_DATA_SOURCE, "response_text": "7",
+         "response_length": length}
+        for i, length in enumerate([2, 3, 4])
+    ]  # fmt: skip
+    prompts = {r["prompt_id"]: {"ground_truth": "7", "extra_info": None} for r in rows}
+    reward = replace(
+        config(None), overlong=OverlongSettings(buffer=2, penalty_factor=0.5, max_response_length=4)
+    )
+    scored = score_rows(rows, prompts, reward).to_pylist()
+    assert [dict(r["components"])["overlong"] for r in scored] == [0.0, -0.25, -0.5]
+    assert [r["score"] for r in scored] == pytest.approx([1.0, 0.75, 0.5])

@@ -50,8 +50,10 @@ def rows(name: str, it: int) -> list[dict]:
                 for k, m in zip(key, n.values(), strict=True)
             ]  # fmt: skip
         case "actor_update" | "critic_update":
-            cols = [c for c in SCHEMAS[name].names if c not in ("epoch", "mini_batch")]
-            return [{"epoch": 0, "mini_batch": b, **dict.fromkeys(cols, 0.1 * it)} for b in range(2)]
+            cols = [c for c in SCHEMAS[name].names if c not in ("epoch", "mini_batch", "other_metrics")]
+            others = {"other_metrics": {"rollout_corr/kl": 0.01 * it}} if name == "actor_update" else {}
+            values = dict.fromkeys(cols, 0.1 * it)
+            return [{"epoch": 0, "mini_batch": b, **values, **others} for b in range(2)]
         case "validation":
             return [
                 {**k, "data_source": "arith", "prompt_text": "1 + 2 = ", "response_text": "3",
@@ -233,7 +235,8 @@ def test_query_errors_name_the_available_views(run):
         query(run, "SELECT * FROM rolouts")
     message = str(raised.value)
     assert "rolouts" in message
-    assert "available views: actor_update, advantages, critic_update, metrics, prompts" in message
+    views = "actor_update, advantages, critic_update, filter_groups, metrics, prompts"
+    assert f"available views: {views}" in message
 
 
 def test_a_run_without_catalog_is_a_clear_error(tmp_path):

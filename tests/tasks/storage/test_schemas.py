@@ -19,9 +19,8 @@ from ppoflow.tasks.storage.schemas import (
 
 def test_every_table_is_documented_and_has_invariants():
     assert set(TABLES) == set(TABLE_DOCS) == set(INVARIANTS) == set(SCHEMAS) | {"metrics"}
-    assert (
-        set(ITERATION_TABLES) == set(STAGES) | {"turns"} <= set(TABLES)
-    )  # turns: the rollouts stage's second
+    # turns and filter_groups: the rollouts stage's other tables
+    assert set(ITERATION_TABLES) == set(STAGES) | {"turns", "filter_groups"} <= set(TABLES)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMAS))

@@ -40,6 +40,7 @@ def actor_steps(loss: float = 0.5, rows: int = 2) -> pa.Table:
             **{c: [loss] * rows for c in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")},
             **{c: [loss] * rows for c in ("entropy", "grad_norm", "lr")},
             "kl_loss": [None] * rows,
+            "other_metrics": pa.array([[] for _ in range(rows)], pa.map_(pa.string(), pa.float64())),
         }
     )
 
