@@ -267,3 +267,28 @@ def test_agg_loss_value_and_gradient_equal_verl(case):
     scale = 100.0 if inputs["loss_mask_dtype"] == "float64" and dtype == "float64" else 1.0
     close(loss.item(), case["outputs"]["loss"], dtype, "loss", scale)
     close(loss_mat.grad, case["outputs"]["grad_loss_mat"], dtype, "gradient", scale)
+
+
+def test_every_name_in_verls_registries_is_ppoflows_and_loads():
+    """The loss modes and estimators verl 0.9.1 registers (those its reference cases were made with:
+    12 and 14) are exactly ppoflow's, and a config naming any of them loads without a refusal."""
+    from ppoflow.conf import load_config
+
+    losses = {case["loss_mode"] for case in cases("policy_losses")}
+    estimators = {case["estimator"] for case in cases("advantage_estimators")}
+    assert len(losses) == 12 and losses == set(POLICY_LOSSES)
+    assert len(estimators) == 14 and estimators == set(ADVANTAGE_ESTIMATORS)
+    needs = {
+        "dro": ["actor_rollout_ref.actor.policy_loss.dro_beta=0.1"],
+        "bypass_mode": ["algorithm.rollout_correction.bypass_mode=true"],
+        "gdpo": ["algorithm.gdpo_reward_keys=[correctness,format]"],
+    }
+    for mode in losses:
+        cfg = load_config(
+            None, [f"actor_rollout_ref.actor.policy_loss.loss_mode={mode}", *needs.get(mode, [])]
+        )
+        assert cfg.actor_rollout_ref.actor.policy_loss.loss_mode == mode
+    for name in estimators:
+        group = ["actor_rollout_ref.rollout.n=4"]  # what a group baseline needs, as verl's recipes set
+        cfg = load_config(None, [f"algorithm.adv_estimator={name}", *group, *needs.get(name, [])])
+        assert cfg.algorithm.adv_estimator == name
