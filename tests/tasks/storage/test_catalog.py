@@ -432,7 +432,8 @@ def test_a_query_of_one_step_opens_that_steps_files_only(tmp_path):
     assert query(tmp_path, one_step)[1] == [(2, 4, 0.9)]
     joined = "SELECT count(*) FROM rollouts JOIN rewards USING (iter, prompt_id, sample_idx) WHERE iter = 2"
     assert query(tmp_path, joined)[1] == [(4,)]
-    with pytest.raises(ValueError, match=r"iter=000001/rewards/part-00000\.parquet"):
+    # A query of every step meets a damaged file: which of the two first is DuckDB's threads' choice.
+    with pytest.raises(ValueError, match=r"iter=00000[13]/rewards/part-00000\.parquet"):
         query(tmp_path, "SELECT count(*) FROM rewards")
 
 
