@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 TABLES = {  # table → the folder names it has had
     "rollouts": ("rollouts", "rollout"),
+    "turns": ("turns",),
     "rewards": ("rewards", "reward"),
     "advantages": ("advantages", "advantage"),
     "critic_update": ("critic_update",),
@@ -65,15 +66,13 @@ def weights(run: Path) -> dict[str, str]:
     return found
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_a", type=Path)
-    parser.add_argument("run_b", type=Path)
-    args = parser.parse_args()
+def same_run(run_a: Path, run_b: Path, say=lambda line: None) -> bool:
+    """Whether every table and the final weights of the two runs are equal; `say(line)` is told each
+    table's and each role's comparison."""
     same = True
-    print(f"{'table':<16}{'rows A':>8}{'rows B':>8}  {'digest A':<14}{'digest B':<14}equal")
+    say(f"{'table':<16}{'rows A':>8}{'rows B':>8}  {'digest A':<14}{'digest B':<14}equal")
     for name, folders in TABLES.items():
-        a, b = read(args.run_a, folders), read(args.run_b, folders)
+        a, b = read(run_a, folders), read(run_b, folders)
         if a is None and b is None:
             continue
         equal = (
@@ -84,14 +83,21 @@ def main() -> int:
         same &= equal
         rows = [t.num_rows if t is not None else 0 for t in (a, b)]
         digests = [digest(t) if t is not None else "-" for t in (a, b)]
-        print(
-            f"{name:<16}{rows[0]:>8}{rows[1]:>8}  {digests[0]:<14}{digests[1]:<14}{'yes' if equal else 'NO'}"
-        )
-    wa, wb = weights(args.run_a), weights(args.run_b)
+        say(f"{name:<16}{rows[0]:>8}{rows[1]:>8}  {digests[0]:<14}{digests[1]:<14}{'yes' if equal else 'NO'}")
+    wa, wb = weights(run_a), weights(run_b)
     for role in sorted(set(wa) | set(wb)):
         da, db = wa.get(role, "-"), wb.get(role, "-")
-        print(f"{'weights ' + role:<32}  {da:<14}{db:<14}{'yes' if da == db else 'NO'}")
+        say(f"{'weights ' + role:<32}  {da:<14}{db:<14}{'yes' if da == db else 'NO'}")
         same &= da == db
+    return same
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_a", type=Path)
+    parser.add_argument("run_b", type=Path)
+    args = parser.parse_args()
+    same = same_run(args.run_a, args.run_b, print)
     print("same run" if same else "DIFFERENT")
     return 0 if same else 1
 

@@ -40,9 +40,28 @@ def check_config_paths(config: PPOFlowConfig, origins: dict[KeyPath, str]) -> No
         file=True,
     )
     multi_turn = config.actor_rollout_ref.rollout.multi_turn
-    if multi_turn.enable and multi_turn.tool_config_path is not None:
-        _require(multi_turn.tool_config_path, TOOL_CONFIG_KEY, "tool config file", origins, file=True)
-        read_tool_config(multi_turn.tool_config_path)
+    if multi_turn.enable:
+        _check_tools(multi_turn.tool_config_path, origins)
+
+
+def _check_tools(path: str | None, origins: dict[KeyPath, str]) -> None:
+    """A multi-turn run's tool config: a file that lists one tool at least (without one, every call
+    the model makes is answered "unknown tool", and it learns not to call)."""
+    no_tools = (
+        f": a multi-turn rollout without tools answers every call the model makes with 'unknown tool'; "
+        f"set {TOOL_CONFIG_KEY} to a tool config (docs/MULTI_TURN.md), or "
+        f"actor_rollout_ref.rollout.multi_turn.enable=false{where_set([TOOL_CONFIG_KEY], origins)}"
+    )
+    if not path:
+        raise ConfigError(
+            f"actor_rollout_ref.rollout.multi_turn.enable=true and {TOOL_CONFIG_KEY} is unset{no_tools}",
+            keys=(TOOL_CONFIG_KEY,),
+        )
+    _require(path, TOOL_CONFIG_KEY, "tool config file", origins, file=True)
+    if not read_tool_config(path):
+        raise ConfigError(
+            f"{TOOL_CONFIG_KEY}={path} lists no tools (tools: []){no_tools}", keys=(TOOL_CONFIG_KEY,)
+        )
 
 
 def is_link_loop(path: Path | str) -> bool:

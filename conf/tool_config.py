@@ -8,9 +8,10 @@
           function: {name: calculator, description: ..., parameters: {...}}
 
 A user's class is named as `file.py:Class` (the file relative to the YAML's folder) or
-`module:Class` / verl's dotted `package.module.Class` (a module file found beside the YAML or under
-the working directory). Nothing is imported here: the file is only located (tasks/models/tool_runner.py
-imports it in the tool worker).
+`module:Class` / verl's dotted `package.module.Class` (a module file found beside the YAML, never
+elsewhere: what a config names does not depend on the folder it is run from). A name in ppoflow's own
+namespace (`ppoflow:…`, `ppoflow.…`) or verl's (`verl.…`) is a built-in tool or an error. Nothing is
+imported here: the file is only located (tasks/models/tool_runner.py imports it in the tool worker).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ppoflow.engine.names import BUILTIN_TOOL_CLASSES
 from .schema_common import ConfigError
 
 KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
+BUILT_IN_NAMESPACES = ("ppoflow", "verl")
+"""Module names whose tools are ppoflow's built-ins (BUILTIN_TOOL_CLASSES) or none: never a file."""
 MAX_FILE_BYTES = 1 << 20
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 _ATTRIBUTE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -104,6 +107,13 @@ def _entry(tool: Any, where: str, folder: Path) -> ToolEntry:
             ) from None
     if class_name in BUILTIN_TOOL_CLASSES:
         return ToolEntry(name, class_name, schema, config)
+    if class_name.split(":")[0].split(".")[0] in BUILT_IN_NAMESPACES:
+        raise ConfigError(
+            f"{where}: class_name={class_name!r} is not one of ppoflow's built-in tools "
+            f"({', '.join(BUILTIN_TOOL_CLASSES)}); a tool of your own is a class in a Python file beside "
+            "the tool config ('my_tools.py:Weather')",
+            keys=(KEY,),
+        )
     module_file, attribute = _locate(class_name, where, folder)
     digest = hashlib.sha256(module_file.read_bytes()).hexdigest()
     return ToolEntry(name, class_name, schema, config, str(module_file), attribute, digest)
@@ -123,14 +133,12 @@ def _locate(class_name: str, where: str, folder: Path) -> tuple[Path, str]:
         candidates = [Path(module) if Path(module).is_absolute() else folder / module]
     else:
         relative = Path(*module.split("."))
-        candidates = [base / relative.with_suffix(".py") for base in (folder, Path.cwd())] + [
-            base / relative / "__init__.py" for base in (folder, Path.cwd())
-        ]
+        candidates = [folder / relative.with_suffix(".py"), folder / relative / "__init__.py"]
     found = next((c for c in candidates if c.is_file()), None)
     if found is None:
         raise ConfigError(
             f"{where}: class_name={class_name!r}: no file {candidates[0]} (a user's tool is a Python file "
-            "beside the tool config, or under the working directory)",
+            "beside the tool config)",
             keys=(KEY,),
         )
     return found.resolve(), attribute

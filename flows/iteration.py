@@ -37,19 +37,25 @@ class Datasets:
         return tables | {"val": self.val.ref}
 
 
+class ValidatedOtherwise(ValueError):
+    """A validation-only start on a step this run trained and validated with other settings."""
+
+
+def _validation_inputs(settings: RunSettings, step: int, actor: ModelState, data: Datasets) -> dict:
+    return {
+        "step": step,
+        "actor": actor,
+        "prompts": data.val.ref,
+        "settings": settings.validation,
+        "reward": settings.reward,
+    }
+
+
 def validate(
     run: Run, settings: RunSettings, step: int, actor: ModelState, data: Datasets
 ) -> tuple[StageResult, bool]:
     """The validation stage of `step`; returns (result, was_cached)."""
-    return run_stage(
-        validation,
-        run,
-        step=step,
-        actor=actor,
-        prompts=data.val.ref,
-        settings=settings.validation,
-        reward=settings.reward,
-    )
+    return run_stage(validation, run, **_validation_inputs(settings, step, actor, data))
 
 
 def validation_step(
@@ -60,12 +66,34 @@ def validation_step(
     stages are committed as step `step`; returns its metrics. A step this run directory trained (a run
     resumed from one of its own checkpoints) keeps its own metrics row and manifest: the validation's
     result is returned."""
-    validated, _ = validate(run, settings, step, actor, data)
     if (iteration_dir(run.path, step) / "rollouts").exists():
-        return validated
+        _require_as_validated(run, settings, step, actor, data)
+        return validate(run, settings, step, actor, data)[0]
+    validated, _ = validate(run, settings, step, actor, data)
     recorded, _ = run_stage(validation_only_metrics, run, step=step, validation=validated)
     commit_step(run, step, [validated, recorded])
     return recorded
+
+
+def _require_as_validated(
+    run: Run, settings: RunSettings, step: int, actor: ModelState, data: Datasets
+) -> None:
+    """ValidatedOtherwise, before anything is validated, when the trained step's manifest names
+    another validation (other settings, or none): its validation rows, rewritten, would no longer be
+    those its metrics row was computed from."""
+    stages = (read_manifest(run.path, step) or {}).get("stages")
+    entry = stages.get("validation") if isinstance(stages, dict) else None
+    recorded = entry.get("cache_key") if isinstance(entry, dict) else None
+    if recorded == key_for(validation, _validation_inputs(settings, step, actor, data)):
+        return
+    how = "with other validation settings" if recorded else "without validating it"
+    raise ValidatedOtherwise(
+        f"a validation-only start validates step {step}, which this run trained {how}: its validation "
+        f"rows would no longer match the step's metrics row, so nothing was validated; validate that "
+        f"checkpoint in a run directory of its own (trainer.resume_mode=resume_path "
+        f"trainer.resume_from_path={run.path}/checkpoints/iter={step:06d} and another "
+        "trainer.experiment_name), or start with the validation settings of the run's last training start"
+    )
 
 
 def rollouts_inputs(settings: RunSettings, step: int, state: TrainState, data: Datasets) -> dict:

@@ -14,9 +14,9 @@ from ppoflow.conf import load_config
 from ppoflow.flows.iteration import Datasets, first_step_not_continued, ppo_iteration, validation_step
 from ppoflow.tasks.models.machine import require_machine
 from ppoflow.tasks.models.placement import place_models
-from ppoflow.tasks.models.tool_runner import check_tools
 from ppoflow.tasks.observe.console import report_iteration, report_run, say
 from ppoflow.tasks.observe.tracking import Tracking
+from ppoflow.tasks.pipeline.model_files import verified_dir
 from ppoflow.tasks.pipeline.plan import run_plan, total_training_steps
 from ppoflow.tasks.pipeline.results import run_stage
 from ppoflow.tasks.pipeline.run import Run, close_run, finish_run, open_run, set_torch_threads
@@ -35,8 +35,9 @@ from ppoflow.tasks.stages.prepare_model import (
     require_same_tokenizer,
 )
 from ppoflow.tasks.stages.prompts import prompts, require_full_batch, source_digest
-from ppoflow.tasks.stages.reward_functions import check_custom_reward
 from ppoflow.tasks.stages.rewards import require_builtin_rewards
+from ppoflow.tasks.stages.user_code import check_user_code
+from ppoflow.tasks.storage.data_sources import data_changed, record_sources
 from ppoflow.tasks.storage.flow_runs import TEMPORARY_SERVER_ENV, record_flow_run
 from ppoflow.tasks.storage.run_config import changes_line
 from ppoflow.tasks.storage.superseded import SUPERSEDED, set_aside_steps, steps_after
@@ -56,13 +57,16 @@ def ppo_train(config_file: str | None = None, overrides: list[str] | None = None
 
 
 @flow(name="ppo-train", log_prints=False, validate_parameters=False)
-def ppo_train_planned(plan: RunPlan) -> dict:
-    """Train the run `plan` describes (`ppoflow train`, which has loaded the config already)."""
-    return train(plan)
+def ppo_train_planned(plan: RunPlan, user_code_checked: bool = False) -> dict:
+    """Train the run `plan` describes (`ppoflow train`, which has loaded the config already, and
+    checked the user's reward function and tools when `user_code_checked`)."""
+    return train(plan, user_code_checked=user_code_checked)
 
 
-def train(plan: RunPlan) -> dict:
+def train(plan: RunPlan, *, user_code_checked: bool = False) -> dict:
     require_machine(plan.placement.device, plan.rollout_engine)  # before the run directory
+    if not user_code_checked:
+        check_user_code(plan)
     set_torch_threads(plan.num_threads)
     run = open_run(
         plan.run_dir,
@@ -111,9 +115,6 @@ def _train(run: Run, plan: RunPlan) -> dict:
     first, state = _starting_state(run, start, base, critic_base)
     total = first - 1 if val_only else total_training_steps(plan.data, data.train.ref.rows)
     settings = plan.with_total_steps(total).settings
-    check_custom_reward(settings.reward.custom_function, settings.reward.timeout_s)
-    if settings.rollout.multi_turn is not None:
-        check_tools(settings.rollout.multi_turn.tools, settings.rollout.multi_turn.tool_timeout_s)
     require_builtin_rewards(run, settings.reward, data.prompt_tables())
     tracking = Tracking(plan.tracking, run.path, total)
     history = []
@@ -162,15 +163,22 @@ def _datasets(run: Run, plan: RunPlan, base: ModelState) -> Datasets:
     sources = plan.data
 
     def ingest(files: str | list[str], split: str) -> StageResult:
+        digest = source_digest(files)
+        if split == "val" and (content := data_changed(run.path, split, files, digest)) is not None:
+            say(
+                f"ppoflow: data.val_files were edited since this run's last start ({content}): each "
+                "validation is computed again"
+            )
         result, _ = run_stage(
             prompts,
             run,
             files=files,
             split=split,
-            source_digest=source_digest(files),
+            source_digest=digest,
             data=sources.train if split == "train" else sources.val,
             tokenizer_state=base,
         )
+        record_sources(run.path, split, files, digest)
         return result
 
     train = None if sources.train_files is None else ingest(sources.train_files, "train")
@@ -235,6 +243,9 @@ def _starting_state(
         where = f"the run's newest checkpoint, {checkpoint} (trainer.val_only, resume_mode auto)"
     if checkpoint is None:
         return 1, state
-    return resume_state(
+    first, state = resume_state(
         checkpoint, state, run_dir=run.path, train=not start.val_only, lora=dict(start.lora), where=where
     )
+    if start.val_only:  # its validation may come from cache: the model it names is checked all the same
+        verified_dir(run, state.actor)
+    return first, state

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 EXAMPLES = """\
@@ -25,6 +23,11 @@ examples:
   ppoflow reward-model --out models/addition-rm          # train a reward model on labelled addition answers
   ppoflow export runs/demo out/                          # the final actor as Hugging Face directories
 """
+
+
+DIAGNOSED_STEPS = 50
+"""The newest steps `ppoflow diagnose` reads by default (--last): a step of a long run is diagnosed
+in about the time it takes in a short one, by what the run does now."""
 
 
 def _quiet_libraries(verbose: bool) -> None:
@@ -59,11 +62,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("overrides", nargs="*", help="dotted key=value overrides, as in verl")
     train.add_argument("-v", "--verbose", action="store_true", help="show Prefect's and transformers' logs")
     query = commands.add_parser("query", help="run SQL over a run's tables (read-only DuckDB)")
-    query.add_argument("run_dir", type=Path)
+    query.add_argument("run_dir", type=_user_path)
     query.add_argument("sql")
     query.add_argument("--format", choices=["table", "csv", "json"], default="table")
     show = commands.add_parser("show", help="responses of one iteration with rewards and per-token values")
-    show.add_argument("run_dir", type=Path)
+    show.add_argument("run_dir", type=_user_path)
     show.add_argument("--iter", type=int, default=None, help="iteration (default: the last)")
     which = show.add_mutually_exclusive_group()
     which.add_argument("--best", type=_count, metavar="N", help="the N highest-scoring responses")
@@ -73,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     explore = commands.add_parser(
         "explore", help="browse a run's samples, tokens and metrics in the browser (a loopback web server)"
     )
-    explore.add_argument("run_dir", type=Path)
+    explore.add_argument("run_dir", type=_user_path)
     explore.add_argument(
         "--port", type=_port, default=0, help="port to serve on (default: one the system picks)"
     )
@@ -87,11 +90,20 @@ def _parser() -> argparse.ArgumentParser:
         "diagnose",
         help="health checks over a run's metrics and rows: findings, causes, config keys to change",
     )
-    diagnose.add_argument("run_dir", type=Path)
+    diagnose.add_argument("run_dir", type=_user_path)
     diagnose.add_argument("--format", choices=["text", "json"], default="text")
+    diagnose.add_argument(
+        "--last",
+        type=_at_least(0),
+        default=DIAGNOSED_STEPS,
+        metavar="N",
+        help=f"read the newest N steps (default {DIAGNOSED_STEPS}; 0: every step of the run)",
+    )
     report = commands.add_parser("report", help="PNG charts of a run's metrics and a markdown summary")
-    report.add_argument("run_dir", type=Path)
-    report.add_argument("--out", type=Path, default=None, help="output folder (default: RUN_DIR/report)")
+    report.add_argument("run_dir", type=_user_path)
+    report.add_argument(
+        "--out", type=_user_path, default=None, help="output folder (default: RUN_DIR/report)"
+    )
     schema = commands.add_parser("schema", help="list the tables, or one table's documented columns")
     schema.add_argument("table", nargs="?")
     _reward_model_parser(commands)
@@ -99,8 +111,10 @@ def _parser() -> argparse.ArgumentParser:
         "export",
         help="an actor checkpoint as Hugging Face directories: OUT/model (merged), OUT/adapter (LoRA)",
     )
-    export.add_argument("source", type=Path, help="a run directory (its newest actor) or a checkpoint folder")
-    export.add_argument("out", type=Path, help="folder to write model/ (and adapter/) into")
+    export.add_argument(
+        "source", type=_user_path, help="a run directory (its newest actor) or a checkpoint folder"
+    )
+    export.add_argument("out", type=_user_path, help="folder to write model/ (and adapter/) into")
     export.add_argument(
         "--unverified",
         action="store_true",
@@ -109,15 +123,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _count(text: str) -> int:
-    """An argument that counts something: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not at least 1")
-    return value
+def _user_path(text: str) -> Path:
+    """A path argument, `~` expanded as a shell would have (a quoted '~/x' reached ppoflow as is)."""
+    return Path(os.path.expanduser(text))
+
+
+def _at_least(minimum: int):
+    """An argument type: a whole number of at least `minimum`."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is not at least {minimum}")
+        return value
+
+    return whole_number
+
+
+_count = _at_least(1)
+"""An argument that counts something."""
 
 
 def _reward_model_parser(commands) -> None:
@@ -130,7 +157,9 @@ def _reward_model_parser(commands) -> None:
         description="Train a reward model for reward_model.model.path: a base model's backbone with a new "
         "score head, fitted to responses labelled 1 (good) or 0 (bad), checked on held-out responses.",
     )
-    rm.add_argument("--out", type=Path, required=True, help="folder to write the model to (new or empty)")
+    rm.add_argument(
+        "--out", type=_user_path, required=True, help="folder to write the model to (new or empty)"
+    )
     rm.add_argument(
         "--data",
         default=default.data,
@@ -244,44 +273,9 @@ def _train(args) -> int:
     cfg = _load(args)
     if cfg is None:
         return 2
-    from ppoflow.tasks.models.machine import machine_problem
+    from ppoflow.train_command import train_configured
 
-    if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
-        print(f"ppoflow: {problem}", file=sys.stderr)
-        return 2
-    from ppoflow.engine.models import ModelLoadError
-    from ppoflow.tasks.pipeline.plan import run_plan
-    from ppoflow.tasks.pipeline.settings import RewardFunctionError
-    from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
-
-    try:  # before the run's logs or server: a refused start changes nothing in the run
-        plan = run_plan(cfg)  # the config is read once: the flow is given this plan
-        require_same_run(cfg.run_dir.resolve(), plan.config_yaml)
-    except (AnotherRun, RewardFunctionError, ModelLoadError) as error:
-        print(f"ppoflow: {error}", file=sys.stderr)
-        return 2
-    from ppoflow.train_command import run_training
-
-    with _warnings_on_stderr("ppoflow.tasks.pipeline.results"):
-        return run_training(plan, args.verbose, program=args.program)
-
-
-@contextlib.contextmanager
-def _warnings_on_stderr(*loggers: str) -> Iterator[None]:
-    """The warnings of these loggers on stderr as `ppoflow: …` lines, beside the run's log file that
-    `ppoflow train` sends every ppoflow logger to: what a start discarded is said where it is seen."""
-    import logging
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setLevel(logging.WARNING)
-    handler.setFormatter(logging.Formatter("ppoflow: %(message)s"))
-    for name in loggers:
-        logging.getLogger(name).addHandler(handler)
-    try:
-        yield
-    finally:
-        for name in loggers:
-            logging.getLogger(name).removeHandler(handler)
+    return train_configured(cfg, args.verbose, program=args.program)
 
 
 def _config(args) -> int:
@@ -366,7 +360,7 @@ def _diagnose(args) -> int:
     from ppoflow.tasks.observe.diagnose import RunDirError, diagnose, exit_code, load_run, render_text
 
     try:
-        run = load_run(args.run_dir)
+        run = load_run(args.run_dir, last=args.last or None)
     except RunDirError as error:
         print(f"ppoflow: {error}", file=sys.stderr)
         return 2
@@ -374,6 +368,8 @@ def _diagnose(args) -> int:
     code = exit_code(findings)
     if args.format == "json":
         out = {"run_dir": str(args.run_dir), "iterations": run.trained_iterations(), "exit_code": code}
+        if run.window is not None:
+            out["steps_in_run"] = run.window[1]
         print(json.dumps(out | {"findings": [f.to_dict() for f in findings]}, indent=1, default=str))
         return code
     console = _console(200)

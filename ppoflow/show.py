@@ -10,7 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ppoflow.tasks.storage.confined_query import query
+from ppoflow.tasks.storage.catalog import checked_dir
+from ppoflow.tasks.storage.confined_query import query, views_of
+from ppoflow.tasks.storage.step_files import step_folders, step_sql
 
 SHOWN_PROMPT_CHARS = 300
 """A prompt is shown by its end (where the question is), cut to this many characters."""
@@ -18,11 +20,11 @@ ROWS_SQL = """
 SELECT r.prompt_id, r.sample_idx, r.prompt_text, r.response_text, r.response_ids, r.old_log_probs,
        r.ref_log_probs, r.finish_reason, w.score, w.components, w.error, a."values", a.advantages,
        a.returns, a.kl
-FROM rollouts r JOIN rewards w USING (iter, prompt_id, sample_idx)
-                JOIN advantages a USING (iter, prompt_id, sample_idx)
-WHERE r.iter = {iteration}
+FROM {rollouts} r JOIN {rewards} w USING (iter, prompt_id, sample_idx)
+                  JOIN {advantages} a USING (iter, prompt_id, sample_idx)
 ORDER BY r.prompt_id, r.sample_idx
 """
+SHOWN_TABLES = ("rollouts", "rewards", "advantages")
 
 
 def pick(rows: list[dict], mode: str, count: int, seed: int) -> list[dict]:
@@ -40,29 +42,35 @@ def pick(rows: list[dict], mode: str, count: int, seed: int) -> list[dict]:
 
 TURNS_SQL = """
 SELECT prompt_id, sample_idx, turn, call_index, role, text, turn_end, tool_name, arguments, result, error
-FROM turns WHERE iter = {iteration} ORDER BY prompt_id, sample_idx, turn, call_index
+FROM {turns} ORDER BY prompt_id, sample_idx, turn, call_index
 """
 
 
 def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
     """The rows of `iteration`, by default the newest with advantages (a step still running has
-    its rollouts before them); a multi-turn run's rows with their `turns` and `response_mask`."""
-    shown = query(run_dir, "SELECT min(iter), max(iter) FROM advantages")[1][0]
-    if iteration is None:
-        iteration = shown[1]
+    its rollouts before them); a multi-turn run's rows with their `turns` and `response_mask`. Only
+    that step's folder is read: a step of a long run shows as fast as one of a short run."""
+    run = checked_dir(run_dir)
+    views_of(run)  # not a run: said here
+    sources = _newest_scored(run) if iteration is None else _scored(run, int(iteration))
+    if sources is None:
         if iteration is None:
             raise ValueError(f"{run_dir} has no scored rollouts yet")
-    multi_turn = "response_mask" in {c for (c, *_) in query(run_dir, "DESCRIBE rollouts")[1]}
-    sql = ROWS_SQL.format(iteration=int(iteration))
-    if multi_turn:
-        sql = sql.replace("SELECT r.prompt_id,", "SELECT r.response_mask, r.prompt_id,")
-    columns, rows = query(run_dir, sql)
-    if not rows:
-        have = f"iterations {shown[0]}–{shown[1]} have them" if shown[0] is not None else "none has yet"
+        scored = [step for step, _ in step_folders(run) if step_sql(run, "advantages", step)]
+        have = f"iterations {scored[0]}–{scored[-1]} have them" if scored else "none has yet"
         raise ValueError(f"{run_dir} has no rollouts for iteration {iteration} ({have})")
+    iteration, tables = sources
+    rollout_columns = {
+        c for (c, *_) in query(run, f"DESCRIBE SELECT * FROM {tables['rollouts']}", views=())[1]
+    }
+    sql = ROWS_SQL.format(**tables)
+    if "response_mask" in rollout_columns:
+        sql = sql.replace("SELECT r.prompt_id,", "SELECT r.response_mask, r.prompt_id,")
+    columns, rows = query(run, sql, views=())
     found = [dict(zip(columns, row, strict=True)) for row in rows]
-    if multi_turn and any(row["response_mask"] is not None for row in found):
-        names, turns = query(run_dir, TURNS_SQL.format(iteration=int(iteration)))
+    turns_table = step_sql(run, "turns", iteration)
+    if turns_table is not None and any(row.get("response_mask") is not None for row in found):
+        names, turns = query(run, TURNS_SQL.format(turns=turns_table), views=())
         by_row: dict[tuple, list[dict]] = {}
         for turn in turns:
             record = dict(zip(names, turn, strict=True))
@@ -70,6 +78,21 @@ def load_rows(run_dir: Path, iteration: int | None) -> tuple[int, list[dict]]:
         for row in found:
             row["turns"] = by_row.get((row["prompt_id"], row["sample_idx"]), [])
     return iteration, found
+
+
+def _scored(run: Path, step: int) -> tuple[int, dict[str, str]] | None:
+    """(step, a FROM item of each shown table's rows of the step), when it has all three."""
+    tables = {table: step_sql(run, table, step) for table in SHOWN_TABLES}
+    if any(source is None for source in tables.values()):
+        return None
+    return step, {table: source for table, source in tables.items() if source is not None}
+
+
+def _newest_scored(run: Path) -> tuple[int, dict[str, str]] | None:
+    for step, _ in reversed(step_folders(run)):
+        if (found := _scored(run, step)) is not None:
+            return found
+    return None
 
 
 def run_tokenizer(run_dir: Path):

@@ -35,6 +35,57 @@ SERVER_LOG_NAME = "logs/prefect-server.log"
 EXIT_FAILED, EXIT_LOCKED = 1, 3
 
 
+def train_configured(cfg, verbose: bool, *, program: bool = False) -> int:
+    """`ppoflow train` once its config is loaded: refused at once when another process trains the run;
+    then the checks that write nothing (the machine, another run's steps, the user's reward function
+    and tools), then training. Returns the exit code (2: refused by a check)."""
+    try:
+        with held_if_a_run(cfg.run_dir):  # a run in progress is refused now, not after the checks
+            return _checked_and_trained(cfg, verbose, program)
+    except RunLocked as error:
+        _say(f"ppoflow: {error}")
+        return EXIT_LOCKED
+
+
+def _checked_and_trained(cfg, verbose: bool, program: bool) -> int:
+    from ppoflow.engine.models import ModelLoadError
+    from ppoflow.tasks.models.machine import machine_problem
+    from ppoflow.tasks.models.tool_runner import ToolLoadError
+    from ppoflow.tasks.pipeline.plan import run_plan
+    from ppoflow.tasks.pipeline.settings import RewardFunctionError
+    from ppoflow.tasks.stages.user_code import check_user_code
+    from ppoflow.tasks.storage.run_config import AnotherRun, require_same_run
+
+    if (problem := machine_problem(cfg.trainer.device, cfg.actor_rollout_ref.rollout.name)) is not None:
+        _say(f"ppoflow: {problem}")
+        return 2
+    try:  # before the run's logs or server: a refused start changes nothing in the run
+        plan = run_plan(cfg)  # the config is read once: the flow is given this plan
+        require_same_run(cfg.run_dir.resolve(), plan.config_yaml)
+        check_user_code(plan)  # imports the user's reward function and tools, each in a worker
+    except (AnotherRun, RewardFunctionError, ModelLoadError, ToolLoadError) as error:
+        _say(f"ppoflow: {error}")
+        return 2
+    with _warnings_on_stderr("ppoflow.tasks.pipeline.results"):
+        return run_training(plan, verbose, program=program)
+
+
+@contextlib.contextmanager
+def _warnings_on_stderr(*loggers: str) -> Iterator[None]:
+    """The warnings of these loggers on stderr as `ppoflow: …` lines, beside the run's log file that
+    `ppoflow train` sends every ppoflow logger to: what a start discarded is said where it is seen."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("ppoflow: %(message)s"))
+    for name in loggers:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeHandler(handler)
+
+
 def run_training(plan: RunPlan, verbose: bool, *, program: bool = False) -> int:
     """Train as configured; returns the exit code (0 done, 1 failed, 3 locked or no usable state,
     130 interrupted). As the `ppoflow` program, what the interpreter still prints on its way out
@@ -76,15 +127,19 @@ def _run_training(plan: RunPlan, run_dir: Path, log_file: Path, verbose: bool) -
 
 
 def _train(plan: RunPlan, log_file: Path, resume: str, interrupt: _Interrupt) -> int:
+    from ppoflow.flows.iteration import ValidatedOtherwise
     from ppoflow.flows.train import ppo_train_planned
     from ppoflow.tasks.storage.checkpoints import StateUnavailable
     from ppoflow.tasks.storage.lock import RunLocked
 
     try:
-        ppo_train_planned(plan)
+        ppo_train_planned(plan, user_code_checked=True)  # (by the command, before the run was touched)
     except (RunLocked, StateUnavailable) as error:
         _say(f"ppoflow: {error}")
         return EXIT_LOCKED
+    except ValidatedOtherwise as error:  # refused: a validation-only start changes no step
+        _say(f"ppoflow: {error}")
+        return 2
     except BrokenPipeError:
         raise
     except Exception as error:  # a stage failed: bad data, a failing reward, a full disk, a bug
@@ -185,6 +240,22 @@ def _finished(run_dir: Path) -> str:
         return "no training step had finished"
     done = "step 1 is" if steps[-1] == 1 else f"steps 1–{steps[-1]} are"
     return f"{done} finished and kept in {run_dir}"
+
+
+@contextlib.contextmanager
+def held_if_a_run(run_dir: Path) -> Iterator[None]:
+    """The lock of a run that exists (its `.lock` is there), taken as soon as the config names it: a
+    second `ppoflow train` of a run in progress is refused (RunLocked) before the seconds that the
+    checks and imports before training take. Nothing is made for a new run here."""
+    path = run_dir.resolve()
+    if not (path / ".lock").is_file():
+        yield
+        return
+    acquire_run_lock(path)
+    try:
+        yield
+    finally:
+        release_run_lock(path)
 
 
 @contextlib.contextmanager

@@ -102,10 +102,11 @@ def _plain(status: int, text: str) -> Response:
 
 
 def explorer_app(
-    run_dir: str | Path, token: str, *, allow_remote: bool = False
+    run_dir: str | Path, token: str, *, allow_remote: bool = False, note: Callable[[str], None] | None = None
 ) -> tuple[ASGIApp, RunExplorer]:
-    """The explorer of `run_dir` as an ASGI app, and its reader (close it when the server stops)."""
-    explorer = RunExplorer(run_dir)
+    """The explorer of `run_dir` as an ASGI app, and its reader (close it when the server stops);
+    `note(line)` is told each step left out (a file that cannot be read)."""
+    explorer = RunExplorer(run_dir) if note is None else RunExplorer(run_dir, note)
 
     def api(handler: Callable[[Request], object]) -> Callable[[Request], Response]:
         def endpoint(request: Request) -> Response:
@@ -205,7 +206,7 @@ def _names(request: Request, name: str) -> list[str]:
 
 def _integers(request: Request, name: str) -> list[int]:
     values = _names(request, name)
-    if not all(v.isdigit() and len(v) <= 12 for v in values):
+    if not all(v.isascii() and v.isdigit() and len(v) <= 12 for v in values):  # (not "²": a digit to str)
         raise ExplorerError(f"every {name} must be a whole number of at most 12 digits")
     return [int(v) for v in values]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import multiprocessing
@@ -9,8 +10,10 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def exit_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
@@ -22,6 +25,66 @@ def exit_with_parent(parent_pid: int, sig: int = signal.SIGTERM) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before the request took effect
         os._exit(1)
+
+
+def end_descendants_when_stopped() -> None:
+    """In a worker that runs a user's code (tools, reward functions): whatever that code starts stays
+    below this process, and ends with it. The worker becomes the reaper of its descendants (Linux's
+    PR_SET_CHILD_SUBREAPER: a child whose parent exits, or that starts a session of its own and forks
+    again, is re-parented to it, not to init), and SIGTERM (its stop, or the parent-death signal of a
+    trainer that was killed) kills every one of them before the worker exits. Elsewhere only the
+    worker's process group is ended (by its parent)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGTERM, _end_descendants_and_exit)
+    # A worker that returns (its parent closed the pipe) calls end_descendants on its way out.
+
+
+def _end_descendants_and_exit(signum, frame) -> None:
+    end_descendants()
+    os._exit(128 + signum)
+
+
+def end_descendants(rounds: int = 20) -> None:
+    """SIGKILL every process below this one, and again until none is left (one may have forked
+    meanwhile); their zombies, re-parented here, are reaped."""
+    for _ in range(rounds):
+        alive = [pid for pid in descendants(os.getpid()) if not _zombie(pid)]
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        if not alive:
+            return
+        time.sleep(0.01)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (Linux /proc; none elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True  # gone
 
 
 def stop_process(worker: multiprocessing.process.BaseProcess) -> None:

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ppoflow.tasks.models.processes import descendants
 from ppoflow.tasks.storage.lock import process_exists
 
 RAY_DIR_PREFIX = "ppoflow-ray-"
@@ -99,23 +100,6 @@ def reap_after_exit(driver: int, directory: str) -> dict[int, int]:
         stderr=subprocess.DEVNULL,
     )
     return processes
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (Linux /proc; none elsewhere)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def main(argv: list[str]) -> None:

@@ -6,6 +6,7 @@ findings rendered for the terminal. The checks and their thresholds live in diag
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ from ppoflow.tasks.observe.diagnose_checks import CHECKS
 from ppoflow.tasks.observe.diagnose_run import SEVERITY_RANK, Finding, RunData
 from ppoflow.tasks.storage.catalog import VIEWS
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
+from ppoflow.tasks.storage.step_files import step_folders
 
 
 class RunDirError(ValueError):
@@ -74,10 +76,11 @@ ROW_STATS = {
 from the update's side)."""
 
 
-def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
-    """The run's metrics, raw-row statistics and config. RunDirError when run_dir is not a run
-    directory or its tables cannot be read (a damaged file); with require_metrics, also RunInProgress
-    or ValidationOnlyRun when no training iteration has finished."""
+def load_run(run_dir: str | Path, *, require_metrics: bool = True, last: int | None = None) -> RunData:
+    """The run's metrics, raw-row statistics and config; with `last`, of its newest `last` steps
+    with metrics only. RunDirError when run_dir is not a run directory or its tables cannot be read
+    (a damaged file); with require_metrics, also RunInProgress or ValidationOnlyRun when no training
+    iteration has finished."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise RunDirError(f"{run_dir} does not exist")
@@ -89,10 +92,17 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
         raise RunDirError(f"{run_dir / 'config.yaml'} cannot be read as the run's config: {error}") from None
     if not isinstance(config, dict):
         raise RunDirError(f"{run_dir / 'config.yaml'} is not the run's config: it holds no keys")
+    with_metrics = [
+        step for step, folder in step_folders(run_dir) if os.path.isdir(os.path.join(folder, "metrics"))
+    ]
+    read = with_metrics[-last:] if last and len(with_metrics) > last else None
     try:
-        with connect_confined(run_dir) as con, explained(run_dir.resolve(), VIEWS):
-            table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
-            rows = {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
+        try:
+            table, rows = _read(run_dir, read, unify=False)
+        except ValueError as error:  # a file between a table's first and last lacks one of its columns
+            if "schema mismatch" not in str(error):
+                raise
+            table, rows = _read(run_dir, read, unify=True)
     except ValueError as error:  # a damaged table file, a folder DuckDB cannot glob
         raise RunDirError(f"{run_dir}: cannot read the run's tables: {error}") from error
     iters = table["iter"].to_pylist()
@@ -101,10 +111,18 @@ def load_run(run_dir: str | Path, *, require_metrics: bool = True) -> RunData:
         for name in table.column_names
         if name not in ("iter", "step") and _numeric(table.schema.field(name).type)
     }
-    run = RunData({k: v for k, v in metrics.items() if v}, rows, config)
+    window = (read[0], len(with_metrics)) if read else None
+    run = RunData({k: v for k, v in metrics.items() if v}, rows, config, window)
     if require_metrics:
         require_iteration(run_dir, run)
     return run
+
+
+def _read(run_dir: Path, steps: list[int] | None, *, unify: bool) -> tuple[pa.Table, dict]:
+    """The metrics table and the per-iteration statistics of the raw rows (of `steps` only)."""
+    with connect_confined(run_dir, steps=steps, unify=unify) as con, explained(run_dir.resolve(), VIEWS):
+        table = con.sql("SELECT * FROM metrics ORDER BY iter").to_arrow_table()
+        return table, {name: _by_iter(con.execute(sql).fetchall()) for name, sql in ROW_STATS.items()}
 
 
 def require_iteration(run_dir: str | Path, run: RunData) -> None:
@@ -164,9 +182,11 @@ def render_text(run_dir: str | Path, run: RunData, findings: list[Finding]) -> l
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITY_RANK}
     iters = run.trained_iterations()
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no findings: nothing looks wrong"
-    lines = [
-        f"{run_dir}: {len(iters)} iteration(s), {run.setting('algorithm.adv_estimator', '?')}; {summary}"
-    ]
+    read = f"{len(iters)} iteration(s)"
+    if run.window is not None:
+        first, steps = run.window
+        read = f"the newest {read} of {steps:,} steps (from step {first}; --last 0 reads every one)"
+    lines = [f"{run_dir}: {read}, {run.setting('algorithm.adv_estimator', '?')}; {summary}"]
     for f in findings:
         lines += ["", f"{f.severity.upper():<9}{f.check}: {f.title}"]
         shown = [e for e in f.evidence if e.values]

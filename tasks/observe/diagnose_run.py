@@ -46,6 +46,8 @@ class RunData:
     metrics: dict[str, dict[int, float]]
     rows: dict[str, dict[int, float]]
     config: dict[str, Any]
+    window: tuple[int, int] | None = None
+    """(the first step read, the steps with metrics in the run) when only the newest were read."""
 
     def series(self, name: str) -> list[tuple[int, float]]:
         """(iter, value) in iteration order, from the metrics table, else from the raw rows."""

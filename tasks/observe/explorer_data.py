@@ -2,37 +2,38 @@
 (training responses or validation answers) filtered, sorted and paged in DuckDB, one sample with its
 tokens and per-token values, and one prompt's responses across iterations.
 
-Every read goes through one confined, read-only connection (confined_query.connect_confined): the
-views are defined from the run's files by ppoflow, never from SQL found in the run, and every value
+Every read goes through one confined, read-only connection (confined_query.connect_confined): what
+it reads is named by ppoflow from the run's files, never by SQL found in the run, and every value
 that comes from a request is a bound parameter; a sort column or a metric name is checked against
 the names that exist before it becomes an identifier. The connection opens no file for writing and
-takes no lock, so training goes on beside it; it is opened again when a table gets its first files
-(an empty table's view is a stub until then), so a run that is training shows new iterations.
+takes no lock, so training goes on beside it. A query of one step reads that step's folder; only a
+prompt's iterations read every step's files, listed when asked: a run that is training shows its new
+iterations, and opening a run of thousands of steps reads none of its tables. A file that cannot be
+read gives less to show: its step is left out of the plots, named in one line (`left_out`).
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import duckdb
 
-from ppoflow.tasks.observe.explorer_files import StepFolders, TokenTexts
-from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, sql_literal, step_files_sql
+from ppoflow.tasks.observe.explorer_files import StepFolders, TextSizes, TokenTexts, fitted, ratios
+from ppoflow.tasks.observe.explorer_metrics import MetricRows
+from ppoflow.tasks.observe.explorer_requests import ExplorerError, SampleFilter, check_kind, check_step
+from ppoflow.tasks.storage.catalog import DATA_FILES, checked_dir, empty_table_sql
 from ppoflow.tasks.storage.confined_query import connect_confined, explained
 from ppoflow.tasks.storage.flow_runs import read_flow_runs
+from ppoflow.tasks.storage.step_files import listed_files_sql, parquet_files, step_sql, table_files
 from ppoflow.tasks.storage.tables import iteration_dir
 
 __all__ = ["ExplorerError", "RunExplorer", "SampleFilter"]
 
 EXPLORED_VIEWS = ("prompts", "rollouts", "rewards", "advantages", "validation", "metrics", "turns")
-KINDS = ("train", "val")
-SORTABLE = ("score", "response_length", "prompt_id", "sample_idx", "data_source", "finish_reason")
-MAX_PAGE_ROWS = 200
 LISTED_RESPONSE_CHARS = 160
 LISTED_PROMPT_CHARS = 100
 SHOWN_TEXT_CHARS = 20_000
@@ -40,8 +41,18 @@ SHOWN_TEXT_CHARS = 20_000
 a planted 10 MB text stays a page."""
 SHOWN_TOKENS = 32_768
 """A response's first tokens shown, with their per-token values (verl's longest are 32k)."""
-MAX_STEP = 10**9
-MAX_PAGE = 10**7
+MAX_TEXT_BYTES = 128 * 2**20
+"""A step's text column larger than this (uncompressed) is not read: see _require_texts_fit."""
+TEXT_COLUMNS = (
+    "prompt_text",
+    "response_text",
+    "ground_truth",
+    "error",
+    "pred",
+    "text",
+    "arguments",
+    "result",
+)
 RECHECK_SECONDS = 2.0
 """How often at most a request looks for tables that got their first files."""
 TOKEN_COLUMNS = {
@@ -59,43 +70,6 @@ TOKEN_COLUMNS = {
 DEFAULT_METRICS = ("critic/score/mean", "actor/ppo_kl", "response_length/mean")
 
 
-class ExplorerError(ValueError):
-    """A request the run cannot answer (an unknown iteration, a bad filter): said to the page."""
-
-
-@dataclass(frozen=True)
-class SampleFilter:
-    """Which samples a page lists; every value is bound as a parameter."""
-
-    kind: str = "train"
-    iteration: int = 0
-    data_source: str | None = None
-    min_score: float | None = None
-    max_score: float | None = None
-    min_length: int | None = None
-    max_length: int | None = None
-    truncated: bool | None = None
-    sort: str = "score"
-    descending: bool = False
-    page: int = 0
-    page_rows: int = 50
-
-    def checked(self) -> SampleFilter:
-        check_kind(self.kind)
-        if self.sort not in SORTABLE:
-            raise ExplorerError(f"sort must be one of {', '.join(SORTABLE)}, not {self.sort!r}")
-        if not 1 <= self.page_rows <= MAX_PAGE_ROWS:
-            raise ExplorerError(f"page_rows must be 1–{MAX_PAGE_ROWS}, not {self.page_rows}")
-        if not 0 <= self.page <= MAX_PAGE:
-            raise ExplorerError(f"page must be 0–{MAX_PAGE:,}, not {self.page}")
-        check_step(self.iteration)
-        for name in ("min_score", "max_score"):
-            value = getattr(self, name)
-            if value is not None and not math.isfinite(value):
-                raise ExplorerError(f"{name} must be a finite number, not {value}")
-        return self
-
-
 _ROW_KEY = "USING (iter, prompt_id, sample_idx)"
 _WHERE_KEY = "WHERE r.prompt_id = ? AND r.sample_idx = ?"
 _SCORED_BY = {"train": "w", "val": "r"}
@@ -111,16 +85,6 @@ def _score(kind: str) -> str:
     return f"CASE WHEN isfinite({score}) THEN {score} END"
 
 
-def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ExplorerError(f"kind must be one of {', '.join(KINDS)}, not {kind[:40]!r}")
-
-
-def check_step(step: int) -> None:
-    if not 0 <= step <= MAX_STEP:
-        raise ExplorerError(f"iteration must be 0–{MAX_STEP:,}, not {str(step)[:40]}")
-
-
 class RunExplorer:
     """One run, read for the explorer; safe to call from several threads (one query at a time).
 
@@ -128,7 +92,8 @@ class RunExplorer:
     are), not the view of every step: a page costs the same in a run of ten steps or of ten thousand.
     """
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, note: Callable[[str], None] = lambda line: None):
+        """`note(line)`: called once for each file that cannot be read (its step is left out)."""
         self.run_dir = checked_dir(run_dir)
         if not (self.run_dir / "config.yaml").is_file():
             raise ExplorerError(
@@ -137,13 +102,14 @@ class RunExplorer:
             )
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
-        self._tables: frozenset[str] = frozenset()
+        self._data: frozenset[str] = frozenset()
         self._checked_at = 0.0
         self._stopping = False
         self._steps = StepFolders(self.run_dir)
         self._tokens = TokenTexts(self.run_dir)
-        self._metrics: dict[int, tuple[tuple, dict]] = {}
-        """step → (its metrics files' names, sizes and times; its row)"""
+        self._text_sizes = TextSizes(self.run_dir, MAX_TEXT_BYTES)
+        self._metrics = MetricRows(self.run_dir, self._rows, note)
+        self._stubs: dict[str, str] = {}
 
     def stop(self) -> None:
         """Refuse every query from now on and interrupt the one running (the server is stopping)."""
@@ -173,43 +139,46 @@ class RunExplorer:
                 return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
     def _connection(self) -> duckdb.DuckDBPyConnection:
-        """The confined connection, opened again when a table gets its first files (its view was
-        an empty stub until then)."""
+        """The confined connection, with the view of the ingested prompts: opened again when their
+        files appear (the view is an empty stub until then)."""
         now = time.monotonic()
         if self._con is None or now - self._checked_at > RECHECK_SECONDS:
             self._checked_at = now
-            present = frozenset(self._present_tables())
-            if self._con is None or present != self._tables:
+            present = frozenset(name for name in DATA_FILES["prompts"] if (self.run_dir / name).is_file())
+            if self._con is None or present != self._data:
                 if self._con is not None:
                     self._con.close()
                     self._con = None
-                self._con = connect_confined(self.run_dir, views=EXPLORED_VIEWS)
-                self._tables = present
+                self._con = connect_confined(self.run_dir, views=("prompts",))
+                self._data = present
         return self._con
 
-    def _present_tables(self) -> list[str]:
-        def present(table: str) -> bool:
-            if table in DATA_FILES:
-                return any((self.run_dir / name).is_file() for name in DATA_FILES[table])
-            return bool(self._steps.steps_with(table))
-
-        return [table for table in EXPLORED_VIEWS if present(table)]
-
     def _step(self, table: str, step: int) -> str:
-        """A FROM item of `table`'s rows of one step: its folder's files, with `iter`; the view
-        filtered to the step when the folder has none (a step in progress, say)."""
+        """A FROM item of `table`'s rows of one step: its folder's files, with `iter` (none while the
+        folder has no file of it: a step in progress, say)."""
         check_step(step)
-        folder = iteration_dir(self.run_dir, step) / table
-        if not any(folder.glob("*.parquet")):
-            return f"(SELECT * FROM {table} WHERE iter = {step})"
-        files = sql_literal(f"{folder}/*.parquet")
-        return (
-            f"(SELECT {step}::INTEGER AS iter, * FROM read_parquet([{files}], hive_partitioning=false, "
-            "union_by_name=true))"
-        )
+        found = step_sql(self.run_dir, table, step)
+        if found is not None:
+            self._require_texts_fit(table, step)
+            return found
+        if table not in self._stubs:
+            with duckdb.connect(":memory:") as con:  # (an empty table of the declared columns: no file)
+                self._stubs[table] = empty_table_sql(con, table)
+        return f"({self._stubs[table]})"
 
-    def _columns(self, source: str) -> set[str]:
-        return {row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {source})")}
+    def _require_texts_fit(self, table: str, step: int) -> None:
+        """An ExplorerError when a text column of the step's files holds more than MAX_TEXT_BYTES once
+        read (explorer_files.TextSizes)."""
+        files = parquet_files(iteration_dir(self.run_dir, step) / table)
+        column, size = self._text_sizes.largest(files, TEXT_COLUMNS)
+        if size > MAX_TEXT_BYTES:
+            raise ExplorerError(
+                f"iter={step:06d}/{table}: its {column} holds {size / 2**20:,.0f} MiB of text once read, "
+                f"more than the explorer reads ({MAX_TEXT_BYTES // 2**20} MiB); ppoflow query reads it"
+            )
+
+    def _columns(self, source: str) -> list[str]:
+        return [row["column_name"] for row in self._rows(f"SELECT column_name FROM (DESCRIBE {source})")]
 
     def _samples_of(self, kind: str, step: int) -> str:
         """What a kind of sample is read from in one step: its columns under `r.`, its score where
@@ -222,11 +191,15 @@ class RunExplorer:
 
     def overview(self) -> dict:
         """The run's iterations (with training rollouts, with validation), data sources, metric
-        names, the metrics shown by default, whether it is multi-turn, and its Prefect flow runs."""
-        self._connection()  # the tables present, checked
-        train, val = self._steps.steps_with("rollouts"), self._steps.steps_with("validation")
+        names, the metrics shown by default, whether it is multi-turn, its Prefect flow runs, and
+        the steps left out (a file that cannot be read). The metric names are those of the rows read
+        so far (`prefetch`) and of the newest steps' files: the run's tables are not read whole."""
+        self._connection()
+        tables = self._steps.tables_by_step()
+        train = sorted(step for step, held in tables.items() if "rollouts" in held)
+        val = sorted(step for step, held in tables.items() if "validation" in held)
         sources = self._rows("SELECT DISTINCT data_source FROM prompts ORDER BY data_source")
-        metrics = [c for c in self._metric_columns() if c not in ("iter", "step")]
+        metrics = [c for c in self._metric_columns(train, val) if c not in ("iter", "step")]
         defaults = [m for m in metrics if m.startswith("val-core/")][:2]
         defaults += [m for m in DEFAULT_METRICS if m in metrics]
         return {
@@ -236,48 +209,47 @@ class RunExplorer:
             "data_sources": [r["data_source"] for r in sources],
             "metrics": metrics,
             "default_metrics": defaults,
-            "multi_turn": "turns" in self._tables,
+            "multi_turn": any("turns" in held for held in tables.values()),
             "flow_runs": read_flow_runs(self.run_dir),
             "token_columns": TOKEN_COLUMNS,
+            "left_out": self._metrics.left_out(),
         }
 
-    def _metric_columns(self) -> list[str]:
-        """The metrics table's columns, in the order its steps first have them."""
+    def open(self) -> None:
+        """Open the run's confined connection (a run that cannot be read is an error now), reading
+        none of its tables: the explorer of a long run starts as soon as that of a short one."""
+        self._connection()
+
+    def prefetch(self) -> None:
+        """Read every step's metrics row (the plots' first look at a long run, done before it)."""
+        self._metrics.rows(self._steps.steps_with("metrics"), stopping=lambda: self._stopping)
+
+    def _metric_columns(self, train: list[int], val: list[int]) -> list[str]:
+        """The metrics' names, in the order steps first have them: those of the rows read so far,
+        and of the newest training and validated steps' files."""
         names: dict[str, None] = {}
-        for row in self._metric_rows().values():
+        for row in self._metrics.known().values():
             names.update(dict.fromkeys(row))
+        for step in {max(train, default=-1), max(val, default=-1)} - {-1}:
+            source = step_sql(self.run_dir, "metrics", step)
+            if source is not None:
+                with contextlib.suppress(ValueError):  # damaged: named when the plots read its step
+                    names.update(dict.fromkeys(self._columns(source)))
         return list(names)
 
     def metric_series(self, names: Sequence[str]) -> dict:
         """Each named metric by iteration (null where a step did not log it)."""
-        known = set(self._metric_columns())
+        rows = self._metrics.rows(self._steps.steps_with("metrics"), stopping=lambda: self._stopping)
+        known = {name for row in rows.values() for name in row}
         unknown = [n for n in names if n not in known]
         if unknown:
             raise ExplorerError(f"no metric named {unknown[0][:200]!r} in this run")
-        rows = self._metric_rows()
         steps = sorted(rows)
         return {
             "iterations": steps,
             "series": {n: [rows[step].get(n) for step in steps] for n in names},
+            "left_out": self._metrics.left_out(),
         }
-
-    def _metric_rows(self) -> dict[int, dict]:
-        """Each step's metrics row, read once per file: a step whose metrics file is new or changed
-        (name, size, modification time) is read again, the others come from memory. A run of
-        thousands of steps then costs one read of each file, not one per look at the plots."""
-        wanted: dict[int, tuple] = {}
-        for step in self._steps.steps_with("metrics"):
-            folder = iteration_dir(self.run_dir, step) / "metrics"
-            stats = [(f.name, f.stat()) for f in sorted(folder.glob("*.parquet"))]
-            wanted[step] = tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
-        cached = {step: row for step, (stamp, row) in self._metrics.items() if wanted.get(step) == stamp}
-        missing = [step for step in wanted if step not in cached]
-        if missing:
-            globs = [f"{iteration_dir(self.run_dir, step) / 'metrics'}/*.parquet" for step in missing]
-            for row in self._rows(step_files_sql(globs)):
-                cached[row["iter"]] = row
-        self._metrics = {step: (wanted[step], row) for step, row in cached.items() if step in wanted}
-        return {step: row for step, (_, row) in self._metrics.items()}
 
     # -- samples ---------------------------------------------------------------------------------
 
@@ -353,16 +325,16 @@ class RunExplorer:
         )
         sample = self._finished(rows, kind, iteration, key)
         sample["tokens"] = self._tokens.pieces(sample.pop("response_ids"))
-        sample["ratio_old_to_rollout"] = _ratios(sample.get("old_log_probs"), sample.get("rollout_log_probs"))
+        sample["ratio_old_to_rollout"] = ratios(sample.get("old_log_probs"), sample.get("rollout_log_probs"))
         length = len(sample["tokens"])
         sample["token_columns"] = {
-            name: _fitted(sample[name], length) for name in TOKEN_COLUMNS if sample.get(name) is not None
+            name: fitted(sample[name], length) for name in TOKEN_COLUMNS if sample.get(name) is not None
         }
         for name in TOKEN_COLUMNS:
             sample.pop(name, None)
         sample["turns"] = []
         if sample.get("response_mask") is not None:
-            sample["response_mask"] = [bool(m) for m in _fitted(sample["response_mask"], length)]
+            sample["response_mask"] = [bool(m) for m in fitted(sample["response_mask"], length)]
             sample["turns"] = self._turns(iteration, key)
         return sample
 
@@ -392,8 +364,13 @@ class RunExplorer:
     def across_iterations(self, kind: str, prompt_id: str, iterations: Sequence[int]) -> dict:
         """Every iteration that has `prompt_id`, and its responses there in each of `iterations`."""
         check_kind(kind)
-        view = "rollouts" if kind == "train" else "validation"
-        found = self._rows(f"SELECT DISTINCT iter FROM {view} WHERE prompt_id = ? ORDER BY 1", [prompt_id])
+        files = table_files(self.run_dir, "rollouts" if kind == "train" else "validation")
+        found = []
+        if files:  # (every step's files: the one look at a prompt that reads the whole run)
+            every_step = listed_files_sql(None, files, union=True)
+            found = self._rows(
+                f"SELECT DISTINCT iter FROM ({every_step}) WHERE prompt_id = ? ORDER BY 1", [prompt_id]
+            )
         shown = {}
         for iteration in iterations[:4]:
             rows = self._rows(
@@ -405,21 +382,3 @@ class RunExplorer:
             )
             shown[str(iteration)] = rows
         return {"prompt_id": prompt_id, "iterations": [r["iter"] for r in found], "responses": shown}
-
-
-def _ratios(old, rollout) -> list[float | None] | None:
-    """exp(old − rollout) per token; null where either is missing or the gap is not a number a
-    float can take (a planted value)."""
-    if not old or not rollout:
-        return None
-    ratios = []
-    for o, r in zip(old, rollout, strict=False):
-        gap = o - r if isinstance(o, float) and isinstance(r, float) else math.nan
-        ratios.append(math.exp(gap) if math.isfinite(gap) and abs(gap) <= 700 else None)
-    return ratios
-
-
-def _fitted(values: list, length: int) -> list:
-    """A per-token list as long as the tokens shown: cut, or filled with nulls (a planted row whose
-    lists disagree in length)."""
-    return list(values[:length]) + [None] * (length - len(values))

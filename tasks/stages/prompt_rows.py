@@ -76,8 +76,9 @@ def _check_values(record: dict, fields: tuple[str, ...]) -> None:
         field, path, value, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise Rejected(
-                "malformed JSON",
-                f"malformed JSON: nested too deeply (more than {MAX_DEPTH} levels, in {field})",
+                "nested too deeply",
+                f"nested more than {MAX_DEPTH} levels deep, in {field} "
+                f"(a row may be nested {MAX_DEPTH} deep)",
             )
         _check_scalar(path, value)
         stack.extend((field, sub, item, depth + 1) for sub, item in reversed(_children(path, value)))

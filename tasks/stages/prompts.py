@@ -10,13 +10,12 @@ more than data.max_reject_fraction of the rows are rejected.
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
 import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,8 @@ from ppoflow.tasks.pipeline.settings import IngestSettings
 from ppoflow.tasks.pipeline.states import ModelState, StageResult, StageTimer
 from ppoflow.tasks.stages.prepare_model import BUILTIN_DATA, BUILTIN_TRAIN_ROWS
 from ppoflow.tasks.stages.prompt_rows import Rejected, prompt_row, prompt_token_ids, raw_text, rendered_prompt
-from ppoflow.tasks.storage.regular_files import open_regular_file, refuse_links_below
+from ppoflow.tasks.storage.data_sources import content_digest, open_data_file
+from ppoflow.tasks.storage.regular_files import refuse_links_below
 from ppoflow.tasks.storage.schemas import SCHEMAS
 from ppoflow.tasks.storage.tables import ArtifactRef, write_table
 
@@ -64,17 +64,16 @@ def prompts(
     timer = StageTimer()
     names = [files] if isinstance(files, str) else list(files)
     if files == BUILTIN_DATA:
-        rows, rejects = _builtin_prompts(split), []
+        table, rejects = pa.Table.from_pylist(_builtin_prompts(split), schema=SCHEMAS["prompts"]), []
     else:
-        rows, rejects = _file_prompts(names, split, data, run.models.tokenizer(run, tokenizer_state))
+        table, rejects = _file_prompts(names, split, data, run.models.tokenizer(run, tokenizer_state))
     rejects_ref = _write_rejects(run, split, rejects)
-    _check(split, names, len(rows), rejects, data, run.path / _rejects_path(split))
+    _check(split, names, table.num_rows, rejects, data, run.path / _rejects_path(split))
     if data.max_samples > 0:  # verl's data.{train,val}_max_samples: the first N good rows
-        rows = rows[: data.max_samples]
-    table = pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"])
+        table = table.slice(0, data.max_samples)
     refs = (write_table(table, run.path, f"data/{split}.parquet", SCHEMAS["prompts"], clock=run.io),)
-    say(_summary(split, names, len(rows), rejects, run.path / _rejects_path(split)))
-    values = (("rows", float(len(rows))), ("rejected", float(len(rejects))))
+    say(_summary(split, names, table.num_rows, rejects, run.path / _rejects_path(split)))
+    values = (("rows", float(table.num_rows)), ("rejected", float(len(rejects))))
     return StageResult("prompts", refs + rejects_ref, current_cache_key(), timer.seconds, values)
 
 
@@ -95,13 +94,9 @@ def require_full_batch(train: StageResult, files: str | list[str], batch_size: i
 
 
 def source_digest(files: str | list[str]) -> str:
-    """Identity of the input files (their bytes), so an edited data file is a cache miss."""
-    if files == BUILTIN_DATA:
-        return BUILTIN_DATA
-    h = hashlib.sha256()
-    for name in [files] if isinstance(files, str) else files:
-        h.update(_read_bytes(Path(name)))
-    return h.hexdigest()
+    """Identity of the input files (their bytes, read a MiB at a time), so an edited data file is a
+    cache miss (and named at start: data_sources.py)."""
+    return content_digest(files)
 
 
 def _builtin_prompts(split: str) -> list[dict]:
@@ -124,13 +119,20 @@ def _builtin_prompts(split: str) -> list[dict]:
     ]
 
 
+ROWS_PER_BATCH = 4096
+"""Ingested rows are kept as Arrow, this many at a time, not as Python objects (which took several
+times their size: a 1 GB file peaked at 3.6 GB)."""
+
+
 def _file_prompts(
     names: list[str], split: str, data: IngestSettings, tokenizer
-) -> tuple[list[dict], list[Reject]]:
+) -> tuple[pa.Table, list[Reject]]:
     """verl's dataset schema: prompt (chat messages or text), data_source, ability,
     reward_model.ground_truth, extra_info. Ids are scoped per file (prefixed by the file's position
-    when there are several), as verl datasets number extra_info.index from 0 in each file."""
+    when there are several), as verl datasets number extra_info.index from 0 in each file. The files
+    are read a line (JSONL) or a batch (parquet) at a time."""
     rows: list[dict] = []
+    kept: list[pa.Table] = []
     rejects: list[Reject] = []
     for k, name in enumerate(names):
         prefix = f"{split}-" if len(names) == 1 else f"{split}-{k}-"
@@ -150,9 +152,13 @@ def _file_prompts(
                 continue
             seen[row["prompt_id"]] = line
             rows.append(row | {"prompt_id": prefix + row["prompt_id"]})
+            if len(rows) == ROWS_PER_BATCH:
+                kept.append(pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"]))
+                rows = []
         if position < 0:
             raise ValueError(f"data file {name} has no rows")
-    return rows, rejects
+    kept.append(pa.Table.from_pylist(rows, schema=SCHEMAS["prompts"]))
+    return pa.concat_tables(kept), rejects
 
 
 HEAD_CHARS_PER_TOKEN = 16
@@ -225,23 +231,27 @@ def unusable_data_file(path: Path, data: IngestSettings) -> str | None:
 
 def _read_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
     """(line, raw text, parsed record or Rejected) per row: the 1-based line of a JSONL file, the
-    element (JSON list) or row (parquet) index + 1."""
-    content = _read_bytes(path)
-    match path.suffix.lower():
-        case ".jsonl" | ".ndjson":
-            yield from _jsonl_rows(content)
-        case ".json" if content.lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"["):
-            yield from _json_rows(path, content)
-        case ".json":  # JSON lines saved as .json (what `datasets` writes by default)
-            yield from _jsonl_rows(content)
-        case ".parquet":
-            yield from _parquet_rows(path)
-        case _:
-            raise ValueError(f"data file {path}: unsupported format; use .jsonl, .json or .parquet")
+    element (JSON list) or row (parquet) index + 1. JSONL and parquet are read a line or a batch at a
+    time; a JSON list is read whole (json reads no list in parts)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        yield from _parquet_rows(path)
+        return
+    if suffix not in (".jsonl", ".ndjson", ".json"):
+        raise ValueError(f"data file {path}: unsupported format; use .jsonl, .json or .parquet")
+    with open_data_file(path) as file:
+        head = file.peek(1 << 16)[: 1 << 16]
+        if suffix == ".json" and head.lstrip(codecs.BOM_UTF8 + b" \t\r\n").startswith(b"["):
+            yield from _json_rows(path, file.read())
+        else:  # (JSON lines saved as .json too: what `datasets` writes by default)
+            yield from _jsonl_rows(file)
 
 
-def _jsonl_rows(content: bytes) -> Iterator[tuple[int, str, Any]]:
-    for line, raw in enumerate(content.removeprefix(codecs.BOM_UTF8).split(b"\n"), 1):
+def _jsonl_rows(lines: Iterable[bytes]) -> Iterator[tuple[int, str, Any]]:
+    for line, raw in enumerate(lines, 1):
+        raw = raw.removesuffix(b"\n")
+        if line == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
         if not raw.strip():
             continue
         text = raw.decode("utf-8", errors="replace")
@@ -259,12 +269,15 @@ def _parsed(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         return Rejected("malformed JSON", f"malformed JSON: {exc}")
-    except RecursionError:
-        return Rejected("malformed JSON", "malformed JSON: nested too deeply")
+    except RecursionError:  # valid JSON, nested deeper than Python's parser goes
+        return Rejected(
+            "JSON beyond Python's limits",
+            f"JSON nested deeper than Python reads (about {sys.getrecursionlimit():,} levels)",
+        )
     except ValueError:  # json's only other error: an integer longer than Python reads
         digits = sys.get_int_max_str_digits()
         return Rejected(
-            "malformed JSON", f"malformed JSON: a number of more than {digits} digits (Python's limit)"
+            "JSON beyond Python's limits", f"JSON with a number of more than {digits} digits (Python's limit)"
         )
 
 
@@ -311,27 +324,16 @@ def _list_elements(path: Path, text: str) -> list[str]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
-    try:
-        records = pq.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"data file {path} is not readable parquet: {exc}") from exc
-    for i, record in enumerate(records):
-        yield i + 1, raw_text(record), record
-
-
-def _read_bytes(path: Path) -> bytes:
-    """A data file's bytes: a regular file's (a FIFO put there since the config was checked would
-    block the read forever)."""
-    try:
-        descriptor = open_regular_file(path, os.O_RDONLY, follow_links=True)
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"data file {path} does not exist (data.train_files / data.val_files)"
-        ) from None
-    except OSError as error:
-        raise OSError(f"data file {path} cannot be read: {error.strerror}") from None
-    with os.fdopen(descriptor, "rb") as f:
-        return f.read()
+    index = 0
+    with open_data_file(path) as file:
+        try:
+            batches = pq.ParquetFile(file).iter_batches(batch_size=ROWS_PER_BATCH)
+            for batch in batches:
+                for record in batch.to_pylist():
+                    index += 1
+                    yield index, raw_text(record), record
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"data file {path} is not readable parquet: {exc}") from exc
 
 
 def _rejects_path(split: str) -> str:

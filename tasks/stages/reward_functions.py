@@ -27,6 +27,8 @@ from ppoflow.engine.rewards import InvalidRewardError, answer_of_result, score_o
 from ppoflow.tasks.models.processes import (
     CallTimeout,
     alarm_after,
+    end_descendants,
+    end_descendants_when_stopped,
     exit_with_parent,
     receive,
     stop_process,
@@ -168,16 +170,20 @@ def _serve(
     """The worker's body: load the function, then send one ("row", Scored) per call, in order.
     Ctrl-C is the trainer's to handle (it stops the worker); a trainer that dies takes it along."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_descendants_when_stopped()  # what the function starts ends with the worker
     exit_with_parent(parent_pid)
     try:
-        function = load_function(path, name)
-    except RewardFunctionError as exc:
-        conn.send(("load_error", str(exc)))
-        return
-    conn.send(("ready", None))
-    for call in calls:
-        conn.send(("row", score_call(function, call, timeout_s)))
-    conn.close()
+        try:
+            function = load_function(path, name)
+        except RewardFunctionError as exc:
+            conn.send(("load_error", str(exc)))
+            return
+        conn.send(("ready", None))
+        for call in calls:
+            conn.send(("row", score_call(function, call, timeout_s)))
+        conn.close()
+    finally:
+        end_descendants()
 
 
 def score_call(function, call: RewardCall, timeout_s: float | None = None) -> Scored:

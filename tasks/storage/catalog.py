@@ -36,6 +36,13 @@ from ppoflow.tasks.storage.schemas import (
     TABLES,
     empty_table,
 )
+from ppoflow.tasks.storage.step_files import (
+    ITER,
+    listed_files_sql,
+    sql_literal,
+    step_folders,
+    table_files,
+)
 from ppoflow.tasks.storage.tables import iteration_dir, read_json, step_of, timed_io, write_json_atomic
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "check_invariants",
     "connect_readonly",
     "define_run_views",
+    "empty_table_sql",
     "refresh_catalog",
     "write_catalog",
     "table_violations",
@@ -54,7 +62,6 @@ CATALOG_TABLES = ".catalog-tables.json"
 """Which tables had files at the last refresh (see refresh_catalog_if_stale)."""
 VIEWS: tuple[str, ...] = (*TABLES, "updates")
 _ALIAS = "catalog"
-_ITER = r"CAST(regexp_extract(filename, 'iter=(\d+)[/\\][^/\\]+[/\\][^/\\]+$', 1) AS INTEGER)"
 UPDATES_DOC = (
     "A view: the rows of actor_update and critic_update together, with `role` ('actor' or 'critic') "
     "first; their columns: `ppoflow schema actor_update`, `ppoflow schema critic_update`."
@@ -150,13 +157,29 @@ def refresh_catalog(run_dir: str | Path) -> Path:
     return final
 
 
-def define_run_views(con: duckdb.DuckDBPyConnection, run_dir: Path, names: Collection[str] = VIEWS) -> None:
+def define_run_views(
+    con: duckdb.DuckDBPyConnection,
+    run_dir: Path,
+    names: Collection[str] = VIEWS,
+    *,
+    listed: bool = False,
+    steps: Collection[int] | None = None,
+    unify: bool = False,
+) -> None:
     """Create on `con` the views `names` (a view per table, and `updates`) of the run directory
-    `run_dir` (resolved), with the views they read."""
+    `run_dir` (resolved), with the views they read. The catalog's views glob the step folders, so
+    that new steps appear in them; `listed` views name the files there now (one connection's
+    readers: see listed_files_sql), of `steps` only when given; `unify`: bound from every file's
+    columns (a file between the first and the last lacked one of theirs)."""
     wanted = set(names) | ({"actor_update", "critic_update"} if "updates" in names else set())
+    folders = step_folders(run_dir) if listed else []  # (listed once for every view)
+    if steps is not None:
+        kept = frozenset(steps)
+        folders = [(step, folder) for step, folder in folders if step in kept]
     for name in TABLES:
         if name in wanted:
-            con.execute(f"CREATE VIEW {_ident(name)} AS {_view_sql(con, run_dir, name)}")
+            view = _view_sql(con, run_dir, name, listed, folders, unify)
+            con.execute(f"CREATE VIEW {_ident(name)} AS {view}")
     if "updates" in wanted:
         con.execute(f"CREATE VIEW updates AS {_UPDATES}")
 
@@ -269,13 +292,26 @@ def _violations(con: duckdb.DuckDBPyConnection, names) -> dict[str, list[str]]:
     return failures
 
 
-def _view_sql(con: duckdb.DuckDBPyConnection, run_dir: Path, name: str) -> str:
+def _view_sql(
+    con: duckdb.DuckDBPyConnection,
+    run_dir: Path,
+    name: str,
+    listed: bool = False,
+    folders: list[tuple[int, str]] | None = None,
+    unify: bool = False,
+) -> str:
     if name in DATA_FILES:
         files = [run_dir / f for f in DATA_FILES[name] if (run_dir / f).is_file()]
         if not files:
             return _empty_sql(con, name, with_iter=False)
         paths = ", ".join(sql_literal(str(f)) for f in files)
         return f"SELECT * FROM read_parquet([{paths}], hive_partitioning=false, union_by_name=true)"
+    if listed:
+        found = table_files(run_dir, name, folders)
+        # a metrics row's columns differ by design (a validated step has more): always unified
+        if not found:
+            return _empty_sql(con, name, with_iter=True)
+        return listed_files_sql(con, found, union=True if unify or name == "metrics" else None)
     patterns = [f"{folders}/{name}/*.parquet" for folders in step_folder_globs(run_dir)]
     patterns = [p for p in patterns if any(run_dir.glob(p))]  # read_parquet errors on a glob matching none
     if not patterns:
@@ -288,9 +324,14 @@ def step_files_sql(globs: list[str]) -> str:
     glob matching at least one file), each row with the iteration its file's folder names."""
     sources = ", ".join(sql_literal(glob) for glob in globs)
     return (
-        f"SELECT {_ITER} AS iter, * EXCLUDE (filename) FROM read_parquet([{sources}], "
+        f"SELECT {ITER} AS iter, * EXCLUDE (filename) FROM read_parquet([{sources}], "
         "hive_partitioning=false, union_by_name=true, filename=true)"
     )
+
+
+def empty_table_sql(con: duckdb.DuckDBPyConnection, name: str) -> str:
+    """A zero-row SELECT of a table with its declared columns (and `iter` for an iteration table)."""
+    return _empty_sql(con, name, with_iter=name in ITERATION_TABLES)
 
 
 def _empty_sql(con: duckdb.DuckDBPyConnection, name: str, *, with_iter: bool) -> str:
@@ -308,7 +349,3 @@ def _empty_sql(con: duckdb.DuckDBPyConnection, name: str, *, with_iter: bool) ->
 
 def _ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-def sql_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"

@@ -2,13 +2,14 @@
 tables, confined to its directory.
 
 A reader never runs SQL read from the run: it defines the views itself, from the files there now, on
-an in-memory database (`define_run_views`, the definitions of the run's catalog.duckdb, or for a
-retraining directory `define_retrain_views`). So a copied or moved run reads as it is, and a damaged,
-deleted or planted catalog.duckdb changes nothing. The connection is then confined with DuckDB's own
-settings, locked so that no SET or RESET undoes them (_lock_down): it opens files only under the
-directory (DuckDB resolves `..` and symlinks before its prefix check, and `runs/demo-evil` is not
-under `runs/demo`), installs and loads no extension, sees no Python
-object as a table and spills nothing to a temp folder. The directory stays readable, as the views
+an in-memory database (`define_run_views` with the files listed, the definitions of the run's
+catalog.duckdb otherwise, or for a retraining directory `define_retrain_views`). So a copied or moved
+run reads as it is, and a damaged, deleted or planted catalog.duckdb changes nothing. The connection
+is confined with DuckDB's own settings before any view is defined, locked so that no SET or RESET
+undoes them (_lock_down): it opens files only under the directory (DuckDB resolves `..` and symlinks
+before its prefix check, and `runs/demo-evil` is not under `runs/demo`; a link planted where a view
+reads is named, with its target, when a read meets it), installs and loads no extension, sees no
+Python object as a table and spills nothing to a temp folder. The directory stays readable, as the views
 need it, and DuckDB would write there too; so `query` also runs read statements only: SELECT (which
 covers WITH, VALUES, FROM-first, DESCRIBE, SHOW and SUMMARIZE), PIVOT, and EXPLAIN of a SELECT.
 Every statement is checked before the first runs; COPY, ATTACH, USE, SET, LOAD … are a ValueError
@@ -50,12 +51,17 @@ class Views:
 def views_of(directory: Path) -> Views:
     """The views of a run directory (it has its config.yaml) or of a retraining directory."""
     if (directory / "config.yaml").is_file():
-        return Views(VIEWS, define_run_views)
+        return Views(VIEWS, _define_listed_run_views)
     if is_retraining_directory(directory):
         return Views(RETRAIN_VIEWS, define_retrain_views)
     raise NotARunDirectory(
         f"{directory} is not a ppoflow run directory (no config.yaml) nor a retraining directory"
     )
+
+
+def _define_listed_run_views(con: duckdb.DuckDBPyConnection, directory: Path, names: Collection[str]) -> None:
+    """A run's views over the files there now (one connection's: it sees no later step)."""
+    define_run_views(con, directory, names, listed=True)
 
 
 _LISTS_VIEWS = frozenset(
@@ -75,27 +81,33 @@ def views_read_by(sql: str, names: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def connect_confined(
-    run_dir: str | Path, sql: str | None = None, *, views: Collection[str] | None = None
+    run_dir: str | Path,
+    sql: str | None = None,
+    *,
+    views: Collection[str] | None = None,
+    steps: Collection[int] | None = None,
+    unify: bool = False,
 ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with the directory's views (views_of; with `sql`, only those
-    it reads; with `views`, only those named there), confined to the directory (_lock_down). Close it
-    when done (or use it as a context manager). A table file that cannot be read is a ValueError that
-    says what to do (explained)."""
+    it reads; with `views`, only those named there; a run's over its `steps` only, when given),
+    confined to the directory (_lock_down). Close it when done (or use it as a context manager). A
+    table file that cannot be read is a ValueError that says what to do (explained)."""
     directory = checked_dir(run_dir)
     kind = views_of(directory)
     names = kind.names if sql is None else views_read_by(sql, kind.names)
     if views is not None:
         names = tuple(name for name in names if name in views)
-    if outside := _links_out(directory):  # defining the views reads their files' footers
-        raise ValueError(f"{directory}{outside}")
     con = duckdb.connect(":memory:")
     try:
         con.execute(f"ATTACH ':memory:' AS {_ALIAS}")
         con.execute(f"USE {_ALIAS}")
         con.execute("SET parquet_metadata_cache = true")  # the footers a view's definition read, read once
+        _lock_down(con, directory)  # before the views are defined: defining one reads footers
         with explained(directory, kind.names):
-            kind.define(con, directory, names)
-        _lock_down(con, directory)
+            if kind.define is _define_listed_run_views:
+                define_run_views(con, directory, names, listed=True, steps=steps, unify=unify)
+            else:
+                kind.define(con, directory, names)
     except BaseException:
         con.close()
         raise
@@ -186,27 +198,30 @@ def _excerpt(sql: str, limit: int = 120) -> str:
     return text if len(text) <= limit else f"{text[: limit - 1]}…"
 
 
-def query(run_dir: str | Path, sql: str) -> tuple[list[str], list[tuple]]:
+def query(
+    run_dir: str | Path, sql: str, *, views: Collection[str] | None = None
+) -> tuple[list[str], list[tuple]]:
     """Run `sql`, one or more read statements, over the run's tables; returns (column names, rows)
     of the last. All statements are checked before the first runs (_read_statements). A SQL error is
-    a ValueError carrying DuckDB's message and the available views; so is a file outside the run."""
-    with query_batches(run_dir, sql) as (columns, batches):
+    a ValueError carrying DuckDB's message and the available views; so is a file outside the run.
+    `views`: define only these (none: `sql` reads the run's files by their paths)."""
+    with query_batches(run_dir, sql, views=views) as (columns, batches):
         return columns, [row for batch in batches for row in batch]
 
 
 @contextlib.contextmanager
 def query_batches(
-    run_dir: str | Path, sql: str, batch_rows: int = BATCH_ROWS
+    run_dir: str | Path, sql: str, batch_rows: int = BATCH_ROWS, *, views: Collection[str] | None = None
 ) -> Iterator[tuple[list[str], Iterator[list[tuple]]]]:
     """`query`, its rows fetched `batch_rows` at a time while the block runs: a large result is
     never held whole in memory."""
     directory = checked_dir(run_dir)
     names = views_of(directory).names
-    with connect_confined(directory, sql) as con:
-        statements = _read_statements(con, sql, names)
-        with explained(directory, names):
-            for statement in statements:
-                con.execute(statement)
+    try:
+        con = _executed(directory, sql, views, unify=False)
+    except MixedColumns:  # a file between a table's first and last lacks one of their columns
+        con = _executed(directory, sql, views, unify=True)
+    with con:
         columns = [d[0] for d in con.description]
 
         def batches() -> Iterator[list[tuple]]:
@@ -217,6 +232,33 @@ def query_batches(
         yield columns, batches()
 
 
+class MixedColumns(ValueError):
+    """A table's files do not all have the columns of its first and its last."""
+
+
+def _executed(
+    directory: Path, sql: str, views: Collection[str] | None, *, unify: bool
+) -> duckdb.DuckDBPyConnection:
+    """A confined connection that has run every statement of `sql` (the last one's rows still to
+    fetch); MixedColumns when a view bound from two files met a file with fewer columns."""
+    names = views_of(directory).names
+    con = connect_confined(directory, sql, views=views, unify=unify)
+    try:
+        statements = _read_statements(con, sql, names)
+        with explained(directory, names):
+            for statement in statements:
+                try:
+                    con.execute(statement)
+                except duckdb.InvalidInputException as exc:
+                    if not unify and "schema mismatch" in str(exc):
+                        raise MixedColumns(str(exc)) from exc
+                    raise
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
 @contextlib.contextmanager
 def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
     """DuckDB's errors as a ValueError that says what to do: the available `views`; that only the
@@ -225,18 +267,20 @@ def explained(directory: Path, views: Collection[str]) -> Iterator[None]:
     try:
         yield
     except duckdb.PermissionException as exc:
+        if outside := _links_out(directory):
+            raise ValueError(f"{directory}{outside}") from exc
         raise ValueError(
             f"{exc}\na query may read only the run's files, under {directory} (a relative path "
             f"is taken from the current directory); {available}"
         ) from exc
     except duckdb.Error as exc:
-        hint = available
-        if _DAMAGED_PARQUET.search(str(exc)):
-            hint = (
-                "a table file of the run is damaged: run the training command again to recompute "
-                "the stage that wrote it (its digest no longer matches its manifest)"
-            )
-        raise ValueError(f"{exc}\n{hint}") from exc
+        if _DAMAGED_PARQUET.search(str(exc)):  # one line: DuckDB's first (it names the file), and the fix
+            raise ValueError(
+                f"{str(exc).strip().splitlines()[0]}: a table file of the run is damaged: run the "
+                "training command again to recompute the stage that wrote it (its digest no longer "
+                "matches its manifest)"
+            ) from exc
+        raise ValueError(f"{exc}\n{available}") from exc
 
 
 READ_BY_VIEWS = ("data", "rounds")
@@ -246,8 +290,8 @@ files. A link elsewhere (checkpoints kept on another disk) is the user's: no vie
 
 def _links_out(directory: Path, limit: int = 3) -> str:
     """The symbolic links in the run that lead out of it where its views read, said with what to do;
-    "" when there are none. A query is refused before any view is defined: defining one reads its
-    files' footers, and the confinement cannot be set before the views exist."""
+    "" when there are none. Looked for when DuckDB refused to read a file (the confinement names the
+    file, not the link on its way)."""
     outside, root = [], directory.resolve()
     for top in sorted(directory.iterdir()):
         if not (top.name.startswith("iter=") or top.name in READ_BY_VIEWS or top.suffix == ".parquet"):

@@ -10,8 +10,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from ppoflow.tasks.storage.catalog import sql_literal
 from ppoflow.tasks.storage.schemas import doc_field
+from ppoflow.tasks.storage.step_files import sql_literal
 
 PROMOTIONS = "promotions.parquet"
 UNUSABLE = "unusable_files.parquet"

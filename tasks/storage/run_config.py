@@ -3,7 +3,8 @@ differs from the one before, the one before is kept as `config.previous.yaml` an
 are named: the stages that read them are computed again, and until the run has finished again its
 steps were not all trained with the same config. A start that would make the run another one (another
 actor model, other training data) is refused before anything is written: its steps would be replaced
-in place, mixed with the old run's until it finished."""
+in place, mixed with the old run's until it finished; so is one whose training data files were edited
+since (data_sources.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import yaml
 
 from ppoflow.conf.schema_checks import DERIVED
 from ppoflow.conf.yaml_files import ConfigYamlLoader
+from ppoflow.tasks.storage.data_sources import data_changed
 from ppoflow.tasks.storage.regular_files import open_regular_file
 from ppoflow.tasks.storage.tables import write_text_atomic
 
@@ -90,15 +92,22 @@ def require_same_run(run_dir: Path, config_yaml: str) -> None:
         )
     before = _flat(before)
     keys = [key for key in IDENTITY_KEYS if _as_list(before.get(key)) != _as_list(after.get(key))]
-    if after.get("trainer.val_only") is True:  # it trains on no data
+    trains = after.get("trainer.val_only") is not True
+    if not trains:  # it trains on no data
         keys = [key for key in keys if key != "data.train_files"]
-    if not keys:
+    changes = [f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}" for key in keys]
+    files = after.get("data.train_files")
+    same_files = trains and not keys and isinstance(files, str | list)
+    if same_files and (content := data_changed(run_dir, "train", files)) is not None:  # same bytes?
+        named = ", ".join(_as_list(files))
+        changes.append(f"data.train_files: {named}, edited since the run's last start ({content})")
+    if not changes:
         return
-    changed = "; ".join(f"{key}: {_shown(before.get(key))} → {_shown(after.get(key))}" for key in keys)
+    changed = "; ".join(changes)
     raise AnotherRun(
         f"{run_dir} holds the steps of another run ({changed}); this start would replace them in place, "
-        f"so nothing was changed: give it a run directory of its own ({_own_directory(run_dir, after)}), "
-        f"or remove {run_dir} to start it over"
+        f"so nothing was changed: {'put back the data it trained on, or ' if not keys else ''}give it a run "
+        f"directory of its own ({_own_directory(run_dir, after)}), or remove {run_dir} to start it over"
     )
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "read_table",
     "stage_path",
     "step_of",
+    "MAX_STEP",
     "saved_folders",
     "write_json_atomic",
     "write_text_atomic",
@@ -98,6 +99,9 @@ column (the embedded default's 74-column metrics row: 4.0 ms compressed, 1.3 ms 
 _CHUNK = 1 << 20
 _STAGE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _ITER_NAME = re.compile(r"iter=([0-9]+)")
+MAX_STEP = 999_999_999
+"""The largest step a run holds: nine digits at most, so that every step number is one DuckDB's
+INTEGER holds (a planted `iter=999999999999` folder is not a step folder: no reader fails on it)."""
 
 
 @dataclass(frozen=True)
@@ -293,9 +297,9 @@ def iteration_dir(run_dir: str | Path, iteration: int) -> Path:
 
 def step_of(folder_name: str) -> int | None:
     """The step an `iter=NNNNNN` folder holds, from its name as ppoflow writes it (six digits at
-    least, no other form); None for any other name (planted, say)."""
+    least, no other form, at most MAX_STEP); None for any other name (planted, say)."""
     match = _ITER_NAME.fullmatch(folder_name)
-    if match is None or folder_name != f"iter={int(match[1]):06d}":
+    if match is None or len(match[1]) > len(str(MAX_STEP)) or folder_name != f"iter={int(match[1]):06d}":
         return None
     return int(match[1])
 
@@ -372,9 +376,10 @@ def _relative(relative_path: str) -> str:
 
 
 def iteration_number(iteration: int) -> int:
-    """`iteration` as an int, checked: a non-negative integer (a bool is not one)."""
-    if isinstance(iteration, bool) or not isinstance(iteration, numbers.Integral) or iteration < 0:
-        raise ValueError(f"iteration must be an int >= 0, got {iteration!r}")
+    """`iteration` as an int, checked: an integer from 0 to MAX_STEP (a bool is not one)."""
+    integral = isinstance(iteration, numbers.Integral) and not isinstance(iteration, bool)
+    if not integral or not 0 <= iteration <= MAX_STEP:
+        raise ValueError(f"iteration must be an int from 0 to {MAX_STEP:,}, got {iteration!r}")
     return int(iteration)
 
 

@@ -206,3 +206,34 @@ def test_a_run_whose_tables_were_deleted_still_has_its_models(tmp_path):
     with pytest.raises(AnotherRun, match="holds the steps of another run"):
         require_same_run(run, yaml.safe_dump(_tree({model: "builtin:smollm2-135m-instruct"})))
     require_same_run(run, yaml.safe_dump(_tree({model: "builtin:tiny-addition"})))
+
+
+def test_training_data_edited_in_place_is_another_run(tmp_path):
+    """The content digest ingest records is compared at start: training data edited in place (the same
+    path) was taken in again silently and every step recomputed and rewritten in place. A
+    validation-only start trains on no data: not compared. The data put back is the run again."""
+    from ppoflow.tasks.storage.data_sources import content_digest, record_sources
+
+    data = tmp_path / "sums.jsonl"
+    data.write_text('{"prompt": "1 + 1 = "}\n')
+    keys = {"actor_rollout_ref.model.path": "builtin:tiny-addition", "data.train_files": str(data)}
+    run = tmp_path / "demo"
+    _run_with_steps(run, **keys)
+    record_sources(run, "train", str(data), content_digest(str(data)))
+    start = yaml.safe_dump(_tree(keys))
+    require_same_run(run, start)
+    data.write_text('{"prompt": "1 + 2 = "}\n')
+    before = _contents(run)
+    with pytest.raises(AnotherRun) as info:
+        require_same_run(run, start)
+    assert str(info.value).startswith(
+        f"{run} holds the steps of another run (data.train_files: {data}, edited since the run's last "
+        "start (sha256:"
+    )
+    assert "nothing was changed: put back the data it trained on, or give it a run directory" in str(
+        info.value
+    )
+    assert _contents(run) == before
+    require_same_run(run, yaml.safe_dump(_tree({**keys, "trainer.val_only": True})))
+    data.write_text('{"prompt": "1 + 1 = "}\n')
+    require_same_run(run, start)

@@ -5,14 +5,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def ppoflow(*args: str) -> subprocess.CompletedProcess:
@@ -174,3 +178,46 @@ def query_scores(run_dir) -> list[float]:
     return [
         row[0] for row in query(run_dir, "SELECT score FROM rewards WHERE iter = 2 ORDER BY score DESC")[1]
     ]
+
+
+def test_a_tool_that_cannot_be_built_is_refused_before_the_run_is_touched(tmp_path):
+    """A tool file that fails to import was found when the flow ran, after the run directory had
+    been made and an existing run's config rewritten; it is now refused first, in one line."""
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "broken.py").write_text("raise ImportError('no module named weather_api')\n")
+    schema = "    tool_schema: {type: function, function: {name: weather}}\n"
+    (tools / "tools.yaml").write_text("tools:\n  - class_name: broken.py:Weather\n" + schema)
+    new, existing = tmp_path / "new", tmp_path / "existing"
+    existing.mkdir()
+    (existing / ".lock").touch()
+    (existing / "config.yaml").write_text("# the config of this run's last start\n")
+    for run in (new, existing):
+        out = ppoflow(
+            "train",
+            "--config",
+            str(ROOT / "conf/tool_calculator.yaml"),
+            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools / 'tools.yaml'}",
+            f"trainer.default_local_dir={run}",
+        )
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.count("\n") == 1
+        assert "importing it failed: ImportError: no module named weather_api" in out.stderr
+    assert not new.exists()
+    assert sorted(p.name for p in existing.iterdir()) == [".lock", "config.yaml"]
+    assert (existing / "config.yaml").read_text() == "# the config of this run's last start\n"
+
+
+def test_a_quoted_tilde_in_a_path_is_the_home_folder(tmp_path):
+    """`ppoflow query '~/x'` (quoted: the shell leaves `~` alone) looked for a folder named `~`."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("trainer:\n  val_only: false\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "ppoflow", "query", "~/run", "SELECT 42 AS answer", "--format", "csv"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"HOME": str(tmp_path)},
+        cwd=tmp_path.parent,
+    )
+    assert (out.returncode, out.stdout) == (0, "answer\n42\n"), out.stderr

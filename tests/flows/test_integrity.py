@@ -11,8 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ppoflow.flows.iteration import ValidatedOtherwise
 from ppoflow.tasks.storage import tables
+from ppoflow.tasks.storage.checkpoints import StateUnavailable
 from ppoflow.tasks.storage.confined_query import query
+from ppoflow.tasks.storage.run_config import AnotherRun
 
 from .conftest import train
 from .test_train_flow import task_states
@@ -125,6 +128,21 @@ def test_a_run_resumed_at_an_epoch_boundary_trains_the_remaining_steps(
     ]
     ran = [name for name, state in task_states(flow_run_id).items() if state == "Completed"]
     assert len([n for n in ran if n.startswith("actor_update")]) == 2  # steps 3 and 4 only
+    # The data file edited in place (the same path): another run, refused before anything changes. It
+    # was taken in again without a word, and every step computed again and rewritten in place.
+    trained = data.read_text()
+    data.write_text(trained.replace('"ground_truth": "0"', '"ground_truth": "1"', 1))
+    before = {
+        p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file() and "logs" not in p.parts
+    }
+    with pytest.raises(
+        AnotherRun, match=r"data\.train_files: .*sums\.jsonl, edited since the run's last start"
+    ):
+        train(tmp_path / "run", *files, "trainer.total_epochs=2")
+    assert {p: p.read_bytes() for p in before} == before
+    data.write_text(trained)  # put back: the run is as it was, every stage served from cache
+    _, flow_run_id = train(tmp_path / "run", *files, "trainer.total_epochs=2")
+    assert "Completed" not in set(task_states(flow_run_id).values())
 
 
 def test_settings_that_do_not_change_a_stage_do_not_invalidate_it(small_run, tmp_path):
@@ -186,6 +204,11 @@ def test_val_only_on_a_trained_run_validates_its_newest_checkpoint(small_run, tm
     assert summary["val_scores"][-1] != summary["val_scores"][0]
     assert _ran(flow_run_id) == set()  # step 2's validation and metrics: both already there
     assert {path: path.read_bytes() for path in copy.rglob("*.parquet")} == files
+    # Other validation settings rewrote step 2's validation rows under its metrics row (the tables
+    # disagreed): refused before anything is validated.
+    with pytest.raises(ValidatedOtherwise, match="validates step 2, which this run trained with other"):
+        train(copy, "trainer.val_only=true", "actor_rollout_ref.rollout.val_kwargs.top_k=5")
+    assert {path: path.read_bytes() for path in copy.rglob("*.parquet")} == files
     base, _ = train(copy, "trainer.val_only=true", "trainer.resume_mode=disable")
     assert base["val_scores"] == [summary["val_scores"][0]]
 
@@ -201,6 +224,10 @@ def test_val_only_on_a_copied_run_never_validates_the_originals_checkpoint(small
     ):
         train(copy, "trainer.val_only=true")
     assert (run_dir / "checkpoints/iter=000002/actor").is_dir()  # the original's, which it did not take
+    weights_gone = _copy(run_dir, tmp_path / "weights")
+    (weights_gone / "checkpoints/iter=000002/actor/model.safetensors").unlink()
+    with pytest.raises(StateUnavailable, match=r"checkpoints/iter=000002/actor was altered or truncated"):
+        train(weights_gone, "trainer.val_only=true")  # (ppoflow train: one line, exit 3)
 
 
 def test_too_few_training_prompts_for_one_batch_fail_before_anything_trains(

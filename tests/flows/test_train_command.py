@@ -329,6 +329,47 @@ def test_the_temporary_server_answers_a_kept_alive_connection_without_a_delayed_
     assert median < 0.025, median
 
 
+def test_servers_of_one_prefect_home_start_one_at_a_time():
+    """Eight `ppoflow train` started together on a Prefect home without a database raced its
+    migrations: three servers exited ("duplicate column name: block_type_name"). A server's startup
+    (migrations, block registrations) waits while another server of the same home starts."""
+    import fcntl
+    import threading
+    import urllib.error
+
+    from ppoflow.prefect_server import TemporaryServer
+    from ppoflow.prefect_serving import STARTUP_LOCK
+
+    home = Path(os.environ["PREFECT_HOME"])  # (this test process's own, tests/conftest.py)
+    home.mkdir(parents=True, exist_ok=True)
+    starting = os.open(home / STARTUP_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(starting, fcntl.LOCK_EX)  # as another server starting on this home holds it
+    server, seen = TemporaryServer(), []
+
+    def look_then_release() -> None:  # (the server is started by the main thread: its parent-death
+        deadline = time.monotonic() + 60  # signal follows the thread that started it)
+        while not server.url and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(3)  # its process has started, and waits
+        try:
+            urllib.request.urlopen(f"{server.url}/health", timeout=2)
+            seen.append("answered")
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            seen.append("no answer")
+        os.close(starting)  # the other server is up: this one starts
+
+    looking = threading.Thread(target=look_then_release, daemon=True)
+    looking.start()
+    try:
+        url = server.__enter__()
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        server.stop()
+        looking.join(10)
+    assert seen == ["no answer"]
+
+
 @pytest.mark.slow
 def test_the_temporary_server_records_every_task_run_and_stores_no_events(one_step_program):
     """What the Prefect UI shows of a run comes from its flow run, task runs and states, which are
@@ -429,20 +470,39 @@ def test_a_logs_folder_that_is_a_link_or_a_file_is_refused(tmp_path, planted):
 
 
 def test_a_run_in_progress_is_refused_in_one_line_and_its_logs_are_left_alone(tmp_path):
-    """The lock is taken before the logs are opened or a server started."""
+    """The lock is taken before the logs are opened or a server started, and as soon as the config
+    names the run: before the training stack is imported (torch, Prefect) and a user's tools are
+    checked (a refusal took 17.8 s under load)."""
     from ppoflow.tasks.storage.lock import acquire_run_lock, release_run_lock
 
-    acquire_run_lock(tmp_path)  # this process trains it
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (tmp_path / "broken.py").write_text("raise ImportError('not imported before the lock')\n")
+    schema = "    tool_schema: {type: function, function: {name: t}}\n"
+    (tmp_path / "tools.yaml").write_text("tools:\n  - class_name: broken.py:T\n" + schema)
+    tools = [
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}",
+    ]
+    acquire_run_lock(run_dir)  # this process trains it
     try:
         refused = subprocess.run(
-            _command(tmp_path), env=_env(own_server=True), capture_output=True, text=True, timeout=120
+            [*_command(run_dir), *tools],
+            env=_env(own_server=True) | {"PYTHONPROFILEIMPORTTIME": "1"},
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     finally:
-        release_run_lock(tmp_path)
+        release_run_lock(run_dir)
     assert refused.returncode == 3
-    [line] = refused.stderr.splitlines()
-    assert line.startswith(f"ppoflow: run directory {tmp_path} is being written by process {os.getpid()} ")
-    assert not (tmp_path / "logs").exists()
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in refused.stderr.splitlines() if "import time:" in line
+    }
+    assert "ppoflow.conf" in imported and not imported & {"torch", "prefect", "transformers.modeling_utils"}
+    [line] = [line for line in refused.stderr.splitlines() if "import time:" not in line]
+    assert line.startswith(f"ppoflow: run directory {run_dir} is being written by process {os.getpid()} ")
+    assert not (run_dir / "logs").exists()
 
 
 def test_a_refused_program_leaves_the_running_trainers_log_alone_on_its_way_out(tmp_path):

@@ -85,6 +85,8 @@ async function loadOverview() {
     `${trainIters.length} training iterations, ${valIters.length} validated` +
     (last >= 0 ? ` · latest ${last}` : "") + ` · updated ${new Date().toLocaleTimeString()}`;
   renderFlowRuns(overview.flow_runs);
+  $("left-out").textContent = overview.left_out.join("\n");  // files that cannot be read: less to show
+  $("left-out").hidden = !overview.left_out.length;
   const same = (a, b) => JSON.stringify(a) === JSON.stringify(b);
   fillSelect($("source"), ["", ...overview.data_sources], ["all", ...overview.data_sources], true);
   if (!before || !same(before.metrics, overview.metrics)) {

@@ -55,6 +55,26 @@ class Echo:
                 def __str__(self):
                     raise RuntimeError("no")
             raise Odd()
+        if mode == "spawn":  # a child, one in a session of its own, one whose parent exits at once
+            import subprocess, sys
+            sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+            plain = subprocess.Popen(sleep)
+            session = subprocess.Popen(sleep, start_new_session=True)
+            fork = (
+                "import subprocess; print(subprocess.Popen("
+                f"{sleep!r}, start_new_session=True, stdout=subprocess.DEVNULL, "
+                "stderr=subprocess.DEVNULL).pid)"
+            )
+            orphan = subprocess.run([sys.executable, "-c", fork], capture_output=True, text=True).stdout
+            return f"{plain.pid} {session.pid} {orphan.strip()}"
+        if mode == "print":
+            import subprocess, sys
+            print("to stdout")
+            print("to stderr", file=sys.stderr)
+            subprocess.run([sys.executable, "-c", "print('from a child')"])
+            return "printed"
+        if mode == "interrupt":
+            raise KeyboardInterrupt
         if mode == "orphan":
             import subprocess, sys
             code = "import time; time.sleep(60)  # " + parameters["tag"]
@@ -173,3 +193,99 @@ def test_a_tool_file_that_does_not_import_fails_before_any_generation(tmp_path):
 
 def test_the_config_names_and_the_engine_agree_on_the_builtin_tools():
     assert set(BUILTIN_TOOLS) == set(BUILTIN_TOOL_CLASSES)
+
+
+def test_a_tool_file_that_hangs_on_import_is_named_with_the_time_it_took(tmp_path):
+    """A file that waits forever when imported was given up on after 150 s with "the tool worker did
+    not start: None"."""
+    hangs = tmp_path / "hangs.py"
+    hangs.write_text("import time\ntime.sleep(600)\n")
+    schema = {"type": "function", "function": {"name": "wait"}}
+    spec_of_it = ToolSpec("wait", "hangs.py:Tool", schema, {}, str(hangs), "Tool", "d")
+    started = time.monotonic()
+    with pytest.raises(ToolLoadError) as raised:
+        check_tools([spec(tmp_path), spec_of_it], 5, load_timeout_s=2)
+    assert str(raised.value) == (
+        f"tool 'wait' (hangs.py:Tool): importing {hangs} and building the tool took longer than 2 s; "
+        "stopped (does the file wait for something when imported?)"
+    )
+    assert time.monotonic() - started < 10
+
+
+TRAINER = """
+import sys, time
+from ppoflow.engine.tool_calls import ToolCall
+from ppoflow.engine.tools import ToolContext
+from ppoflow.tasks.models.tool_runner import ProcessToolRunner
+from ppoflow.tasks.pipeline.placement import ToolSpec
+
+if __name__ == "__main__":  # (the worker is spawned: it imports this file)
+    path, how = sys.argv[1], sys.argv[2]
+    schema = {"type": "function", "function": {"name": "echo"}}
+    runner = ProcessToolRunner([ToolSpec("echo", "my_tools.py:Echo", schema, {}, path, "Echo", "d")], 30)
+    ((result, _),) = runner.run([ToolCall("echo", {"mode": "spawn"})], ToolContext())
+    print(result.text, flush=True)
+    if how == "stop":
+        runner.close()
+        print("stopped", flush=True)
+    time.sleep(120)
+"""
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["sigkill", "stop"])
+def test_nothing_a_tool_started_outlives_the_trainer_or_the_worker(tmp_path, how):
+    """SIGKILL of `ppoflow train` left a tool's children running (9 orphans in one run), and children
+    in a session of their own escaped even a clean stop. Every process a tool starts stays below its
+    worker and ends with it: a child, one in a new session, one whose parent exited at once."""
+    import signal
+    import subprocess
+    import sys
+
+    tool = spec(tmp_path)
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    trainer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "trainer.py"), tool.module_file, how],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = [int(pid) for pid in trainer.stdout.readline().split()]
+        assert len(pids) == 3 and all(running(pid) for pid in pids)
+        if how == "sigkill":
+            trainer.send_signal(signal.SIGKILL)
+        else:
+            assert trainer.stdout.readline() == "stopped\n"
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [pid for pid in pids if running(pid)]
+    finally:
+        trainer.kill()
+        trainer.wait()
+
+
+def test_what_a_tool_prints_goes_to_the_log_and_an_interrupt_in_it_is_the_calls_error(
+    tmp_path, capfd, caplog
+):
+    """A tool's prints (and its children's) went to the user's terminal, and a KeyboardInterrupt
+    raised in a tool printed a 15-line traceback per call: the prints go to the run's log with the
+    call, and the interrupt is the call's error."""
+    logged_here = caplog.at_level("INFO", logger="ppoflow.tasks.models.tool_runner")
+    with logged_here, ProcessToolRunner([spec(tmp_path)], timeout_s=5) as runner:
+        assert call(runner, mode="print")[0].text == "printed"
+        interrupted = call(runner, mode="interrupt")[0]
+        assert call(runner, text="after")[0].text == "echo:after:42:v"
+    assert interrupted.error == "KeyboardInterrupt: "
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+    (logged,) = [r.getMessage() for r in caplog.records if "printed" in r.getMessage()]
+    assert logged.startswith("""tool 'echo', called with {"mode": "print"} printed:\n""")
+    assert all(line in logged for line in ("to stdout", "to stderr", "from a child"))

@@ -139,8 +139,8 @@ def row_text(prompt='"1 + 2 = "', truth='"3"', extra="{}", source='"sums"') -> s
 
 
 DIGITS = sys.get_int_max_str_digits()  # Python's limit for reading and printing an integer: 4300
-TOO_MANY_DIGITS = f"malformed JSON: a number of more than {DIGITS} digits (Python's limit)"
-TOO_DEEP = "malformed JSON: nested too deeply"
+TOO_MANY_DIGITS = f"JSON with a number of more than {DIGITS} digits (Python's limit)"
+TOO_DEEP = f"JSON nested deeper than Python reads (about {sys.getrecursionlimit():,} levels)"
 
 
 def nested(depth: int, inner: str = "1") -> str:
@@ -221,7 +221,10 @@ def test_deeply_nested_lines_are_rejected_and_the_rest_ingested(tmp_path, tokeni
     assert rejects(tmp_path) == [
         (2, TOO_DEEP),
         (3, TOO_DEEP),
-        (4, f"{TOO_DEEP} (more than {MAX_DEPTH} levels, in extra_info)"),
+        (
+            4,
+            f"nested more than {MAX_DEPTH} levels deep, in extra_info (a row may be nested {MAX_DEPTH} deep)",
+        ),
     ]
     assert ids(rows) == ["train-0", "train-4", "train-5"]
     assert json.loads(rows[1]["extra_info"]) == {"a": json.loads(nested(90))}
@@ -283,6 +286,9 @@ def test_a_row_built_too_deep_is_rejected_and_shown_without_recursion():
     record = good(extra_info={"a": extra_info})
     with pytest.raises(Rejected) as info:
         prompt_row(record, "prompt", "train", 0)
-    assert info.value.reason == f"{TOO_DEEP} (more than {MAX_DEPTH} levels, in extra_info)"
+    assert (
+        info.value.reason
+        == f"nested more than {MAX_DEPTH} levels deep, in extra_info (a row may be nested {MAX_DEPTH} deep)"
+    )
     assert raw_text(record) == "(not shown: nested too deeply to print)"
     assert raw_text(good(truth=10**DIGITS)) == f"(not shown: a number of more than {DIGITS} digits)"

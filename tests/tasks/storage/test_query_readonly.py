@@ -394,3 +394,24 @@ def test_a_link_where_no_view_reads_is_the_users(run):
     elsewhere.mkdir()
     (run / "checkpoints").symlink_to(elsewhere, target_is_directory=True)
     assert query(run, METRICS)[1] == [(1, 1), (2, 2)]
+
+
+def test_diagnose_reads_the_newest_steps_of_a_long_run_and_says_so(tmp_path):
+    """`ppoflow diagnose` read every step's metrics and rows (28 s for 2,000 steps); it reads the
+    newest --last steps (100 by default), and its first line says which of how many."""
+    from ppoflow.tasks.observe.diagnose import load_run, render_text
+
+    run = tmp_path / "run"
+    write_run(run, iterations=(1, 2, 3, 4))
+    oldest = run / "iter=000001" / "rewards" / "part-00000.parquet"
+    kept = oldest.read_bytes()
+    oldest.write_bytes(b"PAR1 damaged")  # not read
+    newest = load_run(run, last=2)
+    assert sorted(newest.metrics["critic/score/mean"]) == [3, 4] and newest.window == (3, 4)
+    assert sorted(newest.rows["rollouts/truncated"]) == [3, 4]
+    header = render_text(run, newest, [])[0]
+    assert header.startswith(f"{run}: the newest 2 iteration(s) of 4 steps (from step 3; --last 0 reads")
+    oldest.write_bytes(kept)
+    every = load_run(run, last=10)
+    assert sorted(every.metrics["critic/score/mean"]) == [1, 2, 3, 4] and every.window is None
+    assert render_text(run, every, [])[0].startswith(f"{run}: 4 iteration(s), ")
