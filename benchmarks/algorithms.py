@@ -84,10 +84,10 @@ WHY: dict[str, str] = {
         "mini-batch of a step too (no trust region) at the learning rate tuned for PPO's clip"
     ),
     "estimator:grpo_passk": (
-        "plateaus near 0.88 (0.79 at step 20): it trains pass@k, not pass@1. Only a group's best answer "
-        "gets an advantage (its score less the second best's), so with the task's near-binary scores only groups "
-        "with exactly one right answer teach anything, and a prompt the model gets right twice in 8 "
-        "gives no gradient"
+        "plateaus near 0.88 (0.79 at step 20): it trains pass@k, not pass@1. Only a group's best "
+        "answer gets an advantage (its score less the second best's), so with the task's near-binary "
+        "scores only groups with exactly one right answer teach anything, and a prompt the model gets "
+        "right twice in 8 gives no gradient"
     ),
 }
 """Rows measured below the target, and why (benchmarks/algorithms.py, 3 seeds)."""
